@@ -1,0 +1,276 @@
+"""Attention math, parameter-free. Every mask is derived from positions and segment ids.
+
+Layout: q [B, Lq, N, H]; k, v [B, Lk, K, H] with N = K * G (grouped-query attention).
+A key j is visible to a query i when seg[j] == seg[i] (packed documents never mix) and
+  local  (sliding window): pos[i] - window < pos[j] <= pos[i]   (w keys, itself included)
+  global (causal):                         pos[j] <= pos[i]
+Padding uses segment ids that match nothing (keys -1, queries -2), so a padded row is finite
+garbage that callers slice away. Scores and softmax are float32 whatever the input dtype.
+
+`local_attention` never builds an Lq x Lk array: queries are cut into blocks of b keys and
+block i reads key blocks i-nb+1..i (nb = 1 + ceil((w-1)/b), i.e. 2 when b = w), so time and
+memory are O(T * w). `global_attention` is blocked over queries and keys with an online
+softmax and skips key blocks that no query of the block can see, so memory is
+O(block_q * block_k) per step; with a single query per row it is one dot over the keys.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+_MASKED = -1e30  # finite, so rows with no visible key stay finite (and are sliced away)
+_PAD_POS = jnp.iinfo(jnp.int32).max // 2
+KEY_PAD_SEGMENT = -1
+QUERY_PAD_SEGMENT = -2
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _pad_axis1(x: jax.Array, length: int, value, front: bool = False) -> jax.Array:
+    pad = length - x.shape[1]
+    if pad == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (pad, 0) if front else (0, pad)
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def _default_segments(segment_ids: jax.Array | None, like: jax.Array) -> jax.Array:
+    if segment_ids is None:
+        return jnp.ones(like.shape[:2], jnp.int32)
+    return segment_ids.astype(jnp.int32)
+
+
+def local_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    q_positions: jax.Array,
+    k_positions: jax.Array,
+    window: int,
+    q_segment_ids: jax.Array | None = None,
+    k_segment_ids: jax.Array | None = None,
+    prefix: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None = None,
+    block_size: int | None = None,
+) -> jax.Array:
+    """Sliding-window self-attention, O(T * w) time and memory.
+
+    q: [B, T, N, H]; k, v: [B, T, K, H], aligned with q (array index t of k is the key of the
+    token whose query is q[:, t]); positions/segment ids: [B, T].
+    prefix: optional (k [B, P, K, H], v, positions [B, P], segment_ids [B, P]) of keys that come
+      right before the T tokens (a chunk's previous window read from a KV cache); only its last
+      `window - 1` entries can be visible.
+    Returns [B, T, N, H] in q's dtype.
+    """
+    bsz, t, n, h = q.shape
+    kv = k.shape[2]
+    g = n // kv
+    b = block_size or min(window, _round_up(t, 8))
+    t_pad = _round_up(t, b)
+    nq = t_pad // b
+    nb = 1 + -(-(window - 1) // b)  # key blocks per query block, its own included
+    if prefix is None:
+        nb = min(nb, nq)  # blocks before the start would be all padding
+    p_len = (nb - 1) * b
+
+    q_seg = _default_segments(q_segment_ids, q)
+    k_seg = _default_segments(k_segment_ids, k)
+    q = _pad_axis1(q, t_pad, 0)
+    q_pos = _pad_axis1(q_positions.astype(jnp.int32), t_pad, 0)
+    q_seg = _pad_axis1(q_seg, t_pad, QUERY_PAD_SEGMENT)
+    k_pos = _pad_axis1(k_positions.astype(jnp.int32), t_pad, _PAD_POS)
+    k_seg = _pad_axis1(k_seg, t_pad, KEY_PAD_SEGMENT)
+    k = _pad_axis1(k, t_pad, 0)
+    v = _pad_axis1(v, t_pad, 0)
+
+    if p_len:
+        if prefix is None:
+            pk = jnp.zeros((bsz, p_len, kv, h), k.dtype)
+            pv = jnp.zeros((bsz, p_len, kv, h), v.dtype)
+            ppos = jnp.full((bsz, p_len), _PAD_POS, jnp.int32)
+            pseg = jnp.full((bsz, p_len), KEY_PAD_SEGMENT, jnp.int32)
+        else:
+            pk, pv, ppos, pseg = prefix
+            pk, pv = pk[:, -p_len:], pv[:, -p_len:]
+            ppos, pseg = ppos[:, -p_len:].astype(jnp.int32), pseg[:, -p_len:].astype(jnp.int32)
+            pk = _pad_axis1(pk.astype(k.dtype), p_len, 0, front=True)
+            pv = _pad_axis1(pv.astype(v.dtype), p_len, 0, front=True)
+            ppos = _pad_axis1(ppos, p_len, _PAD_POS, front=True)
+            pseg = _pad_axis1(pseg, p_len, KEY_PAD_SEGMENT, front=True)
+        k = jnp.concatenate([pk, k], axis=1)
+        v = jnp.concatenate([pv, v], axis=1)
+        k_pos = jnp.concatenate([ppos, k_pos], axis=1)
+        k_seg = jnp.concatenate([pseg, k_seg], axis=1)
+
+    scale = 1.0 / math.sqrt(h)
+    qb = q.reshape(bsz, nq, b, kv, g, h)
+    qpos_b = q_pos.reshape(bsz, nq, b)
+    qseg_b = q_seg.reshape(bsz, nq, b)
+    kb = k.reshape(bsz, nq + nb - 1, b, kv, h)
+    vb = v.reshape(bsz, nq + nb - 1, b, kv, h)
+    kpos_b = k_pos.reshape(bsz, nq + nb - 1, b)
+    kseg_b = k_seg.reshape(bsz, nq + nb - 1, b)
+
+    # One score einsum per key-block offset; concatenating scores (not keys) keeps K/V uncopied.
+    scores, masks = [], []
+    for j in range(nb):
+        s = jnp.einsum(
+            "bnqkgh,bnskh->bnkgqs", qb, kb[:, j : j + nq], preferred_element_type=jnp.float32
+        )
+        kp = kpos_b[:, j : j + nq, None, :]
+        qp = qpos_b[:, :, :, None]
+        m = (kp <= qp) & (qp - kp < window) & (kseg_b[:, j : j + nq, None, :] == qseg_b[..., None])
+        scores.append(s)
+        masks.append(m)
+    s = jnp.concatenate(scores, axis=-1) * scale  # [B, nq, K, G, b, nb*b]
+    m = jnp.concatenate(masks, axis=-1)[:, :, None, None]  # [B, nq, 1, 1, b, nb*b]
+    s = jnp.where(m, s, _MASKED)
+    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    out = sum(
+        jnp.einsum(
+            "bnkgqs,bnskh->bnqkgh",
+            p[..., j * b : (j + 1) * b],
+            vb[:, j : j + nq],
+            preferred_element_type=jnp.float32,
+        )
+        for j in range(nb)
+    )
+    return out.reshape(bsz, t_pad, n, h)[:, :t].astype(q.dtype)
+
+
+def global_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    q_positions: jax.Array,
+    k_positions: jax.Array,
+    q_segment_ids: jax.Array | None = None,
+    k_segment_ids: jax.Array | None = None,
+    block_q: int = 512,
+    block_k: int = 512,
+) -> jax.Array:
+    """Causal attention by original position for arbitrary query positions.
+
+    q: [B, Lq, N, H] at q_positions [B, Lq]; k, v: [B, Lk, K, H] at k_positions [B, Lk].
+    Queries need not be aligned with keys (output-stream copies, a prompt's last token, a
+    decode step against a cache). Returns [B, Lq, N, H] in q's dtype.
+    """
+    bsz, lq, n, h = q.shape
+    lk, kv = k.shape[1], k.shape[2]
+    g = n // kv
+    scale = 1.0 / math.sqrt(h)
+    q_seg = _default_segments(q_segment_ids, q)
+    k_seg = _default_segments(k_segment_ids, k)
+    q_pos = q_positions.astype(jnp.int32)
+    k_pos = k_positions.astype(jnp.int32)
+
+    if lq == 1:
+        qg = q.reshape(bsz, 1, kv, g, h)
+        s = jnp.einsum("bqkgh,bskh->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale
+        m = (k_pos[:, None, :] <= q_pos[:, :, None]) & (k_seg[:, None, :] == q_seg[:, :, None])
+        s = jnp.where(m[:, None, None], s, _MASKED)
+        p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+        out = jnp.einsum("bkgqs,bskh->bqkgh", p, v, preferred_element_type=jnp.float32)
+        return out.reshape(bsz, 1, n, h).astype(q.dtype)
+
+    bq = min(block_q, _round_up(lq, 8))
+    bk = min(block_k, _round_up(lk, 8))
+    lq_pad, lk_pad = _round_up(lq, bq), _round_up(lk, bk)
+    nq, nk = lq_pad // bq, lk_pad // bk
+    qb = _pad_axis1(q, lq_pad, 0).reshape(bsz, nq, bq, kv, g, h)
+    qpos_b = _pad_axis1(q_pos, lq_pad, -1).reshape(bsz, nq, bq)
+    qseg_b = _pad_axis1(q_seg, lq_pad, QUERY_PAD_SEGMENT).reshape(bsz, nq, bq)
+    kb = _pad_axis1(k, lk_pad, 0).reshape(bsz, nk, bk, kv, h)
+    vb = _pad_axis1(v, lk_pad, 0).reshape(bsz, nk, bk, kv, h)
+    kpos_b = _pad_axis1(k_pos, lk_pad, _PAD_POS).reshape(bsz, nk, bk)
+    kseg_b = _pad_axis1(k_seg, lk_pad, KEY_PAD_SEGMENT).reshape(bsz, nk, bk)
+
+    # A key block is needed by a query block if some row could have a visible pair in it
+    # (conservative: position and segment ranges overlap). Skipped blocks cost nothing.
+    q_valid = qseg_b != QUERY_PAD_SEGMENT
+    k_valid = kseg_b != KEY_PAD_SEGMENT
+    big = jnp.iinfo(jnp.int32).max
+    q_pos_max = jnp.max(jnp.where(q_valid, qpos_b, -big), axis=2)  # [B, nq]
+    q_seg_min = jnp.min(jnp.where(q_valid, qseg_b, big), axis=2)
+    q_seg_max = jnp.max(jnp.where(q_valid, qseg_b, -big), axis=2)
+    k_pos_min = jnp.min(jnp.where(k_valid, kpos_b, big), axis=2)  # [B, nk]
+    k_seg_min = jnp.min(jnp.where(k_valid, kseg_b, big), axis=2)
+    k_seg_max = jnp.max(jnp.where(k_valid, kseg_b, -big), axis=2)
+    needed = (
+        (k_pos_min[:, None, :] <= q_pos_max[:, :, None])
+        & (k_seg_min[:, None, :] <= q_seg_max[:, :, None])
+        & (k_seg_max[:, None, :] >= q_seg_min[:, :, None])
+    ).any(axis=0)  # [nq, nk]
+
+    def one_query_block(args):
+        q_i, qpos_i, qseg_i, needed_i = args  # [B, bq, K, G, H], [B, bq], [B, bq], [nk]
+
+        def visit(carry, j):
+            def attend(c):
+                m_prev, l_prev, acc = c
+                s = jnp.einsum(
+                    "bqkgh,bskh->bkgqs", q_i, kb[:, j], preferred_element_type=jnp.float32
+                ) * scale
+                kp, ks = kpos_b[:, j], kseg_b[:, j]
+                mask = (kp[:, None, :] <= qpos_i[:, :, None]) & (ks[:, None, :] == qseg_i[:, :, None])
+                s = jnp.where(mask[:, None, None], s, _MASKED)
+                m_new = jnp.maximum(m_prev, s.max(axis=-1))
+                p = jnp.exp(s - m_new[..., None])
+                corr = jnp.exp(m_prev - m_new)
+                l_new = l_prev * corr + p.sum(axis=-1)
+                pv = jnp.einsum(
+                    "bkgqs,bskh->bkgqh", p.astype(v.dtype), vb[:, j],
+                    preferred_element_type=jnp.float32,
+                )
+                return m_new, l_new, acc * corr[..., None] + pv
+
+            return jax.lax.cond(needed_i[j], attend, lambda c: c, carry), None
+
+        init = (
+            jnp.full((bsz, kv, g, bq), _MASKED, jnp.float32),
+            jnp.zeros((bsz, kv, g, bq), jnp.float32),
+            jnp.zeros((bsz, kv, g, bq, h), jnp.float32),
+        )
+        (_, l_fin, acc), _ = jax.lax.scan(visit, init, jnp.arange(nk))
+        out = acc / l_fin[..., None]  # [B, K, G, bq, H]
+        return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(bsz, bq, n, h).astype(q.dtype)
+
+    blocks = jax.lax.map(
+        one_query_block,
+        (jnp.moveaxis(qb, 1, 0), jnp.moveaxis(qpos_b, 1, 0), jnp.moveaxis(qseg_b, 1, 0), needed),
+    )  # [nq, B, bq, N, H]
+    return jnp.moveaxis(blocks, 0, 1).reshape(bsz, lq_pad, n, h)[:, :lq]
+
+
+def reference_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    q_positions: jax.Array,
+    k_positions: jax.Array,
+    q_segment_ids: jax.Array | None = None,
+    k_segment_ids: jax.Array | None = None,
+    window: int | None = None,
+) -> jax.Array:
+    """Dense masked attention (Lq x Lk scores) — the specification the kernels are tested against."""
+    bsz, lq, n, h = q.shape
+    kv = k.shape[2]
+    q_seg = _default_segments(q_segment_ids, q)
+    k_seg = _default_segments(k_segment_ids, k)
+    kr = jnp.repeat(k, n // kv, axis=2).astype(jnp.float32)
+    vr = jnp.repeat(v, n // kv, axis=2).astype(jnp.float32)
+    s = jnp.einsum("bqnh,bsnh->bnqs", q.astype(jnp.float32), kr) / math.sqrt(h)
+    qp, kp = q_positions[:, :, None], k_positions[:, None, :]
+    mask = (kp <= qp) & (q_seg[:, :, None] == k_seg[:, None, :])
+    if window is not None:
+        mask &= qp - kp < window
+    s = jnp.where(mask[:, None], s, _MASKED)
+    return jnp.einsum("bnqs,bsnh->bqnh", jax.nn.softmax(s, axis=-1), vr).astype(q.dtype)

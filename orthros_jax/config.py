@@ -1,0 +1,156 @@
+"""Model configuration: one frozen dataclass, validated on construction.
+
+`ModelConfig` is the only thing the model, the attention kernels and the inference
+functions read. Launchers build it from an `ml_collections` config with
+`ModelConfig.from_dict`, which rejects unknown keys by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import jax.numpy as jnp
+
+Architecture = Literal["orthros", "transformer", "swa"]
+ARCHITECTURES: tuple[str, ...] = ("orthros", "transformer", "swa")
+REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots")
+ROPE_TYPES: tuple[str, ...] = ("default", "llama3")
+ATTENTION_IMPLS: tuple[str, ...] = ("xla", "cudnn")
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Everything that fixes an Orthros / Transformer / SWA model's shapes and math.
+
+    Shapes use the letters of the README: V vocab, D d_model, L layers, N query heads,
+    K kv heads, H head_dim, F d_ff, W window.
+    """
+
+    vocab_size: int = 256
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 32
+    d_ff: int = 384
+    window: int = 128
+    architecture: Architecture = "orthros"
+    scale_offset: bool = True
+    rope_theta: float = 10_000.0
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position: int = 8192
+    norm_eps: float = 1e-6
+    qk_norm: bool = False
+    tie_embeddings: bool = False
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    scan_layers: bool = True
+    remat: str = "none"
+    # Blocking of the memory-bounded global attention (queries x keys per step).
+    attention_block_q: int = 512
+    attention_block_k: int = 512
+    # Prefill processes prompts in chunks of this many tokens (memory = cache + O(chunk*D)).
+    prefill_chunk: int = 2048
+    attention_impl: str = "xla"
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        positive = (
+            "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
+            "window", "attention_block_q", "attention_block_k", "prefill_chunk",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(
+                f"ModelConfig.architecture={self.architecture!r} is unknown; "
+                f"allowed: {', '.join(ARCHITECTURES)}"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"ModelConfig.n_heads={self.n_heads} must be divisible by "
+                f"n_kv_heads={self.n_kv_heads} (grouped-query attention)"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even (RoPE rotates pairs)")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(
+                f"ModelConfig.remat={self.remat!r} is unknown; allowed: {', '.join(REMAT_POLICIES)}"
+            )
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(
+                f"ModelConfig.rope_type={self.rope_type!r} is unknown; allowed: {', '.join(ROPE_TYPES)}"
+            )
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(
+                f"ModelConfig.attention_impl={self.attention_impl!r} is unknown; "
+                f"allowed: {', '.join(ATTENTION_IMPLS)}"
+            )
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(
+                    f"ModelConfig.{name}={getattr(self, name)!r} is unknown; allowed: {', '.join(DTYPES)}"
+                )
+        for name in ("rope_theta", "norm_eps", "rope_factor", "init_std"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"ModelConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.scale_offset and self.architecture != "orthros":
+            raise ValueError(
+                f"ModelConfig.scale_offset=True needs architecture='orthros' (got "
+                f"{self.architecture!r}); the single-stream arms have no query scale-offset"
+            )
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per kv head (G)."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def jnp_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def jnp_param_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+    @property
+    def two_streams(self) -> bool:
+        return self.architecture == "orthros"
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> ModelConfig:
+        """Builds a config from a mapping (e.g. an ml_collections ConfigDict), naming unknown keys."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown ModelConfig field(s) {unknown}; valid fields: {', '.join(sorted(known))}"
+            )
+        return cls(**dict(values))
+
+    def num_params(self) -> int:
+        """Parameter count (embeddings and head included)."""
+        d, n, k, h, f, v = (
+            self.d_model, self.n_heads, self.n_kv_heads, self.head_dim, self.d_ff, self.vocab_size,
+        )
+        per_layer = d * n * h + 2 * d * k * h + n * h * d + 3 * d * f + 2 * d
+        if self.qk_norm:
+            per_layer += 2 * h
+        if self.scale_offset:
+            per_layer += 4 * n * h
+        head = 0 if self.tie_embeddings else d * v
+        return v * d + self.n_layers * per_layer + d + head

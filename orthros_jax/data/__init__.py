@@ -1,0 +1,1 @@
+"""Data: corpora, tokenizers, packing, SFT examples and synthetic recall tasks (grain)."""

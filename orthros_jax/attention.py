@@ -215,18 +215,25 @@ def global_attention(
         def visit(carry, j):
             def attend(c):
                 m_prev, l_prev, acc = c
-                s = jnp.einsum(
-                    "bqkgh,bskh->bkgqs", q_i, kb[:, j], preferred_element_type=jnp.float32
-                ) * scale
+                s = (
+                    jnp.einsum(
+                        "bqkgh,bskh->bkgqs", q_i, kb[:, j], preferred_element_type=jnp.float32
+                    )
+                    * scale
+                )
                 kp, ks = kpos_b[:, j], kseg_b[:, j]
-                mask = (kp[:, None, :] <= qpos_i[:, :, None]) & (ks[:, None, :] == qseg_i[:, :, None])
+                mask = (kp[:, None, :] <= qpos_i[:, :, None]) & (
+                    ks[:, None, :] == qseg_i[:, :, None]
+                )
                 s = jnp.where(mask[:, None, None], s, _MASKED)
                 m_new = jnp.maximum(m_prev, s.max(axis=-1))
                 p = jnp.exp(s - m_new[..., None])
                 corr = jnp.exp(m_prev - m_new)
                 l_new = l_prev * corr + p.sum(axis=-1)
                 pv = jnp.einsum(
-                    "bkgqs,bskh->bkgqh", p.astype(v.dtype), vb[:, j],
+                    "bkgqs,bskh->bkgqh",
+                    p.astype(v.dtype),
+                    vb[:, j],
                     preferred_element_type=jnp.float32,
                 )
                 return m_new, l_new, acc * corr[..., None] + pv

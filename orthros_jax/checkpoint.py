@@ -56,7 +56,9 @@ def read_model_json(directory: str) -> tuple[ModelConfig, str | None]:
     return ModelConfig.from_dict(meta["model"]), (os.path.join(directory, tok) if tok else None)
 
 
-def save_model(directory: str, cfg: ModelConfig, params: Any, tokenizer_file: str | None = None) -> None:
+def save_model(
+    directory: str, cfg: ModelConfig, params: Any, tokenizer_file: str | None = None
+) -> None:
     """Exports params + config (+ tokenizer) to a model directory that `load_model` reads."""
     directory = os.path.abspath(directory)
     write_model_json(directory, cfg, tokenizer_file)

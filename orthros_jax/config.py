@@ -62,8 +62,17 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         positive = (
-            "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
-            "window", "attention_block_q", "attention_block_k", "prefill_chunk",
+            "vocab_size",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "d_ff",
+            "window",
+            "attention_block_q",
+            "attention_block_k",
+            "prefill_chunk",
         )
         for name in positive:
             value = getattr(self, name)
@@ -80,7 +89,9 @@ class ModelConfig:
                 f"n_kv_heads={self.n_kv_heads} (grouped-query attention)"
             )
         if self.head_dim % 2:
-            raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even (RoPE rotates pairs)")
+            raise ValueError(
+                f"ModelConfig.head_dim={self.head_dim} must be even (RoPE rotates pairs)"
+            )
         if self.remat not in REMAT_POLICIES:
             raise ValueError(
                 f"ModelConfig.remat={self.remat!r} is unknown; allowed: {', '.join(REMAT_POLICIES)}"
@@ -145,7 +156,12 @@ class ModelConfig:
     def num_params(self) -> int:
         """Parameter count (embeddings and head included)."""
         d, n, k, h, f, v = (
-            self.d_model, self.n_heads, self.n_kv_heads, self.head_dim, self.d_ff, self.vocab_size,
+            self.d_model,
+            self.n_heads,
+            self.n_kv_heads,
+            self.head_dim,
+            self.d_ff,
+            self.vocab_size,
         )
         per_layer = d * n * h + 2 * d * k * h + n * h * d + 3 * d * f + 2 * d
         if self.qk_norm:

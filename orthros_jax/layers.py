@@ -57,7 +57,9 @@ def apply_rope(x_BLNH: jax.Array, positions_BL: jax.Array, inv_freq: jax.Array) 
     return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x_BLNH.dtype)
 
 
-def swiglu(x_BLD: jax.Array, w_gate_DF: jax.Array, w_up_DF: jax.Array, w_down_FD: jax.Array) -> jax.Array:
+def swiglu(
+    x_BLD: jax.Array, w_gate_DF: jax.Array, w_up_DF: jax.Array, w_down_FD: jax.Array
+) -> jax.Array:
     """SwiGLU feed-forward: down(silu(x gate) * (x up))."""
     dt = x_BLD.dtype
     gate = jnp.einsum("bld,df->blf", x_BLD, w_gate_DF.astype(dt))

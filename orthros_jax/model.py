@@ -34,7 +34,13 @@ from orthros_jax.config import ModelConfig
 
 # Logical axis names; sharding.py maps them to mesh axes.
 LAYERS, VOCAB, EMBED, HEADS, KV_HEADS, HEAD_DIM, MLP = (
-    "layers", "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp",
+    "layers",
+    "vocab",
+    "embed",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "mlp",
 )
 Params = dict[str, Any]
 # attend(q [B, Lq, N, H], k [B, Lk, K, H], v) -> [B, Lq, N, H]
@@ -159,16 +165,28 @@ def training_attention(cfg: ModelConfig, base: Stream, out: Stream | None):
 
     def local(q, k, v):
         return local_attention(
-            q, k, v, q_positions=base.positions, k_positions=base.positions, window=cfg.window,
-            q_segment_ids=base.segment_ids, k_segment_ids=base.segment_ids,
+            q,
+            k,
+            v,
+            q_positions=base.positions,
+            k_positions=base.positions,
+            window=cfg.window,
+            q_segment_ids=base.segment_ids,
+            k_segment_ids=base.segment_ids,
         )
 
     def global_from(queries: Stream) -> AttendFn:
         def attend(q, k, v):
             return global_attention(
-                q, k, v, q_positions=queries.positions, k_positions=base.positions,
-                q_segment_ids=queries.segment_ids, k_segment_ids=base.segment_ids,
-                block_q=cfg.attention_block_q, block_k=cfg.attention_block_k,
+                q,
+                k,
+                v,
+                q_positions=queries.positions,
+                k_positions=base.positions,
+                q_segment_ids=queries.segment_ids,
+                k_segment_ids=base.segment_ids,
+                block_q=cfg.attention_block_q,
+                block_k=cfg.attention_block_k,
             )
 
         return attend
@@ -183,7 +201,9 @@ def training_attention(cfg: ModelConfig, base: Stream, out: Stream | None):
 def _remat(fn: Callable, cfg: ModelConfig) -> Callable:
     if cfg.remat == "none":
         return fn
-    policy = None if cfg.remat == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    policy = (
+        None if cfg.remat == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    )
     return jax.checkpoint(fn, policy=policy)
 
 
@@ -227,18 +247,22 @@ class OrthrosLM(nn.Module):
         self.embedding = self.param(
             "embedding",
             nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), (VOCAB, EMBED)),
-            (cfg.vocab_size, cfg.d_model), cfg.jnp_param_dtype,
+            (cfg.vocab_size, cfg.d_model),
+            cfg.jnp_param_dtype,
         )
         self.layers = LayerStack(cfg, name="layers")
         self.final_norm = self.param(
-            "final_norm", nn.with_logical_partitioning(nn.initializers.ones, (EMBED,)),
-            (cfg.d_model,), cfg.jnp_param_dtype,
+            "final_norm",
+            nn.with_logical_partitioning(nn.initializers.ones, (EMBED,)),
+            (cfg.d_model,),
+            cfg.jnp_param_dtype,
         )
         if not cfg.tie_embeddings:
             self.lm_head = self.param(
                 "lm_head",
                 nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), (EMBED, VOCAB)),
-                (cfg.d_model, cfg.vocab_size), cfg.jnp_param_dtype,
+                (cfg.d_model, cfg.vocab_size),
+                cfg.jnp_param_dtype,
             )
 
     def embed(self, tokens: jax.Array) -> jax.Array:
@@ -272,7 +296,9 @@ class OrthrosLM(nn.Module):
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (bsz, t))
         if segment_ids is None:
             segment_ids = jnp.ones((bsz, t), jnp.int32)
-        base = Stream(self.embed(tokens), positions.astype(jnp.int32), segment_ids.astype(jnp.int32))
+        base = Stream(
+            self.embed(tokens), positions.astype(jnp.int32), segment_ids.astype(jnp.int32)
+        )
         out = None
         if self.cfg.two_streams:
             out = base if output_positions is None else gather_stream(base, output_positions)

@@ -1,0 +1,190 @@
+"""The attention kernels against the dense masked reference, and their memory shape."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from orthros_jax.attention import global_attention, local_attention, reference_attention
+
+
+def _qkv(seed: int, b: int, lq: int, lk: int, n: int, k: int, h: int):
+    keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+    q = jax.random.normal(keys[0], (b, lq, n, h), jnp.float32)
+    kk = jax.random.normal(keys[1], (b, lk, k, h), jnp.float32)
+    v = jax.random.normal(keys[2], (b, lk, k, h), jnp.float32)
+    return q, kk, v
+
+
+def _packed(b: int, t: int, boundaries: list[int]):
+    """Segment ids (1, 2, ...) and positions reset at each boundary; same for every row."""
+    seg = np.ones((t,), np.int32)
+    pos = np.arange(t, dtype=np.int32)
+    for i, start in enumerate(boundaries):
+        seg[start:] = i + 2
+        pos[start:] = np.arange(t - start)
+    return jnp.asarray(np.tile(pos, (b, 1))), jnp.asarray(np.tile(seg, (b, 1)))
+
+
+LOCAL_CASES = [
+    # (T, window, N, K, block_size, packed boundaries)
+    (37, 8, 4, 2, None, []),  # T not a multiple of w, GQA
+    (16, 16, 2, 2, None, []),  # w == T
+    (10, 64, 4, 1, None, []),  # w > T (MQA)
+    (50, 7, 6, 3, 4, [13, 31]),  # block < w (three key blocks per query block), packed
+    (64, 16, 4, 4, None, [5, 40]),  # packed, MHA
+]
+
+
+@pytest.mark.parametrize("t,window,n,k,block,bounds", LOCAL_CASES)
+def test_local_attention_matches_dense_reference(t, window, n, k, block, bounds):
+    q, kk, v = _qkv(t + window, 2, t, t, n, k, 8)
+    pos, seg = _packed(2, t, bounds)
+    got = local_attention(
+        q,
+        kk,
+        v,
+        q_positions=pos,
+        k_positions=pos,
+        window=window,
+        q_segment_ids=seg,
+        k_segment_ids=seg,
+        block_size=block,
+    )
+    want = reference_attention(
+        q,
+        kk,
+        v,
+        q_positions=pos,
+        k_positions=pos,
+        q_segment_ids=seg,
+        k_segment_ids=seg,
+        window=window,
+    )
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+
+def test_local_attention_with_cache_prefix_matches_full_sequence():
+    # A chunk that reads its previous window from a prefix equals the unchunked computation.
+    t, window, start = 40, 6, 17
+    q, kk, v = _qkv(3, 2, t, t, 4, 2, 8)
+    pos = jnp.broadcast_to(jnp.arange(t), (2, t))
+    full = local_attention(q, kk, v, q_positions=pos, k_positions=pos, window=window)
+    seg = jnp.ones((2, start), jnp.int32)
+    chunk = local_attention(
+        q[:, start:],
+        kk[:, start:],
+        v[:, start:],
+        q_positions=pos[:, start:],
+        k_positions=pos[:, start:],
+        window=window,
+        prefix=(kk[:, :start], v[:, :start], pos[:, :start], seg),
+    )
+    np.testing.assert_allclose(np.asarray(chunk), np.asarray(full[:, start:]), atol=1e-5, rtol=0)
+
+
+GLOBAL_CASES = [
+    # (Lq, Lk, N, K, block_q, block_k, packed boundaries)
+    (37, 37, 4, 2, 8, 16, []),
+    (50, 50, 6, 3, 16, 8, [13, 31]),
+    (1, 29, 4, 1, 512, 512, []),
+    (9, 9, 2, 2, 512, 512, [4]),
+]
+
+
+@pytest.mark.parametrize("lq,lk,n,k,bq,bk,bounds", GLOBAL_CASES)
+def test_global_attention_matches_dense_reference(lq, lk, n, k, bq, bk, bounds):
+    q, kk, v = _qkv(lq * 7 + lk, 2, lk, lk, n, k, 8)
+    pos, seg = _packed(2, lk, bounds)
+    # Arbitrary query positions: a random subset of the key tokens, in shuffled order.
+    rng = np.random.default_rng(lq + lk)
+    idx = jnp.asarray(np.stack([rng.permutation(lk)[:lq] for _ in range(2)]))
+    take = jax.vmap(lambda a, i: a[i])
+    qq, qpos, qseg = take(q, idx), take(pos, idx), take(seg, idx)
+    got = global_attention(
+        qq,
+        kk,
+        v,
+        q_positions=qpos,
+        k_positions=pos,
+        q_segment_ids=qseg,
+        k_segment_ids=seg,
+        block_q=bq,
+        block_k=bk,
+    )
+    want = reference_attention(
+        qq, kk, v, q_positions=qpos, k_positions=pos, q_segment_ids=qseg, k_segment_ids=seg
+    )
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+
+def test_global_attention_bfloat16_inputs_use_float32_softmax():
+    q, kk, v = _qkv(0, 1, 24, 24, 2, 1, 16)
+    pos = jnp.broadcast_to(jnp.arange(24), (1, 24))
+    got = global_attention(
+        q.astype(jnp.bfloat16),
+        kk.astype(jnp.bfloat16),
+        v.astype(jnp.bfloat16),
+        q_positions=pos,
+        k_positions=pos,
+        block_q=8,
+        block_k=8,
+    )
+    want = reference_attention(q, kk, v, q_positions=pos, k_positions=pos)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), atol=5e-2, rtol=0)
+
+
+def _all_shapes(jaxpr) -> list[tuple[int, ...]]:
+    """Shapes of every intermediate value in a jaxpr, recursing into sub-jaxprs."""
+    shapes = []
+    for eqn in jaxpr.eqns:
+        shapes += [tuple(getattr(o.aval, "shape", ())) for o in eqn.outvars]
+        for param in eqn.params.values():
+            subs = param if isinstance(param, (list, tuple)) else [param]
+            for sub in subs:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    shapes += _all_shapes(inner)
+    return shapes
+
+
+def _assert_no_quadratic(fn, *args, t: int):
+    shapes = _all_shapes(jax.make_jaxpr(fn)(*args).jaxpr)
+    assert shapes, "no intermediates found: the check would be vacuous"
+    quadratic = [s for s in shapes if sum(d >= t for d in s) >= 2]
+    assert not quadratic, f"arrays with two dimensions >= T={t}: {quadratic[:5]}"
+    hlo = jax.jit(fn).lower(*args).as_text()
+    assert f"{t},{t}" not in hlo.replace(" ", "")
+
+
+def test_local_attention_never_builds_t_by_t():
+    t, window = 8192, 128
+    q = jax.ShapeDtypeStruct((1, t, 4, 32), jnp.float32)
+    kv = jax.ShapeDtypeStruct((1, t, 2, 32), jnp.float32)
+    pos = jax.ShapeDtypeStruct((1, t), jnp.int32)
+
+    def fn(q, k, v, pos):
+        return local_attention(q, k, v, q_positions=pos, k_positions=pos, window=window)
+
+    _assert_no_quadratic(fn, q, kv, kv, pos, t=t)
+
+
+def test_orthros_prefill_shaped_forward_never_builds_t_by_t():
+    from orthros_jax.config import ModelConfig
+    from orthros_jax.model import OrthrosLM, init_params
+
+    t = 8192
+    cfg = ModelConfig(
+        d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128, window=128
+    )
+    params = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
+    tokens = jax.ShapeDtypeStruct((1, t), jnp.int32)
+    last = jnp.full((1, 1), t - 1, jnp.int32)
+
+    def fn(params, tokens):
+        return OrthrosLM(cfg).apply({"params": params}, tokens, output_positions=last)
+
+    _assert_no_quadratic(fn, params, tokens, t=t)

@@ -1,0 +1,77 @@
+"""ModelConfig validation and the paper-size shapes."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+from orthros_jax.config import ModelConfig
+from orthros_jax.model import init_params
+
+BAD = [
+    ({"n_heads": 6, "n_kv_heads": 4}, "n_kv_heads"),
+    ({"head_dim": 15}, "head_dim"),
+    ({"window": 0}, "window"),
+    ({"architecture": "mamba"}, "architecture"),
+    ({"architecture": "transformer"}, "scale_offset"),
+    ({"remat": "some"}, "remat"),
+    ({"dtype": "float8"}, "dtype"),
+    ({"rope_type": "yarn"}, "rope_type"),
+    ({"d_model": -4}, "d_model"),
+    ({"norm_eps": 0.0}, "norm_eps"),
+]
+
+
+@pytest.mark.parametrize("changes,field", BAD)
+def test_bad_config_names_the_field(changes, field):
+    with pytest.raises(ValueError, match=field):
+        ModelConfig(**changes)
+
+
+def test_from_dict_rejects_unknown_keys():
+    with pytest.raises(ValueError, match="d_modle"):
+        ModelConfig.from_dict({"d_modle": 3})
+    assert ModelConfig.from_dict({"d_model": 64}).d_model == 64
+
+
+# 1.3B (Table 1/5 scale) and Llama3.1-8B-shaped Orthros: shapes only, nothing allocated.
+PAPER_SIZES = {
+    "1.3B": ModelConfig(
+        vocab_size=50_304,
+        d_model=2048,
+        n_layers=24,
+        n_heads=16,
+        n_kv_heads=16,
+        head_dim=128,
+        d_ff=5504,
+        window=128,
+        dtype="bfloat16",
+    ),
+    "llama3.1-8B": ModelConfig(
+        vocab_size=128_256,
+        d_model=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        head_dim=128,
+        d_ff=14_336,
+        window=128,
+        rope_theta=500_000.0,
+        rope_type="llama3",
+        rope_factor=8.0,
+        dtype="bfloat16",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(PAPER_SIZES))
+def test_paper_size_shapes(name):
+    cfg = PAPER_SIZES[name]
+    shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
+    total = sum(x.size for x in jax.tree.leaves(shapes))
+    assert total == cfg.num_params()
+    assert shapes["layers"]["wq"].shape == (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim)
+    if name == "llama3.1-8B":
+        # 8.03B for Llama-3.1-8B plus the four SO vectors per layer.
+        so = 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim
+        assert total - so == 8_030_261_248

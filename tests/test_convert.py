@@ -1,0 +1,368 @@
+"""HF Llama/Qwen3 import, Transformer -> Orthros conversion and export, against transformers.
+
+Tiny random models (hidden 64, 2 layers, 4 heads, 2 kv heads, vocab 128) are built and saved
+in the test; nothing is downloaded. References run in torch fp32 with eager attention.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from orthros_jax.config import ModelConfig  # noqa: E402
+from orthros_jax.convert import (  # noqa: E402
+    SafetensorsCheckpoint,
+    config_from_hf,
+    export_hf,
+    from_transformer,
+    hf_config_from,
+    hf_from_params,
+    hf_tensor_shapes,
+    load_hf,
+    params_from_hf,
+    write_safetensors,
+)
+from orthros_jax.model import OrthrosLM  # noqa: E402
+
+REF: dict[str, np.ndarray] = {}  # variant -> HF fp32 logits of `tokens`, filled by hf_dirs
+T = 24  # tokens per row; windows >= T make Orthros equal the Transformer
+ATOL = 1e-4
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    initializer_range=0.1,  # logits of order 1, so an agreement at 1e-4 means something
+    rms_norm_eps=1e-5,
+)
+VARIANTS = {
+    "llama_untied": ("llama", dict(tie_word_embeddings=False), {}),
+    "llama_tied": ("llama", dict(tie_word_embeddings=True), {}),
+    # head_dim 24 != hidden/heads: Qwen3's explicit head_dim must be honoured.
+    "qwen3_untied": ("qwen3", dict(tie_word_embeddings=False, head_dim=24), {}),
+    "qwen3_tied": ("qwen3", dict(tie_word_embeddings=True, head_dim=16), {}),
+    "llama_bf16": ("llama", dict(tie_word_embeddings=False), dict(bf16=True)),
+    "qwen3_sharded": ("qwen3", dict(head_dim=16), dict(max_shard_size="40KB")),
+    "llama3_rope": (
+        "llama",
+        dict(
+            rope_theta=500.0,
+            max_position_embeddings=64,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=4.0,
+                low_freq_factor=1.0,
+                high_freq_factor=2.0,
+                original_max_position_embeddings=16,
+            ),
+        ),
+        {},
+    ),
+}
+
+
+def _hf_model(kind: str, extra: dict, seed: int):
+    torch.manual_seed(seed)
+    if kind == "llama":
+        conf = transformers.LlamaConfig(**TINY, **extra)
+        model = transformers.LlamaForCausalLM(conf)
+    else:
+        conf = transformers.Qwen3Config(**TINY, **extra)
+        model = transformers.Qwen3ForCausalLM(conf)
+    with torch.no_grad():  # norms start at 1; perturb them so a misplaced norm shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return model.eval()
+
+
+def _hf_logits(hf_dir: str, tokens: np.ndarray) -> np.ndarray:
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    with torch.no_grad():
+        return model(torch.from_numpy(tokens)).logits.numpy()
+
+
+def _logits(cfg: ModelConfig, params, tokens: np.ndarray) -> np.ndarray:
+    return np.asarray(OrthrosLM(cfg).apply({"params": params}, jnp.asarray(tokens)))
+
+
+@pytest.fixture(scope="module")
+def tokens() -> np.ndarray:
+    return np.random.default_rng(0).integers(0, TINY["vocab_size"], (2, T)).astype(np.int64)
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory, tokens) -> dict[str, str]:
+    """{variant: HF directory written by save_pretrained}; reference logits in REF."""
+    root = tmp_path_factory.mktemp("hf")
+    out = {}
+    for i, (name, (kind, extra, save)) in enumerate(VARIANTS.items()):
+        model = _hf_model(kind, extra, seed=i)
+        if save.get("bf16"):
+            model = model.to(torch.bfloat16)
+        kwargs = {"max_shard_size": save["max_shard_size"]} if "max_shard_size" in save else {}
+        model.save_pretrained(str(root / name), **kwargs)
+        out[name] = str(root / name)
+        if save.get("bf16"):  # .to(bf16) also rounded the RoPE buffer: load fp32 from disk
+            REF[name] = _hf_logits(out[name], tokens)
+        else:
+            with torch.no_grad():
+                REF[name] = model(torch.from_numpy(tokens)).logits.numpy()
+    return out
+
+
+def test_sharded_and_bf16_layouts_are_what_they_claim(hf_dirs):
+    assert os.path.isfile(os.path.join(hf_dirs["qwen3_sharded"], "model.safetensors.index.json"))
+    assert not os.path.exists(os.path.join(hf_dirs["qwen3_sharded"], "model.safetensors"))
+    ckpt = SafetensorsCheckpoint(hf_dirs["llama_bf16"])
+    assert {ckpt.dtype(n) for n in ckpt} == {"BF16"}
+    assert ckpt["model.norm.weight"].dtype == ml_dtypes.bfloat16
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_import_matches_transformers(hf_dirs, tokens, variant):
+    cfg, params = load_hf(hf_dirs[variant])
+    assert cfg.architecture == "transformer"
+    assert cfg.qk_norm == variant.startswith("qwen3")
+    assert cfg.tie_embeddings == ("lm_head" not in params)
+    if variant == "llama3_rope":
+        assert (cfg.rope_type, cfg.rope_factor, cfg.rope_original_max_position) == ("llama3", 4, 16)
+    ours = _logits(cfg, params, tokens)
+    ref = REF[variant]
+    assert np.abs(ref).max() > 0.5  # a real signal, not near-zero logits
+    np.testing.assert_allclose(ours, ref, atol=ATOL, rtol=0)
+
+
+def test_bf16_import_keeps_bf16_values_exactly(hf_dirs):
+    cfg, params = load_hf(hf_dirs["llama_bf16"], param_dtype="bfloat16")
+    assert params["layers"]["wq"].dtype == ml_dtypes.bfloat16
+    ckpt = SafetensorsCheckpoint(hf_dirs["llama_bf16"])
+    back = hf_from_params(params, cfg)
+    for name in ckpt:
+        np.testing.assert_array_equal(back[name].view(np.uint16), ckpt[name].view(np.uint16))
+
+
+@pytest.mark.parametrize("variant", ["llama_untied", "qwen3_tied"])
+def test_converted_orthros_equals_transformer_iff_window_covers(hf_dirs, tokens, variant):
+    cfg, params = load_hf(hf_dirs[variant])
+    ref = REF[variant]
+    ocfg, oparams = from_transformer(params, cfg, window=T)
+    assert ocfg.architecture == "orthros" and ocfg.scale_offset and ocfg.window == T
+    so = oparams["layers"]["so_out_scale"]
+    assert so.shape == (cfg.n_layers, cfg.n_heads, cfg.head_dim) and np.all(so == 1)
+    assert np.all(oparams["layers"]["so_base_offset"] == 0)
+    assert "so_base_scale" not in params["layers"]  # the input is not modified
+    np.testing.assert_allclose(_logits(ocfg, oparams, tokens), ref, atol=ATOL, rtol=0)
+    small_cfg, small = from_transformer(params, cfg, window=4)
+    diff = np.abs(_logits(small_cfg, small, tokens) - ref)
+    np.testing.assert_allclose(diff[:, :4], 0, atol=ATOL)  # the first w tokens see everything
+    assert diff[:, 8:].max() > 1e-2
+    wo_cfg, wo = from_transformer(params, cfg, window=T, scale_offset=False)
+    assert not wo_cfg.scale_offset and wo["layers"].keys() == params["layers"].keys()
+
+
+@pytest.mark.parametrize("variant", ["llama_tied", "qwen3_untied", "llama3_rope"])
+def test_export_loads_in_transformers_and_round_trips(hf_dirs, tokens, tmp_path, variant):
+    cfg, params = load_hf(hf_dirs[variant])
+    out = str(tmp_path / "export")
+    export_hf(out, cfg, params)
+    np.testing.assert_allclose(_hf_logits(out, tokens), REF[variant], atol=ATOL, rtol=0)
+    original, exported = SafetensorsCheckpoint(hf_dirs[variant]), SafetensorsCheckpoint(out)
+    assert set(exported) == set(original)
+    for name in original:  # export∘import is the identity on the HF tensors
+        np.testing.assert_array_equal(exported[name], original[name], err_msg=name)
+    cfg2, params2 = load_hf(out)  # import∘export is the identity on our tensors
+    assert cfg2 == cfg
+    flat = lambda p: {**{k: v for k, v in p.items() if k != "layers"}, **p["layers"]}
+    assert flat(params2).keys() == flat(params).keys()
+    for key, value in flat(params).items():
+        np.testing.assert_array_equal(flat(params2)[key], value, err_msg=key)
+
+
+def test_export_sharded_bf16(hf_dirs, tokens, tmp_path):
+    cfg, params = load_hf(hf_dirs["llama_bf16"])
+    out = str(tmp_path / "export")
+    files = export_hf(out, cfg, params, dtype="bfloat16", max_shard_bytes=30_000)
+    assert "model.safetensors.index.json" in files and len(files) > 3
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["torch_dtype"] == "bfloat16"
+    original, exported = SafetensorsCheckpoint(hf_dirs["llama_bf16"]), SafetensorsCheckpoint(out)
+    for name in original:
+        np.testing.assert_array_equal(
+            exported[name].view(np.uint16), original[name].view(np.uint16)
+        )
+    np.testing.assert_allclose(_hf_logits(out, tokens), REF["llama_bf16"], atol=ATOL, rtol=0)
+
+
+def test_config_round_trip_both_rope_layouts():
+    cfg = ModelConfig(
+        architecture="transformer", scale_offset=False, qk_norm=True, tie_embeddings=True,
+        rope_type="llama3", rope_factor=8.0, rope_theta=5e5, rope_original_max_position=8192,
+        norm_eps=1e-5, head_dim=48,
+    )  # fmt: skip
+    legacy = hf_config_from(cfg)
+    assert legacy["architectures"] == ["Qwen3ForCausalLM"] and "rope_parameters" not in legacy
+    assert config_from_hf(legacy, window=cfg.window) == cfg
+    # transformers 5 layout: everything under rope_parameters, no top-level rope_theta.
+    new = {k: v for k, v in legacy.items() if k not in ("rope_theta", "rope_scaling")}
+    new["rope_parameters"] = {**legacy["rope_scaling"], "rope_theta": 5e5}
+    assert config_from_hf(new, window=cfg.window) == cfg
+    orthros = config_from_hf(legacy, architecture="orthros", window=64)
+    assert orthros == cfg.replace(architecture="orthros", scale_offset=True, window=64)
+
+
+def test_reading_needs_no_torch(hf_dirs):
+    """The import path works with torch and transformers unimportable."""
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
+        "from orthros_jax.convert import load_hf\n"
+        f"cfg, p = load_hf({hf_dirs['qwen3_sharded']!r})\n"
+        f"cfg, p = load_hf({hf_dirs['llama_bf16']!r})\n"
+        "print(p['layers']['wq'].dtype)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "float32"
+
+
+# ------------------------------------------------------------------------------ errors
+
+SMALL = ModelConfig(
+    vocab_size=32, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32,
+    architecture="transformer", scale_offset=False,
+)  # fmt: skip
+
+
+def _random_hf(cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Random HF-named tensors for cfg (numpy only: no torch, no jax compile)."""
+    rng = np.random.default_rng(0)
+    return {
+        n: rng.normal(size=shape).astype(np.float32) for n, shape in hf_tensor_shapes(cfg).items()
+    }
+
+
+def _write_hf(directory, cfg: ModelConfig, edit=None, config_edit=None) -> str:
+    """A HF dir for cfg (random weights, no torch); edit/config_edit mutate tensors/config."""
+
+    tensors = _random_hf(cfg)
+    config = hf_config_from(cfg)
+    if edit:
+        edit(tensors)
+    if config_edit:
+        config_edit(config)
+    write_safetensors(str(directory), tensors)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f)
+    return str(directory)
+
+
+def _llama(**changes):
+    return {**hf_config_from(SMALL), **changes}
+
+
+@pytest.mark.parametrize(
+    "config, pattern",
+    [
+        (
+            _llama(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=8),
+            r"Qwen3MoeForCausalLM.*mixture-of-experts.*supported: LlamaForCausalLM, Qwen3ForCausalLM",
+        ),
+        (
+            _llama(architectures=["MixtralForCausalLM"], model_type="mixtral"),
+            r"MixtralForCausalLM.*supported: LlamaForCausalLM, Qwen3ForCausalLM",
+        ),
+        (_llama(architectures=None, model_type="gpt2"), r"model_type 'gpt2'.*supported"),
+        (_llama(rope_scaling={"rope_type": "yarn", "factor": 4.0}), r"'yarn'.*default, llama3"),
+        (_llama(rope_scaling={"type": "linear", "factor": 2.0}), r"'linear'.*default, llama3"),
+        (
+            _llama(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4}),
+            r"'dynamic'.*default, llama3",
+        ),
+        (_llama(attention_bias=True), r"attention_bias=True.*expected attention_bias=False"),
+        (_llama(mlp_bias=True), r"mlp_bias=True.*expected mlp_bias=False"),
+        (_llama(hidden_act="gelu"), r"hidden_act='gelu'.*expected 'silu'"),
+        (_llama(model_type="qwen3"), r"LlamaForCausalLM but model_type 'qwen3'.*'llama'"),
+        ({"architectures": ["LlamaForCausalLM"]}, r"lacks required field\(s\) \['vocab_size'"),
+    ],
+)
+def test_config_errors(config, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        config_from_hf(config)
+
+
+def _drop(name):
+    return lambda t: t.pop(name)
+
+
+def _add(name):
+    return lambda t: t.update({name: np.zeros((3,), np.float32)})
+
+
+def _reshape(name, shape):
+    return lambda t: t.update({name: np.zeros(shape, np.float32)})
+
+
+@pytest.mark.parametrize(
+    "edit, pattern",
+    [
+        (_drop("model.layers.1.mlp.up_proj.weight"), r"missing 1 .*model\.layers\.1\.mlp\.up_proj"),
+        (_drop("lm_head.weight"), r"missing 1 .*untied embeddings needs: \['lm_head\.weight'\]"),
+        (
+            _add("model.layers.2.mlp.up_proj.weight"),
+            r"unexpected .*'model\.layers\.2\.mlp\.up_proj",
+        ),
+        (
+            _add("model.layers.0.self_attn.q_norm.weight"),
+            r"unexpected .* Llama model.*'model\.layers\.0\.self_attn\.q_norm\.weight'",
+        ),
+        (
+            _reshape("model.layers.0.self_attn.k_proj.weight", (16, 16)),
+            r"'model\.layers\.0\.self_attn\.k_proj\.weight' has shape \[16, 16\]; expected \[8, 16\]",
+        ),
+    ],
+)
+def test_tensor_errors(tmp_path, edit, pattern):
+    hf_dir = _write_hf(tmp_path, SMALL, edit=edit)
+    with pytest.raises(ValueError, match=pattern):
+        load_hf(hf_dir)
+
+
+def test_tensor_name_and_file_errors(tmp_path):
+    tied = SMALL.replace(tie_embeddings=True)
+    add_head = lambda t: t.update({"lm_head.weight": np.ones((32, 16), np.float32)})
+    with pytest.raises(ValueError, match=r"ties embeddings but 'lm_head.weight' differs"):
+        load_hf(_write_hf(tmp_path / "tied", tied, edit=add_head))
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.q_norm\.weight"):
+        params_from_hf(_random_hf(SMALL), SMALL.replace(qk_norm=True))
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "pytorch_model.bin").write_bytes(b"")
+    (tmp_path / "bin" / "config.json").write_text(json.dumps(hf_config_from(SMALL)))
+    with pytest.raises(ValueError, match=r"neither model\.safetensors nor .*pytorch_model\.bin"):
+        load_hf(str(tmp_path / "bin"))
+    with pytest.raises(ValueError, match=r"has no config\.json"):
+        load_hf(str(tmp_path / "missing"))
+
+
+def test_conversion_and_export_errors(tmp_path):
+    params = params_from_hf(_random_hf(SMALL), SMALL)
+    ocfg, oparams = from_transformer(params, SMALL)
+    with pytest.raises(ValueError, match=r"needs architecture='transformer', got 'orthros'"):
+        from_transformer(oparams, ocfg)
+    with pytest.raises(ValueError, match=r"only architecture='transformer' exports.*'orthros'"):
+        export_hf(str(tmp_path / "o"), ocfg, oparams)
+    with pytest.raises(ValueError, match=r"missing \[\].*unexpected \['layers/so_base_offset'"):
+        export_hf(str(tmp_path / "o"), SMALL, oparams)

@@ -97,6 +97,20 @@ def _first_doc_line(lines: list[str], k: int) -> str:
     return rest.split(quote, 1)[0].strip()
 
 
+def _is_one_def(signature: str) -> bool:
+    """True when `signature` is exactly one def header (the scan can overrun a one-liner)."""
+    try:
+        body = ast.parse(signature + "\n    pass").body
+    except (SyntaxError, ValueError):
+        return False
+    return (
+        len(body) == 1
+        and isinstance(body[0], (ast.FunctionDef, ast.AsyncFunctionDef))
+        and len(body[0].body) == 1
+        and isinstance(body[0].body[0], ast.Pass)
+    )
+
+
 def docstring_pairs(doc: Document) -> list[tuple[str, str]]:
     """(prompt, answer) text pairs of one Python document, in source order.
 
@@ -125,9 +139,7 @@ def docstring_pairs(doc: Document) -> list[tuple[str, str]]:
         if not first or len(first) > MAX_DOC_LINE_CHARS:
             continue
         signature = textwrap.dedent("\n".join(lines[i : j + 1])).rstrip()
-        try:
-            ast.parse(signature + "\n    pass")
-        except (SyntaxError, ValueError):
+        if not _is_one_def(signature):
             continue
         pairs.append((signature + DOCSTRING_OPEN, first + "\n"))
     return pairs

@@ -1,0 +1,222 @@
+"""Cached inference against the full-sequence (PT) forward, generation, compiles, validation."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from orthros_jax import inference as inf
+from orthros_jax import sampling
+from orthros_jax.config import ModelConfig
+from orthros_jax.model import OrthrosLM, init_params
+
+ARCHS = ("orthros", "transformer", "swa")
+WINDOW, CHUNK = 6, 8
+# Ragged prompt lengths: 1, < w, = w, > w spanning three chunks of 8 (8 does not divide 21).
+LENGTHS = np.array([1, 4, WINDOW, 21])
+N_DECODE = 5
+ATOL = 1e-5
+
+
+def _cfg(arch: str, **kw) -> ModelConfig:
+    base = dict(
+        vocab_size=61,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=8,
+        d_ff=64,
+        window=WINDOW,
+        architecture=arch,
+        scale_offset=arch == "orthros",
+        prefill_chunk=CHUNK,
+        attention_block_q=8,
+        attention_block_k=8,
+        init_std=0.1,
+    )
+    return ModelConfig(**{**base, **kw})
+
+
+@functools.cache
+def _model(arch: str, **kw):
+    """(cfg, params, jitted PT forward). Orthros gets non-identity SO so the streams differ."""
+    cfg = _cfg(arch, **kw)
+    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(1))
+    if cfg.two_streams:
+        layers = dict(params["layers"])
+        for i, name in enumerate(sorted(n for n in layers if n.startswith("so_"))):
+            noise = jax.random.normal(jax.random.PRNGKey(10 + i), layers[name].shape)
+            layers[name] = layers[name] + 0.3 * noise
+        params = {**params, "layers": layers}
+    forward = jax.jit(lambda p, t: OrthrosLM(cfg).apply({"params": p}, t))
+    return cfg, params, forward
+
+
+def _tokens(cfg: ModelConfig, bsz: int, t: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, cfg.vocab_size, (bsz, t))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefill_then_decode_matches_pt_forward(arch):
+    cfg, params, forward = _model(arch)
+    bsz, rows = len(LENGTHS), np.arange(len(LENGTHS))
+    full = _tokens(cfg, bsz, LENGTHS.max() + N_DECODE)
+    want = np.asarray(forward(params, jnp.asarray(full)))  # [B, T, V]
+    # Right-padded prompts with junk (-1) after each length: it must never be read.
+    prompts = np.where(np.arange(full.shape[1])[None] < LENGTHS[:, None], full, -1)
+    cache = inf.init_cache(cfg, bsz, 37)  # 37: not a multiple of the chunk or the blocks
+    logits, cache = inf.prefill(params, cache, prompts, LENGTHS, cfg)
+    np.testing.assert_allclose(np.asarray(logits), want[rows, LENGTHS - 1], atol=ATOL, rtol=0)
+    for i in range(N_DECODE):
+        logits, cache = inf.decode_step(params, cache, full[rows, LENGTHS + i], cfg)
+        np.testing.assert_allclose(np.asarray(logits), want[rows, LENGTHS + i], atol=ATOL, rtol=0)
+    np.testing.assert_array_equal(np.asarray(cache.lengths), LENGTHS + N_DECODE)
+
+
+def test_variant_config_and_continued_prefill_match_pt_forward():
+    # qk-norm, tied embeddings, a Python layer loop, window 3; the prompt is prefilled in two
+    # calls (the second continues after the cache's contents) and the first ends mid-window.
+    cfg, params, forward = _model(
+        "orthros", qk_norm=True, tie_embeddings=True, scan_layers=False, window=3
+    )
+    full = _tokens(cfg, 2, 20, seed=3)
+    want = np.asarray(forward(params, jnp.asarray(full)))
+    cache = inf.init_cache(cfg, 2, 24)
+    first = np.array([5, 11])
+    _, cache = inf.prefill(params, cache, full[:, :11], first, cfg)
+    rest = np.zeros((2, 9), np.int64)
+    rest[0, :9], rest[1, :7] = full[0, 5:14], full[1, 11:18]
+    logits, cache = inf.prefill(params, cache, rest, np.array([9, 7]), cfg)
+    np.testing.assert_allclose(np.asarray(logits), want[[0, 1], [13, 17]], atol=ATOL, rtol=0)
+    logits, _ = inf.decode_step(params, cache, full[[0, 1], [14, 18]], cfg)
+    np.testing.assert_allclose(np.asarray(logits), want[[0, 1], [14, 18]], atol=ATOL, rtol=0)
+
+
+def _greedy_reference(forward, params, prompts: list[list[int]], n: int, width: int) -> np.ndarray:
+    """Step-by-step argmax of the full forward (no cache), [B, n]. Rows are right-padded to a
+    fixed width (causal: padding after a position never changes its logits), so one compile."""
+    seqs = np.zeros((len(prompts), width), np.int64)
+    lens = np.array([len(p) for p in prompts])
+    for i, p in enumerate(prompts):
+        seqs[i, : len(p)] = p
+    rows = np.arange(len(prompts))
+    for i in range(n):
+        logits = np.asarray(forward(params, jnp.asarray(seqs)))
+        nxt = logits[rows, lens + i - 1].argmax(-1)
+        if i + 1 < n:
+            seqs[rows, lens + i] = nxt
+    return np.concatenate([seqs[rows[:, None], lens[:, None] + np.arange(n - 1)], nxt[:, None]], 1)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_generate_matches_pt_argmax(arch):
+    cfg, params, forward = _model(arch)
+    full = _tokens(cfg, len(LENGTHS), LENGTHS.max(), seed=1)
+    prompts = [list(full[i, :n]) for i, n in enumerate(LENGTHS)]
+    n_new = N_DECODE + 1  # the forward's width below matches the first test's: no new compile
+    out = inf.generate(
+        params, prompts, cfg, max_new_tokens=n_new, sampler=sampling.greedy(), cache_size=37
+    )
+    np.testing.assert_array_equal(out.lengths, n_new)
+    assert not out.hit_capacity.any()
+    want = _greedy_reference(forward, params, prompts, n_new, LENGTHS.max() + N_DECODE)
+    np.testing.assert_array_equal(out.tokens, want)
+
+
+def test_generate_stops_per_row_and_at_capacity():
+    cfg, params, _ = _model("orthros")
+    full = _tokens(cfg, len(LENGTHS), LENGTHS.max(), seed=1)
+    prompts = [list(full[i, :n]) for i, n in enumerate(LENGTHS)]
+    free = inf.generate(params, prompts, cfg, max_new_tokens=6, cache_size=37)
+    # Row 0 stops at its third token (a per-row stop list); the other rows run on.
+    stop = int(free.tokens[0, 2])
+    per_row = [[stop]] + [[] for _ in prompts[1:]]
+    out = inf.generate(params, prompts, cfg, max_new_tokens=6, stop_tokens=per_row, cache_size=37)
+    first = list(free.tokens[0]).index(stop) + 1
+    assert out.lengths[0] == first
+    assert out.tokens[0, :first].tolist() == free.tokens[0, :first].tolist()
+    assert (out.tokens[0, first:] == -1).all()
+    np.testing.assert_array_equal(out.tokens[1:], free.tokens[1:])
+    # A 24-slot cache: the 21-token row can feed 3 more tokens, so it stops after 4 and says so.
+    out = inf.generate(params, prompts, cfg, max_new_tokens=6, cache_size=24)
+    np.testing.assert_array_equal(out.lengths, [6, 6, 6, 4])
+    np.testing.assert_array_equal(out.hit_capacity, [False, False, False, True])
+    assert out.tokens[3, :4].tolist() == free.tokens[3, :4].tolist()
+    assert (out.tokens[3, 4:] == -1).all()
+
+
+def test_prefill_compiles_once_per_bucket():
+    cfg, params, _ = _model("orthros", vocab_size=67)  # a config no other test compiles
+    assert inf.prompt_bucket(9, cfg) == inf.prompt_bucket(15, cfg) == 16
+    before = inf._prefill_jit._cache_size()
+    for n in (9, 15):
+        cache = inf.init_cache(cfg, 2, 32)
+        toks = _tokens(cfg, 2, n)
+        logits, _ = inf.prefill(params, cache, toks, np.array([n, n - 3]), cfg)
+        logits.block_until_ready()
+    assert inf._prefill_jit._cache_size() - before == 1
+
+
+def test_samplers_filter_and_sample():
+    logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
+    finite = lambda s: np.isfinite(np.asarray(sampling.filter_logits(logits, s)))[0].tolist()
+    assert finite(sampling.top_k(2)) == [True, True, False, False]
+    assert finite(sampling.top_p(0.7)) == [True, True, False, False]  # 0.5 < 0.7 <= 0.8
+    assert finite(sampling.top_p(0.5)) == [True, False, False, False]
+    assert finite(sampling.temperature(0.5)) == [True] * 4
+    keys = jax.random.split(jax.random.PRNGKey(0), 512)
+    draws = jax.vmap(lambda k: sampling.sample(logits, k, sampling.top_k(2)))(keys)
+    assert set(np.asarray(draws).ravel().tolist()) == {0, 1}
+    assert int(sampling.sample(logits, keys[0], sampling.greedy())[0]) == 0
+    with pytest.raises(ValueError, match="top_p"):
+        sampling.top_p(0.0)
+
+
+def test_invalid_inputs_raise_before_compiling():
+    cfg, params, _ = _model("orthros", vocab_size=67)
+    compiled = (inf._prefill_jit._cache_size(), inf._decode_jit._cache_size())
+    cache = inf.init_cache(cfg, 2, 16)
+    ok = np.zeros((2, 4), np.int64)
+    cases = [
+        (
+            "needs 17 cache slots",
+            lambda: inf.prefill(params, cache, np.zeros((2, 17), int), [17, 2], cfg),
+        ),
+        ("token id 67", lambda: inf.prefill(params, cache, ok + 67, [4, 4], cfg)),
+        ("token id -1", lambda: inf.prefill(params, cache, ok - 1, [4, 4], cfg)),
+        ("empty prompt", lambda: inf.prefill(params, cache, ok, [4, 0], cfg)),
+        ("batch size", lambda: inf.prefill(params, cache, np.zeros((3, 4), int), [4, 4, 4], cfg)),
+        ("batch size", lambda: inf.prefill(params, cache, ok, [4], cfg)),
+        ("exceed the 4 tokens", lambda: inf.prefill(params, cache, ok, [4, 5], cfg)),
+        ("integer array", lambda: inf.prefill(params, cache, ok + 0.5, [4, 4], cfg)),
+        ("token id 67", lambda: inf.decode_step(params, cache, [1, 67], cfg)),
+        ("2 rows", lambda: inf.decode_step(params, cache, [1, 2, 3], cfg)),
+        ("empty", lambda: inf.generate(params, [[1], []], cfg, max_new_tokens=2)),
+        ("max_new_tokens", lambda: inf.generate(params, [[1]], cfg, max_new_tokens=0)),
+        (
+            "cache_size=8",
+            lambda: inf.generate(params, [[1] * 9], cfg, max_new_tokens=1, cache_size=8),
+        ),
+        ("token id 70", lambda: inf.generate(params, [[70]], cfg, max_new_tokens=1)),
+        (
+            "stop_tokens",
+            lambda: inf.generate(params, [[1]], cfg, max_new_tokens=1, stop_tokens=[-3]),
+        ),
+        ("non-empty list", lambda: inf.generate(params, [1, 2], cfg, max_new_tokens=1)),
+        (
+            "this config needs",
+            lambda: inf.prefill(params, cache, ok, [1, 1], cfg.replace(n_layers=3)),
+        ),
+    ]
+    for match, call in cases:
+        with pytest.raises(ValueError, match=match):
+            call()
+    full = inf.KVCache(cache.k, cache.v, jnp.asarray([16, 3], jnp.int32))
+    with pytest.raises(ValueError, match="row 0 is full"):
+        inf.decode_step(params, full, [1, 2], cfg)
+    assert (inf._prefill_jit._cache_size(), inf._decode_jit._cache_size()) == compiled

@@ -10,24 +10,32 @@ import grain
 import numpy as np
 import pytest
 
-from orthros_jax.data import packing, pipeline, sft
+from orthros_jax.data import corpus, packing, pipeline, sft
 from orthros_jax.data.config import DataConfig
-from orthros_jax.data.corpus import (
-    embedded_documents,
-    file_documents,
-    is_validation,
-    load_documents,
-    split_documents,
-)
 from orthros_jax.data.tokenizers import ByteTokenizer, HFTokenizer
 
 HOST = {"process_index": 0, "process_count": 1}
 
 
+def _cfg(path: str, **kw) -> DataConfig:
+    """A config over one corpus path; no validation split unless asked."""
+    return DataConfig(corpus=(path,), **({"validation_fraction": 0.0} | kw))
+
+
+def _same(xs, ys) -> bool:
+    """Two lists of batches are equal, key by key."""
+    return len(xs) == len(ys) and all(
+        np.array_equal(x[k], y[k]) for x, y in zip(xs, ys, strict=True) for k in x
+    )
+
+
 def _write(tmp_path, name: str, text: str) -> str:
-    path = tmp_path / name
-    path.write_text(text)
-    return str(path)
+    (tmp_path / name).write_text(text)
+    return str(tmp_path / name)
+
+
+def _ords(*rows: str) -> list[list[int]]:
+    return [[ord(c) for c in row] for row in rows]
 
 
 @pytest.fixture
@@ -66,41 +74,35 @@ def _contents(batches) -> list[bytes]:
 
 
 def test_embedded_corpus_is_stdlib_plus_pydoc():
-    docs = embedded_documents(True)
+    docs = corpus.embedded_documents(True)
     ids = [d.id for d in docs]
     assert len(docs) > 1000 and ids[0].startswith("stdlib/") and ids[-1].startswith("pydoc/")
     assert "stdlib/functools.py" in ids and "pydoc/if" in ids
     stdlib_ids = [i for i in ids if i.startswith("stdlib/")]
     assert stdlib_ids == sorted(stdlib_ids) and not any("site-packages" in i for i in ids)
-    no_tests = embedded_documents(False)
-    assert 0 < len(no_tests) < len(docs)
-    assert not any("/test/" in d.id for d in no_tests)
+    no_tests = [d.id for d in corpus.embedded_documents(False)]
+    assert 0 < len(no_tests) < len(docs) and not any("/test/" in i for i in no_tests)
 
 
 def test_split_is_by_document_id_and_disjoint(random_corpus):
     path, texts = random_corpus
-    docs = load_documents((path,))
+    docs = corpus.load_documents((path,))
     assert [d.text for d in docs] == texts  # file order kept
-    train, val = split_documents(docs, 0.25)
+    train, val = corpus.split_documents(docs, 0.25)
     assert {d.id for d in train}.isdisjoint(d.id for d in val)
     assert len(train) + len(val) == len(docs) and 0 < len(val) < len(docs)
     # The split is a function of the id alone: order and company do not matter.
-    _, val_rev = split_documents(list(reversed(docs)), 0.25)
-    assert {d.id for d in val_rev} == {d.id for d in val}
-    assert all(is_validation(d.id, 0.25) for d in val)
+    assert {d.id for d in corpus.split_documents(docs[::-1], 0.25)[1]} == {d.id for d in val}
+    assert all(corpus.is_validation(d.id, 0.25) for d in val)
 
 
 def test_file_documents_jsonl_and_text(tmp_path):
-    jl = _write(
-        tmp_path, "x.jsonl", '{"text": "a"}\n\n{"text": "", "k": 1}\n{"body": "b", "text": "c"}\n'
-    )
-    assert [(d.id.rsplit(":", 1)[1], d.text) for d in file_documents(jl)] == [
-        ("1", "a"),
-        ("4", "c"),
-    ]
+    jl = _write(tmp_path, "x.jsonl", '{"text": "a"}\n\n{"text": ""}\n{"body": "b", "text": "c"}\n')
+    docs = corpus.file_documents(jl)
+    assert [(d.id.rsplit(":", 1)[1], d.text) for d in docs] == [("1", "a"), ("4", "c")]
     with pytest.raises(ValueError, match="'body'"):
-        file_documents(_write(tmp_path, "y.jsonl", '{"text": "a"}\n'), text_field="body")
-    assert file_documents(_write(tmp_path, "z.txt", "hi"))[0].text == "hi"
+        corpus.file_documents(_write(tmp_path, "y.jsonl", '{"text": "a"}\n'), text_field="body")
+    assert corpus.file_documents(_write(tmp_path, "z.txt", "hi"))[0].text == "hi"
 
 
 # ---------------------------------------------------------------- PT packing
@@ -111,33 +113,23 @@ def test_pt_batch_exact_arrays(tmp_path):
     _write(tmp_path, "a.txt", "abcdef")  # 5 pairs
     _write(tmp_path, "b.txt", "XYZ")  # 2 pairs
     _write(tmp_path, "c.txt", "0123456789")  # 9 pairs -> chunks of 8 and 1
-    cfg = DataConfig(
-        corpus=(str(tmp_path),), seq_len=8, batch_size=2, validation_fraction=0.0, shuffle=False
-    )
+    cfg = _cfg(str(tmp_path), seq_len=8, batch_size=2, shuffle=False)
     batch = next(pipeline.make_train_iterator(cfg, **HOST))
-    b = [ord(c) for c in "abcdeXY8"]
-    assert batch["tokens"].tolist() == [b, [ord(c) for c in "01234567"]]
-    assert batch["targets"].tolist() == [
-        [ord(c) for c in "bcdefYZ9"],
-        [ord(c) for c in "12345678"],
-    ]
+    assert batch["tokens"].tolist() == _ords("abcdeXY8", "01234567")
+    assert batch["targets"].tolist() == _ords("bcdefYZ9", "12345678")
     assert batch["segment_ids"].tolist() == [[1, 1, 1, 1, 1, 2, 2, 3], [1] * 8]
     assert batch["positions"].tolist() == [[0, 1, 2, 3, 4, 0, 1, 0], list(range(8))]
     assert batch["loss_mask"].tolist() == [[1.0] * 8, [1.0] * 8]
-    assert batch["loss_mask"].dtype == np.float32
-    assert all(batch[k].dtype == np.int32 for k in packing.PT_KEYS if k != "loss_mask")
+    assert batch["loss_mask"].dtype == np.float32 and batch["tokens"].dtype == np.int32
 
 
 def test_pt_padding_has_no_loss(tmp_path):
     _write(tmp_path, "a.txt", "abcd")  # 3 pairs; the next epoch's copy does not fit in T=5
-    cfg = DataConfig(
-        corpus=(str(tmp_path),), seq_len=5, batch_size=1, validation_fraction=0.0, shuffle=False
-    )
+    cfg = _cfg(str(tmp_path), seq_len=5, batch_size=1, shuffle=False)
     batch = next(pipeline.make_train_iterator(cfg, **HOST))
     assert batch["tokens"].tolist() == [[97, 98, 99, 0, 0]]
     assert batch["targets"].tolist() == [[98, 99, 100, 0, 0]]
-    assert batch["segment_ids"].tolist() == [[1, 1, 1, 0, 0]]
-    assert batch["loss_mask"].tolist() == [[1, 1, 1, 0, 0]]
+    assert batch["segment_ids"].tolist() == batch["loss_mask"].tolist() == [[1, 1, 1, 0, 0]]
 
 
 def test_pt_eos_appended_with_tokenizer_json(tmp_path):
@@ -149,13 +141,9 @@ def test_pt_eos_appended_with_tokenizer_json(tmp_path):
     tok_path = str(tmp_path / "tokenizer.json")
     tok.save(tok_path)
     assert HFTokenizer(tok_path).eos_id == 1
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    _write(docs, "a.txt", "hello world")
-    cfg = DataConfig(
-        corpus=(str(docs),), tokenizer=tok_path, seq_len=3, batch_size=1,
-        validation_fraction=0.0, shuffle=False,
-    )  # fmt: skip
+    cfg = _cfg(
+        _write(tmp_path, "a.txt", "hello world"), tokenizer=tok_path, seq_len=3, batch_size=1
+    )
     batch = next(pipeline.make_train_iterator(cfg, **HOST))
     assert batch["tokens"].tolist() == [[2, 3, 0]]
     assert batch["targets"].tolist() == [[3, 1, 0]]  # the last word predicts EOS
@@ -164,7 +152,7 @@ def test_pt_eos_appended_with_tokenizer_json(tmp_path):
 
 def test_pt_segments_never_cross_documents(random_corpus):
     path, texts = random_corpus
-    cfg = DataConfig(corpus=(path,), seq_len=16, batch_size=4, validation_fraction=0.0, seed=3)
+    cfg = _cfg(path, seq_len=16, batch_size=4, seed=3)
     it = pipeline.make_train_iterator(cfg, **HOST)
     batches = [next(it) for _ in range(60)]
     for b in batches:
@@ -182,9 +170,7 @@ def test_pt_deterministic_by_seed_and_different_across_seeds(random_corpus):
     path, _ = random_corpus
 
     def first(seed, n=4):
-        cfg = DataConfig(
-            corpus=(path,), seq_len=16, batch_size=4, validation_fraction=0.0, seed=seed
-        )
+        cfg = _cfg(path, seq_len=16, batch_size=4, seed=seed)
         it = pipeline.make_train_iterator(cfg, **HOST)
         return [next(it)["tokens"] for _ in range(n)]
 
@@ -195,65 +181,48 @@ def test_pt_deterministic_by_seed_and_different_across_seeds(random_corpus):
 
 def test_train_and_validation_disjoint(random_corpus):
     path, texts = random_corpus
-    cfg = DataConfig(corpus=(path,), seq_len=16, batch_size=4, validation_fraction=0.3, seed=0)
+    cfg = _cfg(path, seq_len=16, batch_size=4, validation_fraction=0.3)
     it = pipeline.make_train_iterator(cfg, **HOST)
-    train = _contents([next(it) for _ in range(20)])
     evals = pipeline.make_eval_batches(cfg, **HOST)
-    val = _contents(evals)
-
-    def doc_of(c: bytes) -> str:
-        return c.decode()[:4]  # documents start with a unique "<NN>" tag; chunk 0 carries it
-
-    val_docs = {doc_of(c) for c in val if c.startswith(b"<")}
-    train_docs = {doc_of(c) for c in train if c.startswith(b"<")}
+    # Documents start with a unique "<NN>" tag, which their first chunk carries.
+    train_docs = {c[:4] for c in _contents([next(it) for _ in range(20)]) if c.startswith(b"<")}
+    val_docs = {c[:4] for c in _contents(evals) if c.startswith(b"<")}
     assert val_docs and train_docs and val_docs.isdisjoint(train_docs)
     # Eval is the same every time, whatever the seed, and covers the whole split.
     again = pipeline.make_eval_batches(cfg.replace(seed=9), **HOST)
-    assert len(again) == len(evals)
-    assert all(np.array_equal(x[k], y[k]) for x, y in zip(evals, again, strict=True) for k in x)
-    held = [t for t in texts if is_validation(f"{path}:{texts.index(t) + 1}", 0.3)]
-    assert {t[:4] for t in held} == val_docs
+    assert _same(evals, again)
+    held = [t for t in texts if corpus.is_validation(f"{path}:{texts.index(t) + 1}", 0.3)]
+    assert {t[:4].encode() for t in held} == val_docs
     assert evals[-1]["tokens"].shape == (4, 16)  # last batch padded to full size
 
 
 def test_iterator_state_resumes_exactly(random_corpus, tmp_path):
     path, _ = random_corpus
-    cfg = DataConfig(corpus=(path,), seq_len=16, batch_size=2, validation_fraction=0.0, seed=5)
+    cfg = _cfg(path, seq_len=16, batch_size=2, seed=5)
     it = pipeline.make_train_iterator(cfg, **HOST)
     for _ in range(7):
         next(it)
     state = json.loads(json.dumps(it.get_state()))  # must survive a JSON round trip
-    expected = [next(it) for _ in range(5)]
-
-    fresh = pipeline.make_train_iterator(cfg, **HOST)
-    fresh.set_state(state)
-    got = [next(fresh) for _ in range(5)]
-    assert all(np.array_equal(x[k], y[k]) for x, y in zip(expected, got, strict=True) for k in x)
-
-    # The same through grain's orbax checkpoint handler (what checkpoint.py uses).
+    # Save through grain's orbax checkpoint handler too (what checkpoint.py uses).
     from etils import epath
 
-    handler = grain.checkpoint.CheckpointHandler()
-    ckpt = epath.Path(tmp_path / "ckpt")
-    ckpt.mkdir()
-    it2 = pipeline.make_train_iterator(cfg, **HOST)
-    for _ in range(7):
-        next(it2)
-    handler.save(ckpt, item=it2)
+    handler, ckpt = grain.checkpoint.CheckpointHandler(), epath.Path(tmp_path)
+    handler.save(ckpt, item=it)
+    expected = [next(it) for _ in range(5)]
+    fresh = pipeline.make_train_iterator(cfg, **HOST)
+    fresh.set_state(state)
+    assert _same(expected, [next(fresh) for _ in range(5)])
     restored = handler.restore(ckpt, item=pipeline.make_train_iterator(cfg, **HOST))
-    got2 = [next(restored) for _ in range(5)]
-    assert all(np.array_equal(x[k], y[k]) for x, y in zip(expected, got2, strict=True) for k in x)
+    assert _same(expected, [next(restored) for _ in range(5)])
 
 
 def test_per_host_sharding_is_disjoint(random_corpus):
     path, _ = random_corpus
-    cfg = DataConfig(corpus=(path,), seq_len=64, batch_size=4, validation_fraction=0.0, seed=1)
+    cfg = _cfg(path, seq_len=64, batch_size=4, seed=1)
     hosts = [pipeline.make_train_iterator(cfg, process_index=i, process_count=2) for i in range(2)]
-    seen = []
-    for it in hosts:
-        b = next(it)
-        assert b["tokens"].shape == (2, 64)  # per-host batch
-        seen.append({c.decode()[:4] for c in _contents([b])})
+    batches = [next(it) for it in hosts]
+    assert all(b["tokens"].shape == (2, 64) for b in batches)  # per-host batch
+    seen = [{c[:4] for c in _contents([b])} for b in batches]
     # 40 documents of <= 60 chars, one chunk each: 2 rows per host stay inside one epoch.
     assert seen[0] and seen[1] and seen[0].isdisjoint(seen[1])
     # Eval: same batch count per host, disjoint rows, together the single-host batches.
@@ -261,9 +230,10 @@ def test_per_host_sharding_is_disjoint(random_corpus):
     one = pipeline.make_eval_batches(cfg_v, process_index=0, process_count=1)
     parts = [pipeline.make_eval_batches(cfg_v, process_index=i, process_count=2) for i in range(2)]
     assert len(parts[0]) == len(parts[1]) == len(one)
-    for full, p0, p1 in zip(one, *parts, strict=True):
-        for k in full:
-            assert np.array_equal(full[k], np.concatenate([p0[k], p1[k]]))
+    joined = [
+        {k: np.concatenate([p0[k], p1[k]]) for k in p0} for p0, p1 in zip(*parts, strict=True)
+    ]
+    assert _same(one, joined)
     with pytest.raises(ValueError, match="batch_size"):
         pipeline.make_train_iterator(cfg, process_index=0, process_count=3)
 
@@ -347,9 +317,7 @@ class K:
 
 
 def test_docstring_task_pairs(tmp_path):
-    from orthros_jax.data.corpus import Document
-
-    pairs = sft.docstring_pairs(Document("m.py", PY_SOURCE))
+    pairs = sft.docstring_pairs(corpus.Document("m.py", PY_SOURCE))
     assert pairs == [
         ('def add(a, b=(1, 2)):\n    """', "Add two numbers.\n"),
         (
@@ -357,15 +325,12 @@ def test_docstring_task_pairs(tmp_path):
             "Fetch a URL.\n",
         ),
     ]
-    assert sft.docstring_pairs(Document("m.txt", PY_SOURCE)) == []
+    assert sft.docstring_pairs(corpus.Document("m.txt", PY_SOURCE)) == []
 
 
 def test_sft_pipeline_loss_only_on_answers(tmp_path):
     _write(tmp_path, "m.py", PY_SOURCE * 3)  # duplicates are dropped: 2 examples
-    cfg = DataConfig(
-        kind="sft", corpus=(str(tmp_path),), seq_len=128, out_len=32, batch_size=2,
-        validation_fraction=0.0, shuffle=False,
-    )  # fmt: skip
+    cfg = _cfg(str(tmp_path), kind="sft", seq_len=128, out_len=32, batch_size=2, shuffle=False)
     it = pipeline.make_train_iterator(cfg, **HOST)
     tok = ByteTokenizer()
     answers = set()
@@ -397,25 +362,15 @@ def test_sft_pipeline_loss_only_on_answers(tmp_path):
 # ---------------------------------------------------------------- config
 
 
-@pytest.mark.parametrize(
-    "field, value",
-    [
-        ("kind", "rl"),
-        ("seq_len", 0),
-        ("out_len", -1),
-        ("batch_size", 2.5),
-        ("validation_fraction", 1.0),
-        ("seed", -1),
-        ("seed", 2**32),
-        ("shuffle", "yes"),
-        ("sft_task", "poetry"),
-        ("recall_filler", "noise"),
-        ("recall_queries", 99),
-        ("recall_context", 10_000),
-        ("tokenizer", "/nonexistent/tokenizer.json"),
-        ("corpus", ()),
-    ],
-)
+BAD_FIELDS = [
+    ("kind", "rl"), ("seq_len", 0), ("out_len", -1), ("batch_size", 2.5),
+    ("validation_fraction", 1.0), ("seed", -1), ("seed", 2**32), ("shuffle", "yes"),
+    ("sft_task", "poetry"), ("recall_filler", "noise"), ("recall_queries", 99),
+    ("recall_context", 10_000), ("tokenizer", "/nonexistent/tokenizer.json"), ("corpus", ()),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("field, value", BAD_FIELDS)
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         DataConfig(**{field: value})
@@ -425,9 +380,8 @@ def test_from_dict_rejects_unknown_keys_listing_valid_ones():
     with pytest.raises(ValueError, match=r"seq_lenn.*valid fields:.*seq_len"):
         DataConfig.from_dict({"seq_lenn": 3})
     cfg = DataConfig.from_dict({"corpus": ["a.txt", "b.txt"], "seq_len": 32})
-    assert cfg.corpus == ("a.txt", "b.txt") and DataConfig(corpus="embedded").corpus == (
-        "embedded",
-    )
+    assert cfg.corpus == ("a.txt", "b.txt")
+    assert DataConfig(corpus="embedded,x.txt").corpus == ("embedded", "x.txt")
     assert DataConfig.from_dict(cfg.to_dict()) == cfg
 
 
@@ -439,7 +393,7 @@ def test_missing_corpus_path_is_a_clear_error(tmp_path):
 
 def test_batch_shapes_match_batches(random_corpus):
     path, _ = random_corpus
-    cfg = DataConfig(corpus=(path,), seq_len=16, batch_size=4, validation_fraction=0.0)
+    cfg = _cfg(path, seq_len=16, batch_size=4)
     batch = next(pipeline.make_train_iterator(cfg, process_index=1, process_count=2))
     shapes = pipeline.batch_shapes(cfg, process_count=2)
     assert {k: (v.shape, v.dtype) for k, v in batch.items()} == shapes

@@ -40,7 +40,7 @@ class DataConfig:
       generated example (0 = seq_len); recall_pairs / recall_queries = MQAR key-value
       pairs and queries; recall_gap = minimum distance between the last pair and the
       first query (set it > the model's window); recall_filler = "fixed" sentences or
-      "pydoc" prose (passkey only).
+      "pydoc" prose (digits and "=" removed).
     """
 
     kind: str = "pt"

@@ -366,3 +366,21 @@ def test_conversion_and_export_errors(tmp_path):
         export_hf(str(tmp_path / "o"), ocfg, oparams)
     with pytest.raises(ValueError, match=r"missing \[\].*unexpected \['layers/so_base_offset'"):
         export_hf(str(tmp_path / "o"), SMALL, oparams)
+
+
+def test_converted_orthros_prefill_decode_match_its_forward(hf_dirs, tokens):
+    variant = "qwen3_tied"  # q/k norm and a tied head: the most that differs from the core tests
+    from orthros_jax import inference
+
+    cfg, params = load_hf(hf_dirs[variant])
+    # window 5 < prompt lengths and prefill chunks of 8, so the cache's window reads matter.
+    ocfg, oparams = from_transformer(params, cfg, window=5)
+    ocfg = ocfg.replace(prefill_chunk=8)
+    want = _logits(ocfg, oparams, tokens)  # [B, T, V]
+    lengths, rows, n_decode = np.array([7, 13]), np.arange(2), 6
+    cache = inference.init_cache(ocfg, 2, T)
+    logits, cache = inference.prefill(oparams, cache, tokens[:, :13], lengths, ocfg)
+    np.testing.assert_allclose(np.asarray(logits), want[rows, lengths - 1], atol=1e-5, rtol=0)
+    for i in range(n_decode):
+        logits, cache = inference.decode_step(oparams, cache, tokens[rows, lengths + i], ocfg)
+        np.testing.assert_allclose(np.asarray(logits), want[rows, lengths + i], atol=1e-5, rtol=0)

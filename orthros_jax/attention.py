@@ -108,40 +108,42 @@ def local_attention(
         k_pos = jnp.concatenate([ppos, k_pos], axis=1)
         k_seg = jnp.concatenate([pseg, k_seg], axis=1)
 
-    scale = 1.0 / math.sqrt(h)
-    qb = q.reshape(bsz, nq, b, kv, g, h)
-    qpos_b = q_pos.reshape(bsz, nq, b)
-    qseg_b = q_seg.reshape(bsz, nq, b)
-    kb = k.reshape(bsz, nq + nb - 1, b, kv, h)
-    vb = v.reshape(bsz, nq + nb - 1, b, kv, h)
-    kpos_b = k_pos.reshape(bsz, nq + nb - 1, b)
-    kseg_b = k_seg.reshape(bsz, nq + nb - 1, b)
+    # Head-major with the G query heads of a kv head folded into the rows: each block is one
+    # [G*b, H] x [H, nb*b] matmul against its key window, with no transposes inside.
+    n_ext = nq + nb - 1
+    qb = q.reshape(bsz, nq, b, kv, g, h).transpose(0, 3, 1, 4, 2, 5).reshape(bsz, kv, nq, g * b, h)
+    kt = k.reshape(bsz, n_ext, b, kv, h).transpose(0, 3, 1, 2, 4)  # [B, K, n_ext, b, H]
+    vt = v.reshape(bsz, n_ext, b, kv, h).transpose(0, 3, 1, 2, 4)
 
-    # One score einsum per key-block offset; concatenating scores (not keys) keeps K/V uncopied.
-    scores, masks = [], []
-    for j in range(nb):
-        s = jnp.einsum(
-            "bnqkgh,bnskh->bnkgqs", qb, kb[:, j : j + nq], preferred_element_type=jnp.float32
-        )
-        kp = kpos_b[:, j : j + nq, None, :]
-        qp = qpos_b[:, :, :, None]
-        m = (kp <= qp) & (qp - kp < window) & (kseg_b[:, j : j + nq, None, :] == qseg_b[..., None])
-        scores.append(s)
-        masks.append(m)
-    s = jnp.concatenate(scores, axis=-1) * scale  # [B, nq, K, G, b, nb*b]
-    m = jnp.concatenate(masks, axis=-1)[:, :, None, None]  # [B, nq, 1, 1, b, nb*b]
-    s = jnp.where(m, s, _MASKED)
-    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    out = sum(
+    def windows(x: jax.Array, axis: int) -> jax.Array:
+        # Query block i reads key blocks i..i+nb-1 of the prefixed array (original i-nb+1..i).
+        sl = [jax.lax.slice_in_dim(x, j, j + nq, axis=axis) for j in range(nb)]
+        return jnp.concatenate(sl, axis=axis + 1)
+
+    kw = windows(kt, 2)  # [B, K, nq, nb*b, H]
+    vw = windows(vt, 2)
+    kpos_w = windows(k_pos.reshape(bsz, n_ext, b), 1)  # [B, nq, nb*b]
+    kseg_w = windows(k_seg.reshape(bsz, n_ext, b), 1)
+    qp = q_pos.reshape(bsz, nq, b, 1)
+    visible = (
+        (kpos_w[:, :, None] <= qp)
+        & (qp - kpos_w[:, :, None] < window)
+        & (kseg_w[:, :, None] == q_seg.reshape(bsz, nq, b, 1))
+    )  # [B, nq, b, nb*b]
+    scale = 1.0 / math.sqrt(h)
+    s = jnp.einsum("bkqxh,bkqyh->bkqxy", qb, kw, preferred_element_type=jnp.float32)
+    s = s.reshape(bsz, kv, nq, g, b, nb * b) * scale
+    s = jnp.where(visible[:, None, :, None], s, _MASKED)
+    e = jnp.exp(s - s.max(axis=-1, keepdims=True))
+    # Normalise after PV: one pass over [.., H] instead of one over the scores.
+    o = (
         jnp.einsum(
-            "bnkgqs,bnskh->bnqkgh",
-            p[..., j * b : (j + 1) * b],
-            vb[:, j : j + nq],
-            preferred_element_type=jnp.float32,
+            "bkqgxy,bkqyh->bkqgxh", e.astype(v.dtype), vw, preferred_element_type=jnp.float32
         )
-        for j in range(nb)
+        / e.sum(axis=-1)[..., None]
     )
-    return out.reshape(bsz, t_pad, n, h)[:, :t].astype(q.dtype)
+    o = o.transpose(0, 2, 4, 1, 3, 5).reshape(bsz, t_pad, n, h)
+    return o[:, :t].astype(q.dtype)
 
 
 def global_attention(
@@ -184,61 +186,70 @@ def global_attention(
     bk = min(block_k, _round_up(lk, 8))
     lq_pad, lk_pad = _round_up(lq, bq), _round_up(lk, bk)
     nq, nk = lq_pad // bq, lk_pad // bk
+    # Head-major, G query heads folded into the rows: [nq, B, K, G*bq, H] and [nk, B, K, bk, H].
     qb = _pad_axis1(q, lq_pad, 0).reshape(bsz, nq, bq, kv, g, h)
+    qb = qb.transpose(1, 0, 3, 4, 2, 5).reshape(nq, bsz, kv, g * bq, h)
+    kb = _pad_axis1(k, lk_pad, 0).reshape(bsz, nk, bk, kv, h).transpose(1, 0, 3, 2, 4)
+    vb = _pad_axis1(v, lk_pad, 0).reshape(bsz, nk, bk, kv, h).transpose(1, 0, 3, 2, 4)
     qpos_b = _pad_axis1(q_pos, lq_pad, -1).reshape(bsz, nq, bq)
     qseg_b = _pad_axis1(q_seg, lq_pad, QUERY_PAD_SEGMENT).reshape(bsz, nq, bq)
-    kb = _pad_axis1(k, lk_pad, 0).reshape(bsz, nk, bk, kv, h)
-    vb = _pad_axis1(v, lk_pad, 0).reshape(bsz, nk, bk, kv, h)
     kpos_b = _pad_axis1(k_pos, lk_pad, _PAD_POS).reshape(bsz, nk, bk)
     kseg_b = _pad_axis1(k_seg, lk_pad, KEY_PAD_SEGMENT).reshape(bsz, nk, bk)
 
-    # A key block is needed by a query block if some row could have a visible pair in it
-    # (conservative: position and segment ranges overlap). Skipped blocks cost nothing.
+    # Per block pair: 0 = nothing visible (skipped), 1 = partly visible (masked),
+    # 2 = everything visible (no mask). Conservative: built from position/segment ranges.
     q_valid = qseg_b != QUERY_PAD_SEGMENT
     k_valid = kseg_b != KEY_PAD_SEGMENT
     big = jnp.iinfo(jnp.int32).max
-    q_pos_max = jnp.max(jnp.where(q_valid, qpos_b, -big), axis=2)  # [B, nq]
-    q_seg_min = jnp.min(jnp.where(q_valid, qseg_b, big), axis=2)
-    q_seg_max = jnp.max(jnp.where(q_valid, qseg_b, -big), axis=2)
-    k_pos_min = jnp.min(jnp.where(k_valid, kpos_b, big), axis=2)  # [B, nk]
-    k_seg_min = jnp.min(jnp.where(k_valid, kseg_b, big), axis=2)
-    k_seg_max = jnp.max(jnp.where(k_valid, kseg_b, -big), axis=2)
-    needed = (
-        (k_pos_min[:, None, :] <= q_pos_max[:, :, None])
-        & (k_seg_min[:, None, :] <= q_seg_max[:, :, None])
-        & (k_seg_max[:, None, :] >= q_seg_min[:, :, None])
-    ).any(axis=0)  # [nq, nk]
+    q_pos_max = jnp.max(jnp.where(q_valid, qpos_b, -big), axis=2)[:, :, None]  # [B, nq, 1]
+    q_pos_min = jnp.min(jnp.where(q_valid, qpos_b, big), axis=2)[:, :, None]
+    q_seg_min = jnp.min(jnp.where(q_valid, qseg_b, big), axis=2)[:, :, None]
+    q_seg_max = jnp.max(jnp.where(q_valid, qseg_b, -big), axis=2)[:, :, None]
+    k_pos_min = jnp.min(jnp.where(k_valid, kpos_b, big), axis=2)[:, None, :]  # [B, 1, nk]
+    k_pos_max = jnp.max(jnp.where(k_valid, kpos_b, -big), axis=2)[:, None, :]
+    k_seg_min = jnp.min(jnp.where(k_valid, kseg_b, big), axis=2)[:, None, :]
+    k_seg_max = jnp.max(jnp.where(k_valid, kseg_b, -big), axis=2)[:, None, :]
+    some = (k_pos_min <= q_pos_max) & (k_seg_min <= q_seg_max) & (k_seg_max >= q_seg_min)
+    every = (
+        (k_pos_max <= q_pos_min)
+        & (k_seg_min == k_seg_max)
+        & (q_seg_min == q_seg_max)
+        & (k_seg_min == q_seg_min)
+        & k_valid.all(axis=2)[:, None, :]
+    )
+    kind = jnp.where(every.all(axis=0), 2, jnp.where(some.any(axis=0), 1, 0))  # [nq, nk]
 
     def one_query_block(args):
-        q_i, qpos_i, qseg_i, needed_i = args  # [B, bq, K, G, H], [B, bq], [B, bq], [nk]
+        q_i, qpos_i, qseg_i, kind_i = args  # [B, K, G*bq, H], [B, bq], [B, bq], [nk]
 
-        def visit(carry, j):
-            def attend(c):
-                m_prev, l_prev, acc = c
-                s = (
-                    jnp.einsum(
-                        "bqkgh,bskh->bkgqs", q_i, kb[:, j], preferred_element_type=jnp.float32
-                    )
-                    * scale
-                )
+        def attend(carry, j, masked: bool):
+            m_prev, l_prev, acc = carry
+            s = jnp.einsum("bkxh,bkyh->bkxy", q_i, kb[j], preferred_element_type=jnp.float32)
+            s = s.reshape(bsz, kv, g, bq, bk) * scale
+            if masked:
                 kp, ks = kpos_b[:, j], kseg_b[:, j]
                 mask = (kp[:, None, :] <= qpos_i[:, :, None]) & (
                     ks[:, None, :] == qseg_i[:, :, None]
                 )
                 s = jnp.where(mask[:, None, None], s, _MASKED)
-                m_new = jnp.maximum(m_prev, s.max(axis=-1))
-                p = jnp.exp(s - m_new[..., None])
-                corr = jnp.exp(m_prev - m_new)
-                l_new = l_prev * corr + p.sum(axis=-1)
-                pv = jnp.einsum(
-                    "bkgqs,bskh->bkgqh",
-                    p.astype(v.dtype),
-                    vb[:, j],
-                    preferred_element_type=jnp.float32,
-                )
-                return m_new, l_new, acc * corr[..., None] + pv
+            m_new = jnp.maximum(m_prev, s.max(axis=-1))
+            p = jnp.exp(s - m_new[..., None])
+            corr = jnp.exp(m_prev - m_new)
+            pv = jnp.einsum(
+                "bkxy,bkyh->bkxh",
+                p.reshape(bsz, kv, g * bq, bk).astype(v.dtype),
+                vb[j],
+                preferred_element_type=jnp.float32,
+            ).reshape(bsz, kv, g, bq, h)
+            return m_new, l_prev * corr + p.sum(axis=-1), acc * corr[..., None] + pv
 
-            return jax.lax.cond(needed_i[j], attend, lambda c: c, carry), None
+        def visit(carry, j):
+            branches = [
+                lambda c: c,
+                lambda c: attend(c, j, masked=True),
+                lambda c: attend(c, j, masked=False),
+            ]
+            return jax.lax.switch(kind_i[j], branches, carry), None
 
         init = (
             jnp.full((bsz, kv, g, bq), _MASKED, jnp.float32),
@@ -250,8 +261,7 @@ def global_attention(
         return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(bsz, bq, n, h).astype(q.dtype)
 
     blocks = jax.lax.map(
-        one_query_block,
-        (jnp.moveaxis(qb, 1, 0), jnp.moveaxis(qpos_b, 1, 0), jnp.moveaxis(qseg_b, 1, 0), needed),
+        one_query_block, (qb, jnp.moveaxis(qpos_b, 1, 0), jnp.moveaxis(qseg_b, 1, 0), kind)
     )  # [nq, B, bq, N, H]
     return jnp.moveaxis(blocks, 0, 1).reshape(bsz, lq_pad, n, h)[:, :lq]
 

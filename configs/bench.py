@@ -1,0 +1,37 @@
+"""Benchmark config (launch/benchmark.py): the model of issue 6 and the suites' sizes."""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.model = ml_collections.ConfigDict(
+        dict(
+            vocab_size=256,
+            d_model=512,
+            n_layers=4,
+            n_heads=8,
+            n_kv_heads=2,
+            head_dim=64,
+            d_ff=1536,
+            window=128,
+            architecture="orthros",
+            scale_offset=True,
+            dtype="float32",  # launch/benchmark.py switches to bfloat16 on accelerators
+            param_dtype="float32",
+            prefill_chunk=1024,
+            attention_block_q=512,
+            attention_block_k=512,
+        )
+    )
+    c.prefill_lengths = (1024, 2048, 4096, 8192, 16384, 32768)
+    c.transformer_max_len = 32768  # the quadratic arm is slow on CPU; cap it here
+    c.dense_max_len = 8192  # honesty check against jax.nn.dot_product_attention
+    c.decode_contexts = (1024, 2048, 4096, 8192, 16384)
+    c.decode_steps = 16
+    c.train_len = 2048
+    c.train_batch = 1
+    c.repeats = 3
+    c.batch_size = 1
+    c.seed = 0
+    return c

@@ -1,18 +1,17 @@
-"""Cached inference: chunked prefill, one-token decode and a jitted generation loop.
+"""Inference API: prefill, decode_step and generate over an explicit KVCache.
 
-Shapes: B batch, T prompt tokens (padded), C prefill chunk, S cache slots, L layers,
-N query heads, K kv heads, H head_dim, D d_model, V vocab, W window.
+Shapes: B batch, T prompt tokens, S cache slots, M new tokens, V vocab.
 
-All three architectures share one code path, composed from model.py's per-layer pure
-functions (`layer_kv`, `layer_query`, `layer_finish`):
-  orthros      base stream: sliding window over the cache (writes K/V of every layer);
-               output stream: one token per row, global over the whole cache of each layer.
-  transformer  one stream, global over the cache; logits from its last-position hidden state.
-  swa          one stream, sliding window; logits from its last-position hidden state.
-Slot s of the cache holds position s (see kv_cache.py), so masks compare slot indices.
+    cache = init_cache(cfg, batch_size, max_len)
+    logits, cache = prefill(params, cache, tokens, lengths, cfg)   # tokens [B, T] right-padded
+    logits, cache = decode_step(params, cache, next_tokens, cfg)   # next_tokens [B]
+    out = generate(params, prompts, cfg, max_new_tokens=..., sampler=..., rng=...)
 
-`prefill`, `decode_step` and `generate` validate their inputs on the host (ValueError, before
-any compile) and then call jitted functions with the config static and the cache donated.
+params is OrthrosLM's unboxed params dict (model.init_params); cfg the static ModelConfig.
+These functions validate their inputs on the host (ValueError, before any compile), pad
+prompts to a length bucket, then call the jitted functions of cached_forward.py with the
+config static and the cache donated (do not reuse a cache passed in). `generate` runs the
+whole decode loop on device in one jit (a lax.while_loop).
 """
 
 from __future__ import annotations
@@ -25,12 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from orthros_jax import kv_cache as kvc
-from orthros_jax import layers as L
-from orthros_jax.attention import KEY_PAD_SEGMENT, global_attention, local_attention
+from orthros_jax import cached_forward as fwd
 from orthros_jax.config import ModelConfig
-from orthros_jax.kv_cache import KVCache, init_cache
-from orthros_jax.model import Params, layer_finish, layer_kv, layer_query
+from orthros_jax.kv_cache import KVCache, cache_shape, init_cache
+from orthros_jax.model import Params
 from orthros_jax.sampling import Sampler, sample
 
 __all__ = [
@@ -44,68 +41,6 @@ __all__ = [
     "prompt_bucket",
 ]
 
-# ---------------------------------------------------------------- shared pieces
-
-
-def _embed(params: Params, tokens: jax.Array, cfg: ModelConfig) -> jax.Array:
-    return L.embed(tokens, params["embedding"], cfg.jnp_dtype)
-
-
-def _logits(params: Params, x_BD: jax.Array, cfg: ModelConfig) -> jax.Array:
-    """Final norm + LM head on one hidden state per row: [B, D] -> float32 [B, V]."""
-    head = params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
-    h = L.rms_norm(x_BD[:, None], params["final_norm"], cfg.norm_eps)
-    return L.lm_logits(h, head)[:, 0]
-
-
-def _for_layers(body, carry, params: Params, cfg: ModelConfig, n_layers: int, first: int = 0):
-    """carry = body(carry, layer_params, l) over layers first..first+n_layers-1.
-
-    A lax.scan (one traced layer, fast compiles) or, with cfg.scan_layers=False, a Python loop.
-    """
-    if n_layers <= 0:
-        return carry
-    stack = jax.tree.map(lambda a: a[first : first + n_layers], params["layers"])
-    if cfg.scan_layers:
-        idx = jnp.arange(first, first + n_layers, dtype=jnp.int32)
-        carry, _ = jax.lax.scan(lambda c, xs: (body(c, xs[0], xs[1]), None), carry, (stack, idx))
-        return carry
-    for i in range(n_layers):
-        carry = body(carry, jax.tree.map(lambda a, i=i: a[i], stack), first + i)
-    return carry
-
-
-def _attend_all(q: jax.Array, ck: jax.Array, cv: jax.Array, layer, q_pos_B, end_B) -> jax.Array:
-    """Global attention of one query per row [B, 1, N, H] over a whole cache layer (slots < end)."""
-    s = ck.shape[2]
-    slots = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (q.shape[0], s))
-    seg = jnp.where(slots < end_B[:, None], 1, KEY_PAD_SEGMENT)
-    return global_attention(
-        q,
-        kvc.layer_view(ck, layer),
-        kvc.layer_view(cv, layer),
-        q_positions=q_pos_B[:, None],
-        k_positions=slots,
-        k_segment_ids=seg,
-    )
-
-
-def _output_stream(params, ck, cv, tokens_B, pos_B, end_B, cfg: ModelConfig) -> jax.Array:
-    """The orthros output stream for one token per row at pos_B, all layers: [B, D].
-
-    It only reads the cache (the base K/V of each layer), never writes it.
-    """
-
-    def body(x, p, layer):
-        q = layer_query(p, x, pos_B[:, None], cfg, "out")
-        return layer_finish(p, x, _attend_all(q, ck, cv, layer, pos_B, end_B), cfg)
-
-    x = _embed(params, tokens_B[:, None], cfg)
-    return _for_layers(body, x, params, cfg, cfg.n_layers)[:, 0]
-
-
-# ---------------------------------------------------------------- prefill
-
 
 def prompt_bucket(length: int, cfg: ModelConfig) -> int:
     """Padded prompt length: a power of two (>= 8) up to the chunk size, then a multiple of it.
@@ -116,137 +51,6 @@ def prompt_bucket(length: int, cfg: ModelConfig) -> int:
     if length <= chunk:
         return min(chunk, max(8, 1 << (length - 1).bit_length()))
     return -(-length // chunk) * chunk
-
-
-def _prefill_impl(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Array, *, cfg):
-    """tokens [B, T] (T a bucket: <= C, or a multiple of C), lengths [B] >= 1 -> ([B, V], cache)."""
-    bsz, t = tokens.shape
-    chunk = min(cfg.prefill_chunk, t)
-    s, w = cache.max_len, cfg.window
-    start = cache.lengths  # rows may already hold a prefix (continued prefill)
-    end = start + lengths
-    n_full = cfg.n_layers - 1 if cfg.two_streams else cfg.n_layers  # orthros: last base is dead
-
-    def run_chunk(carry, c):
-        ck, cv, last_x = carry
-        off = c * chunk + jnp.arange(chunk, dtype=jnp.int32)  # [C] offsets into the prompt
-        pos = start[:, None] + off  # [B, C] positions = cache slots
-        slots = jnp.where(off < lengths[:, None], pos, s)  # padding -> slot S: dropped
-        # The chunk's previous window (W-1 slots before its first token) comes from the cache.
-        pre = pos[:, :1] - (w - 1) + jnp.arange(w - 1, dtype=jnp.int32)  # [B, W-1]
-        pre_seg = jnp.where(pre >= 0, 1, KEY_PAD_SEGMENT)
-
-        def layer(carry, p, li, compute_base=True):
-            x, ck, cv = carry
-            k, v = layer_kv(p, x, pos, cfg)
-            ck, cv = kvc.write(ck, li, slots, k), kvc.write(cv, li, slots, v)
-            if not compute_base:
-                return x, ck, cv
-            q = layer_query(p, x, pos, cfg, "base")
-            if cfg.architecture == "transformer":
-                # Written first, so the chunk's own keys are read back from the cache.
-                s_ids = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (bsz, s))
-                attn = global_attention(
-                    q,
-                    kvc.layer_view(ck, li),
-                    kvc.layer_view(cv, li),
-                    q_positions=pos,
-                    k_positions=s_ids,
-                    k_segment_ids=jnp.where(s_ids < end[:, None], 1, -1),
-                    block_q=cfg.attention_block_q,
-                    block_k=cfg.attention_block_k,
-                )
-            else:
-                prefix = None
-                if w > 1:
-                    prefix = (kvc.gather(ck, li, pre), kvc.gather(cv, li, pre), pre, pre_seg)
-                attn = local_attention(
-                    q, k, v, q_positions=pos, k_positions=pos, window=w, prefix=prefix
-                )
-            return layer_finish(p, x, attn, cfg), ck, cv
-
-        carry = (
-            _embed(params, jax.lax.dynamic_slice_in_dim(tokens, c * chunk, chunk, 1), cfg),
-            ck,
-            cv,
-        )
-        carry = _for_layers(layer, carry, params, cfg, n_full)
-        if cfg.two_streams:
-            last = jax.tree.map(lambda a: a[cfg.n_layers - 1], params["layers"])
-            carry = layer(carry, last, cfg.n_layers - 1, compute_base=False)
-        x, ck, cv = carry
-        if not cfg.two_streams:  # keep the hidden state of each row's last prompt token
-            idx = lengths - 1 - c * chunk
-            here = (idx >= 0) & (idx < chunk)
-            got = jnp.take_along_axis(x, jnp.clip(idx, 0, chunk - 1)[:, None, None], axis=1)
-            last_x = jnp.where(here[:, None], got[:, 0], last_x)
-        return (ck, cv, last_x), None
-
-    last_x = jnp.zeros((bsz, cfg.d_model), cfg.jnp_dtype)
-    (ck, cv, last_x), _ = jax.lax.scan(
-        run_chunk, (cache.k, cache.v, last_x), jnp.arange(t // chunk, dtype=jnp.int32)
-    )
-    if cfg.two_streams:  # the output stream runs once, after every layer's cache is full
-        last_tok = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
-        last_x = _output_stream(params, ck, cv, last_tok, end - 1, end, cfg)
-    return _logits(params, last_x, cfg), KVCache(ck, cv, end)
-
-
-_prefill_jit = jax.jit(_prefill_impl, static_argnames=("cfg",), donate_argnames=("cache",))
-
-
-# ---------------------------------------------------------------- decode
-
-
-def _decode_impl(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array, *, cfg):
-    """tokens [B] at position cache.lengths; rows with active=False write nothing and keep
-    their length (their logits are garbage). Returns (logits [B, V], cache)."""
-    s = cache.max_len
-    wn = min(cfg.window, s)  # positions are < S, so a longer window reads nothing more
-    pos = cache.lengths  # [B]
-    end = pos + 1
-    slots = jnp.where(active, pos, s)[:, None]  # inactive -> slot S: dropped
-    win = pos[:, None] - (wn - 1) + jnp.arange(wn, dtype=jnp.int32)  # [B, W], itself last
-    win_seg = jnp.where(win >= 0, 1, KEY_PAD_SEGMENT)
-
-    def layer(carry, p, li, compute_base=True):
-        x, x_out, ck, cv = carry
-        k, v = layer_kv(p, x, pos[:, None], cfg)
-        ck, cv = kvc.write(ck, li, slots, k), kvc.write(cv, li, slots, v)
-        if compute_base:
-            q = layer_query(p, x, pos[:, None], cfg, "base")
-            if cfg.architecture == "transformer":
-                attn = _attend_all(q, ck, cv, li, pos, end)
-            else:  # only the last W slots: O(W) per step whatever the history
-                attn = global_attention(
-                    q,
-                    kvc.gather(ck, li, win),
-                    kvc.gather(cv, li, win),
-                    q_positions=pos[:, None],
-                    k_positions=win,
-                    k_segment_ids=win_seg,
-                )
-            x = layer_finish(p, x, attn, cfg)
-        if cfg.two_streams:
-            q = layer_query(p, x_out, pos[:, None], cfg, "out")
-            attn = _attend_all(q, ck, cv, li, pos, end)
-            x_out = layer_finish(p, x_out, attn, cfg)
-        return x, x_out, ck, cv
-
-    x = _embed(params, tokens[:, None], cfg)
-    carry = (x, x, cache.k, cache.v)  # the output copy starts from the same embedding
-    n_full = cfg.n_layers - 1 if cfg.two_streams else cfg.n_layers
-    carry = _for_layers(layer, carry, params, cfg, n_full)
-    if cfg.two_streams:
-        last = jax.tree.map(lambda a: a[cfg.n_layers - 1], params["layers"])
-        carry = layer(carry, last, cfg.n_layers - 1, compute_base=False)
-    x, x_out, ck, cv = carry
-    final = x_out if cfg.two_streams else x
-    lengths = pos + active.astype(jnp.int32)
-    return _logits(params, final[:, 0], cfg), KVCache(ck, cv, lengths)
-
-
-_decode_jit = jax.jit(_decode_impl, static_argnames=("cfg",), donate_argnames=("cache",))
 
 
 # ---------------------------------------------------------------- host-side validation
@@ -272,7 +76,7 @@ def _check_ids(ids: np.ndarray, cfg: ModelConfig, what: str) -> None:
 
 
 def _check_cache(cache: KVCache, cfg: ModelConfig) -> np.ndarray:
-    want = (cfg.n_layers, cache.batch_size, cache.max_len, cfg.n_kv_heads, cfg.head_dim)
+    want = cache_shape(cfg, cache.batch_size, cache.max_len)
     if cache.k.shape != want or cache.v.shape != want:
         raise ValueError(f"cache k/v have shape {cache.k.shape}; this config needs {want}")
     return np.asarray(cache.lengths).astype(np.int64)
@@ -316,7 +120,9 @@ def prefill(
     padded = np.zeros((bsz, t_pad), np.int32)  # padding is 0: never an invalid id on device
     width = min(t_pad, toks.shape[1])
     padded[:, :width] = np.where(valid, toks, 0)[:, :width]
-    return _prefill_jit(params, cache, jnp.asarray(padded), jnp.asarray(lens, jnp.int32), cfg=cfg)
+    return fwd.prefill_jit(
+        params, cache, jnp.asarray(padded), jnp.asarray(lens, jnp.int32), cfg=cfg
+    )
 
 
 def decode_step(
@@ -339,7 +145,7 @@ def decode_step(
             "use a larger cache (init_cache(..., max_len=...))"
         )
     active = jnp.ones((cache.batch_size,), bool)
-    return _decode_jit(params, cache, jnp.asarray(toks, jnp.int32), active, cfg=cfg)
+    return fwd.decode_jit(params, cache, jnp.asarray(toks, jnp.int32), active, cfg=cfg)
 
 
 # ---------------------------------------------------------------- generation loop
@@ -385,7 +191,7 @@ def _generate_loop(params, cache, logits, rng, stops, *, cfg, sampler, max_new_t
     def body(st: _LoopState) -> _LoopState:
         full = st.cache.lengths >= s  # no slot left for the token to feed
         active = ~st.done & ~full
-        logits, cache = _decode_impl(params, st.cache, st.last, active, cfg=cfg)
+        logits, cache = fwd.decode(params, st.cache, st.last, active, cfg=cfg)
         st = st.replace(cache=cache, hit_capacity=st.hit_capacity | (~st.done & full))
         return emit(st, logits, active)
 
@@ -461,7 +267,7 @@ def generate(
         rng,
         jnp.asarray(stops),
         cfg=cfg,
-        sampler=sampler,
+        sampler=sampler or Sampler(),
         max_new_tokens=max_new_tokens,
     )
     return GenerateOutput(np.asarray(out), np.asarray(num), np.asarray(hit))

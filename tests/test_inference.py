@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from orthros_jax import cached_forward as fwd
 from orthros_jax import inference as inf
 from orthros_jax import sampling
 from orthros_jax.config import ModelConfig
@@ -153,13 +154,13 @@ def test_generate_stops_per_row_and_at_capacity():
 def test_prefill_compiles_once_per_bucket():
     cfg, params, _ = _model("orthros", vocab_size=67)  # a config no other test compiles
     assert inf.prompt_bucket(9, cfg) == inf.prompt_bucket(15, cfg) == 16
-    before = inf._prefill_jit._cache_size()
+    before = fwd.prefill_jit._cache_size()
     for n in (9, 15):
         cache = inf.init_cache(cfg, 2, 32)
         toks = _tokens(cfg, 2, n)
         logits, _ = inf.prefill(params, cache, toks, np.array([n, n - 3]), cfg)
         logits.block_until_ready()
-    assert inf._prefill_jit._cache_size() - before == 1
+    assert fwd.prefill_jit._cache_size() - before == 1
 
 
 def test_samplers_filter_and_sample():
@@ -179,7 +180,7 @@ def test_samplers_filter_and_sample():
 
 def test_invalid_inputs_raise_before_compiling():
     cfg, params, _ = _model("orthros", vocab_size=67)
-    compiled = (inf._prefill_jit._cache_size(), inf._decode_jit._cache_size())
+    compiled = (fwd.prefill_jit._cache_size(), fwd.decode_jit._cache_size())
     cache = inf.init_cache(cfg, 2, 16)
     ok = np.zeros((2, 4), np.int64)
     cases = [
@@ -219,4 +220,4 @@ def test_invalid_inputs_raise_before_compiling():
     full = inf.KVCache(cache.k, cache.v, jnp.asarray([16, 3], jnp.int32))
     with pytest.raises(ValueError, match="row 0 is full"):
         inf.decode_step(params, full, [1, 2], cfg)
-    assert (inf._prefill_jit._cache_size(), inf._decode_jit._cache_size()) == compiled
+    assert (fwd.prefill_jit._cache_size(), fwd.decode_jit._cache_size()) == compiled

@@ -1,0 +1,221 @@
+"""The cached forward pass: chunked prefill and one-token decode over a KVCache (jitted, pure).
+
+Shapes: B batch, T prompt tokens (padded to a bucket), C prefill chunk, S cache slots,
+L layers, N query heads, K kv heads, G = N/K, H head_dim, D d_model, V vocab, W window.
+
+Composed from model.py's per-layer pure functions (`layer_kv`, `layer_query`,
+`layer_finish`), so it computes exactly what the training forward computes:
+  orthros      base stream: sliding window, writes the K/V of every layer; its last layer's
+               attention/FFN output is dead and skipped. Output stream: one token per row,
+               global over the whole cache of each layer; it writes nothing.
+  transformer  one stream, global over the cache; logits at each row's last token.
+  swa          one stream, sliding window; logits at each row's last token.
+Positions are cache slots (kv_cache.py), so masks compare slot indices.
+Input validation lives in inference.py; these functions assume valid inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from orthros_jax import kv_cache as kvc
+from orthros_jax import layers as L
+from orthros_jax.attention import KEY_PAD_SEGMENT, global_attention, local_attention
+from orthros_jax.config import ModelConfig
+from orthros_jax.kv_cache import KVCache
+from orthros_jax.model import Params, layer_finish, layer_kv, layer_query
+
+_MASKED = -1e30  # finite, as in attention.py: a row with no visible key stays finite
+
+
+def embed(params: Params, tokens: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Token ids [B, T] -> [B, T, D] in the activation dtype."""
+    return L.embed(tokens, params["embedding"], cfg.jnp_dtype)
+
+
+def logits_of(params: Params, x_BD: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Final norm + LM head on one hidden state per row: [B, D] -> float32 [B, V]."""
+    head = params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
+    h = L.rms_norm(x_BD[:, None], params["final_norm"], cfg.norm_eps)
+    return L.lm_logits(h, head)[:, 0]
+
+
+def for_layers(body, carry, params: Params, cfg: ModelConfig, n_layers: int):
+    """carry = body(carry, layer_params, l) for l in 0..n_layers-1.
+
+    A lax.scan (one traced layer: fast compiles) or, with cfg.scan_layers=False, a Python loop.
+    """
+    if n_layers <= 0:
+        return carry
+    stack = jax.tree.map(lambda a: a[:n_layers], params["layers"])
+    if cfg.scan_layers:
+        idx = jnp.arange(n_layers, dtype=jnp.int32)
+        carry, _ = jax.lax.scan(lambda c, xs: (body(c, xs[0], xs[1]), None), carry, (stack, idx))
+        return carry
+    for i in range(n_layers):
+        carry = body(carry, jax.tree.map(lambda a, i=i: a[i], stack), i)
+    return carry
+
+
+def _last_layer(params: Params, cfg: ModelConfig) -> Params:
+    return jax.tree.map(lambda a: a[cfg.n_layers - 1], params["layers"])
+
+
+def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
+    """One query per row over head-major keys: q [B, 1, N, H]; k, v [B, K, S', H];
+    visible [B, S'] bool. Returns [B, 1, N, H]. Softmax in float32, as in attention.py."""
+    bsz, _, n, h = q.shape
+    kv = k.shape[1]
+    qg = q.reshape(bsz, kv, n // kv, h)
+    s = jnp.einsum("bkgh,bksh->bkgs", qg, k, preferred_element_type=jnp.float32)
+    s = jnp.where(visible[:, None, None], s / math.sqrt(h), _MASKED)
+    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgs,bksh->bkgh", p, v, preferred_element_type=jnp.float32)
+    return out.reshape(bsz, 1, n, h).astype(q.dtype)
+
+
+def output_stream(params: Params, cache: KVCache, tokens_B: jax.Array, cfg: ModelConfig):
+    """The orthros output stream of the token at slot lengths-1 of each row, through all
+    layers over the full cache (slots < lengths): hidden state [B, D]."""
+    pos = cache.lengths - 1
+    visible = jnp.arange(cache.max_len)[None] < cache.lengths[:, None]
+
+    def body(x, p, li):
+        q = layer_query(p, x, pos[:, None], cfg, "out")
+        attn = attend_one(q, kvc.layer_view(cache.k, li), kvc.layer_view(cache.v, li), visible)
+        return layer_finish(p, x, attn, cfg)
+
+    return for_layers(body, embed(params, tokens_B[:, None], cfg), params, cfg, cfg.n_layers)[:, 0]
+
+
+# ---------------------------------------------------------------- prefill
+
+
+def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Array, *, cfg):
+    """Right-padded prompts tokens [B, T] (T <= C or a multiple of C), lengths [B] >= 1, written
+    after each row's cache.lengths. Returns (logits [B, V] at each prompt's last token, cache).
+
+    The prompt runs in chunks of C tokens (a lax.scan); each chunk's base stream reads its
+    previous W-1 keys back from the cache, so memory is the cache plus O(C * D) activations.
+    """
+    bsz, t = tokens.shape
+    chunk = min(cfg.prefill_chunk, t)
+    s, w = cache.max_len, cfg.window
+    start = cache.lengths  # rows may already hold a prefix (continued prefill)
+    end = start + lengths
+    n_full = cfg.n_layers - 1 if cfg.two_streams else cfg.n_layers
+    slot_ids = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (bsz, s))
+    slot_seg = jnp.where(slot_ids < end[:, None], 1, KEY_PAD_SEGMENT)
+
+    def run_chunk(carry, c):
+        ck, cv, last_x = carry
+        off = c * chunk + jnp.arange(chunk, dtype=jnp.int32)  # [C] offsets into the prompt
+        pos = start[:, None] + off  # [B, C] positions = slots
+        slots = jnp.where(off < lengths[:, None], pos, s)  # padding -> slot S: dropped
+        pre = pos[:, :1] - (w - 1) + jnp.arange(w - 1, dtype=jnp.int32)  # [B, W-1]
+        pre_seg = jnp.where(pre >= 0, 1, KEY_PAD_SEGMENT)
+
+        def layer(carry, p, li, compute_base=True):
+            x, ck, cv = carry
+            k, v = layer_kv(p, x, pos, cfg)
+            ck, cv = kvc.write(ck, li, slots, k), kvc.write(cv, li, slots, v)
+            if not compute_base:
+                return x, ck, cv
+            q = layer_query(p, x, pos, cfg, "base")
+            if cfg.architecture == "transformer":
+                # Written first, so the chunk's own keys are read back with all earlier ones.
+                seq_major = lambda a: jnp.swapaxes(kvc.layer_view(a, li), 1, 2)
+                attn = global_attention(
+                    q, seq_major(ck), seq_major(cv), q_positions=pos, k_positions=slot_ids,
+                    k_segment_ids=slot_seg, block_q=cfg.attention_block_q,
+                    block_k=cfg.attention_block_k,
+                )  # fmt: skip
+            else:
+                prefix = None
+                if w > 1:
+                    pk, pv = (jnp.swapaxes(kvc.read(a, li, pre), 1, 2) for a in (ck, cv))
+                    prefix = (pk, pv, pre, pre_seg)
+                attn = local_attention(
+                    q, k, v, q_positions=pos, k_positions=pos, window=w, prefix=prefix
+                )
+            return layer_finish(p, x, attn, cfg), ck, cv
+
+        x = embed(params, jax.lax.dynamic_slice_in_dim(tokens, c * chunk, chunk, 1), cfg)
+        carry = for_layers(layer, (x, ck, cv), params, cfg, n_full)
+        if cfg.two_streams:  # the last base layer only writes K/V
+            carry = layer(carry, _last_layer(params, cfg), cfg.n_layers - 1, compute_base=False)
+        x, ck, cv = carry
+        if not cfg.two_streams:  # keep the hidden state of each row's last prompt token
+            idx = lengths - 1 - c * chunk
+            here = (idx >= 0) & (idx < chunk)
+            got = jnp.take_along_axis(x, jnp.clip(idx, 0, chunk - 1)[:, None, None], axis=1)
+            last_x = jnp.where(here[:, None], got[:, 0], last_x)
+        return (ck, cv, last_x), None
+
+    last_x = jnp.zeros((bsz, cfg.d_model), cfg.jnp_dtype)
+    chunks = jnp.arange(t // chunk, dtype=jnp.int32)
+    (ck, cv, last_x), _ = jax.lax.scan(run_chunk, (cache.k, cache.v, last_x), chunks)
+    cache = KVCache(ck, cv, end)
+    if cfg.two_streams:  # the output stream runs once, after every layer's cache is filled
+        last_tok = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
+        last_x = output_stream(params, cache, last_tok, cfg)
+    return logits_of(params, last_x, cfg), cache
+
+
+# ---------------------------------------------------------------- decode
+
+
+def decode(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array, *, cfg):
+    """tokens [B] at position cache.lengths -> (logits [B, V] for the next token, cache).
+
+    Each row writes its K/V at its own length. Rows with active=False write nothing and keep
+    their length (their logits are garbage): `generate` uses this for rows that stopped.
+    """
+    s = cache.max_len
+    wn = min(cfg.window, s)  # positions are < S: a longer window reads nothing more
+    pos = cache.lengths  # [B]
+    slots = jnp.where(active, pos, s)[:, None]  # inactive -> slot S: dropped
+    win = pos[:, None] - (wn - 1) + jnp.arange(wn, dtype=jnp.int32)  # [B, W], itself last
+    visible_all = jnp.arange(s)[None] <= pos[:, None]  # [B, S]
+
+    def layer(carry, p, li, compute_base=True):
+        x, x_out, ck, cv = carry
+        k, v = layer_kv(p, x, pos[:, None], cfg)
+        ck, cv = kvc.write(ck, li, slots, k), kvc.write(cv, li, slots, v)
+        full = lambda: (kvc.layer_view(ck, li), kvc.layer_view(cv, li))
+        if compute_base:
+            q = layer_query(p, x, pos[:, None], cfg, "base")
+            if cfg.architecture == "transformer":
+                attn = attend_one(q, *full(), visible_all)
+            else:  # only the last W slots: O(W) per step whatever the history
+                attn = attend_one(q, kvc.read(ck, li, win), kvc.read(cv, li, win), win >= 0)
+        if not cfg.two_streams:
+            return layer_finish(p, x, attn, cfg), x_out, ck, cv
+        # The output copy reads every slot up to its own position.
+        q = layer_query(p, x_out, pos[:, None], cfg, "out")
+        attn_out = attend_one(q, *full(), visible_all)
+        if not compute_base:
+            return x, layer_finish(p, x_out, attn_out, cfg), ck, cv
+        # W_O and the FFN are token-wise and shared: run both streams as one [B, 2, D] batch
+        # so each weight is read once per step (decode is bound by reading weights + cache).
+        both = layer_finish(
+            p, jnp.concatenate([x, x_out], 1), jnp.concatenate([attn, attn_out], 1), cfg
+        )
+        return both[:, :1], both[:, 1:], ck, cv
+
+    x = embed(params, tokens[:, None], cfg)
+    carry = (x, x, cache.k, cache.v)  # the output copy starts from the same embedding
+    n_full = cfg.n_layers - 1 if cfg.two_streams else cfg.n_layers
+    carry = for_layers(layer, carry, params, cfg, n_full)
+    if cfg.two_streams:
+        carry = layer(carry, _last_layer(params, cfg), cfg.n_layers - 1, compute_base=False)
+    x, x_out, ck, cv = carry
+    final = x_out if cfg.two_streams else x
+    return logits_of(params, final[:, 0], cfg), KVCache(ck, cv, pos + active.astype(jnp.int32))
+
+
+prefill_jit = jax.jit(prefill, static_argnames=("cfg",), donate_argnames=("cache",))
+decode_jit = jax.jit(decode, static_argnames=("cfg",), donate_argnames=("cache",))

@@ -1,0 +1,99 @@
+"""ml_collections at the boundary: load a config file, check overrides, build frozen dataclasses.
+
+Launchers take an `ml_collections.ConfigDict` (a file with `get_config()` plus `--config.a.b=v`
+overrides), lock it, and immediately turn each section into a frozen dataclass with
+`dataclass_from_dict`; library code only ever sees the dataclasses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import ml_collections
+
+T = TypeVar("T")
+
+
+def to_plain(value: Any) -> Any:
+    """ConfigDict / FieldReference trees -> plain dicts, lists -> tuples (hashable, frozen)."""
+    if isinstance(value, ml_collections.ConfigDict):
+        return {k: to_plain(v) for k, v in value.items()}
+    if isinstance(value, Mapping):
+        return {k: to_plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return tuple(to_plain(v) for v in value)
+    return value
+
+
+def dataclass_from_dict(cls: type[T], values: Mapping[str, Any], section: str) -> T:
+    """Builds the frozen dataclass `cls` from `values`; unknown keys raise a ValueError that
+    names them and lists the valid keys of `section` (e.g. "optimizer")."""
+    known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    plain = to_plain(values)
+    unknown = sorted(set(plain) - set(known))
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {unknown} in config section {section!r}; valid keys: {', '.join(known)}"
+        )
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.name not in plain
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ValueError(f"config section {section!r} is missing required key(s) {missing}")
+    return cls(**plain)
+
+
+def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+    """All leaf keys of a config as dotted paths ("optimizer.lr", ...)."""
+    keys = []
+    for k, v in config.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, ml_collections.ConfigDict):
+            keys.extend(flat_keys(v, path + "."))
+        else:
+            keys.append(path)
+    return keys
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+    """Runs `get_config()` of a config file given as "path.py" or "path.py:arg"."""
+    path, _, arg = spec.partition(":")
+    if not os.path.isfile(path):
+        raise ValueError(f"config file {path!r} does not exist")
+    module_spec = importlib.util.spec_from_file_location("_orthros_config", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+
+
+def check_override_keys(argv: Sequence[str], flag: str = "config") -> None:
+    """Fails early, with the valid keys listed, when `--config.<key>=...` names a key the
+    config file does not have (config_flags would otherwise raise a bare AttributeError)."""
+    spec = None
+    overrides = []
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"--{flag}="):
+            spec = arg.split("=", 1)[1]
+        elif arg == f"--{flag}" and i + 1 < len(argv):
+            spec = argv[i + 1]
+        elif arg.startswith(f"--{flag}."):
+            overrides.append(arg[len(f"--{flag}.") :].split("=", 1)[0])
+    if spec is None or not overrides:
+        return
+    valid = flat_keys(load_config_file(spec))
+    sections = {k.rsplit(".", 1)[0] for k in valid if "." in k}
+    unknown = [k for k in overrides if k not in valid and k not in sections]
+    if unknown:
+        raise ValueError(
+            f"unknown config key(s) {unknown} in overrides of {spec!r}; valid keys:\n  "
+            + "\n  ".join(valid)
+        )

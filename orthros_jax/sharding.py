@@ -1,0 +1,203 @@
+"""Mesh, logical-axis rules and shardings for params, train state, batches and the KV cache.
+
+One table, RULES, maps the logical axis names that parameters carry (model.py) to axes of the
+mesh ("data", "fsdp", "tensor"):
+  * batch dims are split over data x fsdp (every device gets distinct examples);
+  * parameters are split over fsdp along their embed dim (ZeRO-3 style: all-gathered per use)
+    and over tensor along heads / kv heads / mlp / vocab (Megatron-style tensor parallelism);
+  * the stacked layer axis, head_dim and sequence length are never split.
+A dim whose size is not divisible by its mesh axes is replicated instead (e.g. 2 kv heads on
+tensor=4), so any model runs on any mesh; `shard_spec` is the single place that decides.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from orthros_jax import model as model_lib
+from orthros_jax.config import ModelConfig
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH, LENGTH = "batch", "length"
+MeshAxes = str | tuple[str, ...] | None
+
+RULES: dict[str, MeshAxes] = {
+    BATCH: ("data", "fsdp"),
+    LENGTH: None,
+    model_lib.LAYERS: None,
+    model_lib.VOCAB: "tensor",
+    model_lib.EMBED: "fsdp",
+    model_lib.HEADS: "tensor",
+    model_lib.KV_HEADS: "tensor",
+    model_lib.HEAD_DIM: None,
+    model_lib.MLP: "tensor",
+}
+
+
+def initialize_distributed(dist_cfg: Any) -> None:
+    """jax.distributed.initialize from a DistributedConfig (no-op unless initialize=True).
+    Must run before anything touches the devices."""
+    if not dist_cfg.initialize:
+        return
+    kwargs = {}
+    if dist_cfg.coordinator_address:
+        kwargs["coordinator_address"] = dist_cfg.coordinator_address
+    if dist_cfg.num_processes > 0:
+        kwargs["num_processes"] = dist_cfg.num_processes
+    if dist_cfg.process_id >= 0:
+        kwargs["process_id"] = dist_cfg.process_id
+    jax.distributed.initialize(**kwargs)
+    logging.info("jax.distributed: process %d of %d", jax.process_index(), jax.process_count())
+
+
+def _named(sizes: Sequence[int]) -> dict[str, int]:
+    return dict(zip(MESH_AXES, sizes, strict=True))
+
+
+def mesh_shape(mesh_cfg: Any, num_devices: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) sizes with a single -1 filled in; the product must be num_devices."""
+    sizes = [mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor]
+    if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+        raise ValueError(f"mesh sizes {_named(sizes)}: at most one -1, others >= 1")
+    if -1 in sizes:
+        known = math.prod(s for s in sizes if s != -1)
+        if num_devices % known:
+            raise ValueError(f"mesh {_named(sizes)} does not divide {num_devices} devices")
+        sizes[sizes.index(-1)] = num_devices // known
+    if math.prod(sizes) != num_devices:
+        raise ValueError(
+            f"mesh {_named(sizes)} has {math.prod(sizes)} devices, but {num_devices} are available"
+        )
+    return tuple(sizes)  # type: ignore[return-value]
+
+
+def make_mesh(mesh_cfg: Any, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A Mesh over ("data", "fsdp", "tensor") from a MeshConfig (all devices by default)."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = mesh_shape(mesh_cfg, len(devices))
+    # Auto axes: the compiler propagates shardings from the jit in/out shardings (GSPMD);
+    # jax.make_mesh would default to Explicit axes, which the model's gathers do not annotate.
+    auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+    if len(devices) == len(jax.devices()):
+        return jax.make_mesh(shape, MESH_AXES, devices=devices, axis_types=auto)
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=auto)
+
+
+def shard_spec(
+    logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh, rules: Mapping = RULES
+) -> PartitionSpec:
+    """PartitionSpec for an array with these logical axis names, by RULES. A mesh axis is used
+    at most once per array; dims not divisible by their mesh axes stay replicated."""
+    used: set[str] = set()
+    spec: list[MeshAxes] = []
+    for name, size in zip(logical, shape, strict=True):
+        axes = rules.get(name) if name is not None else None
+        if axes is None:
+            spec.append(None)
+            continue
+        axes_t = (axes,) if isinstance(axes, str) else tuple(axes)
+        axes_t = tuple(a for a in axes_t if a not in used and mesh.shape[a] > 1)
+        if not axes_t or size % math.prod(mesh.shape[a] for a in axes_t):
+            spec.append(None)
+            continue
+        used.update(axes_t)
+        spec.append(axes_t[0] if len(axes_t) == 1 else axes_t)
+    while spec and spec[-1] is None:
+        spec.pop()
+    return PartitionSpec(*spec)
+
+
+def param_shardings(cfg: ModelConfig, mesh: Mesh) -> Any:
+    """NamedSharding for every parameter of OrthrosLM(cfg), from its logical axes."""
+    abstract = jax.eval_shape(lambda r: model_lib.init_params(cfg, r), jax.random.PRNGKey(0))
+    logical = model_lib.param_logical_axes(cfg)
+    return jax.tree.map(
+        lambda axes, a: NamedSharding(mesh, shard_spec(tuple(axes), a.shape, mesh)),
+        logical,
+        abstract,
+        is_leaf=lambda x: isinstance(x, PartitionSpec),
+    )
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def state_shardings(
+    abstract_state: Any, params_sh: Any, tx: optax.GradientTransformation, mesh: Mesh
+) -> Any:
+    """Shardings of a TrainState: params by the rules, optimizer moments like their params
+    (found with optax.tree_map_params), scalars (step, counts, rng) replicated."""
+    opt_sh = optax.tree_map_params(
+        tx,
+        lambda _, sh: sh,
+        abstract_state.opt_state,
+        params_sh,
+        transform_non_params=lambda _: replicated(mesh),
+    )
+    return abstract_state.replace(
+        step=replicated(mesh), params=params_sh, opt_state=opt_sh, rng=replicated(mesh)
+    )
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    """[B, ...] arrays: batch over data x fsdp, the rest replicated."""
+    return NamedSharding(mesh, PartitionSpec(RULES[BATCH], *([None] * (ndim - 1))))
+
+
+def global_batch_size(local_batch_size: int) -> int:
+    return local_batch_size * jax.process_count()
+
+
+def check_batch_divisible(global_batch: int, mesh: Mesh) -> None:
+    """The global batch must split evenly over data x fsdp (before any compile)."""
+    n = mesh.shape["data"] * mesh.shape["fsdp"]
+    if global_batch % n:
+        raise ValueError(
+            f"global batch size {global_batch} is not divisible by data*fsdp = {n} "
+            f"(mesh {dict(mesh.shape)}); change data.batch_size or the mesh"
+        )
+
+
+def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """This process's rows [B_local, ...] -> global arrays [B_local * processes, ...] sharded by
+    batch_sharding (jax.make_array_from_process_local_data; works on one host too)."""
+    return {
+        k: jax.make_array_from_process_local_data(batch_sharding(mesh, np.ndim(v)), np.asarray(v))
+        for k, v in batch.items()
+    }
+
+
+def put_tree(tree: Any, shardings: Any) -> Any:
+    """Host numpy pytree (same values on every process) -> global arrays with these shardings."""
+
+    def put(x, sh):
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sh, lambda idx: x[idx])
+
+    return jax.tree.map(put, tree, shardings)
+
+
+def jit_train_step(train_step: Any, state_sh: Any, mesh: Mesh, batch_keys: Mapping[str, int]):
+    """The train step as one jax.jit: explicit in/out shardings, the state donated.
+    batch_keys: name -> ndim of each batch array."""
+    batch_sh = {k: batch_sharding(mesh, nd) for k, nd in batch_keys.items()}
+    return jax.jit(
+        train_step,
+        in_shardings=(state_sh, batch_sh),
+        out_shardings=(state_sh, replicated(mesh)),
+        donate_argnums=(0,),
+    )
+
+
+def jit_eval_step(eval_step: Any, params_sh: Any, mesh: Mesh, batch_keys: Mapping[str, int]):
+    batch_sh = {k: batch_sharding(mesh, nd) for k, nd in batch_keys.items()}
+    return jax.jit(eval_step, in_shardings=(params_sh, batch_sh), out_shardings=replicated(mesh))

@@ -1,0 +1,299 @@
+"""The training loop: init or resume, train with periodic eval and checkpoints, stop on NaN.
+
+    state = train(TrainConfig.from_config(config), workdir)
+
+Steps count optimizer updates; each update is optimizer.grad_accum_steps micro-batches (one
+jitted train-step call each). Checkpoints are taken only at update boundaries and hold the
+state and the data iterator's position, so a run killed at any moment resumes from the last
+checkpoint and continues bit-for-bit like an uninterrupted run. Per-step metrics stay on device
+and are fetched at log/eval/checkpoint boundaries (keeping dispatch asynchronous); a non-finite
+loss, gradient norm or parameter norm found there stops the run with NonFiniteLossError naming
+the step, and the state is never checkpointed past the last finite step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import grain
+import jax
+import numpy as np
+
+from orthros_jax import checkpoint, sharding
+from orthros_jax.training.config import TrainConfig
+from orthros_jax.training.metrics import MetricsLogger, console
+from orthros_jax.training.optimizer import make_optimizer
+from orthros_jax.training.state import TrainState, init_train_state
+from orthros_jax.training.steps import make_eval_step, make_train_step
+
+Batch = Mapping[str, np.ndarray]
+CHECKED = ("loss", "grad_norm", "param_norm")
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised when a step's loss / grad norm / param norm is NaN or inf."""
+
+
+def initial_params(cfg: TrainConfig, abstract_params: Any) -> Any:
+    """Host params from cfg.init_from (a model dir or training workdir). Scale-offset vectors a
+    Transformer checkpoint lacks are filled with the identity (scale 1, offset 0), which is the
+    paper's Transformer -> Orthros conversion; any other difference is a ValueError."""
+    loaded = checkpoint.load_model(cfg.init_from)
+    params = jax.tree.map(np.asarray, loaded.params)
+    want = abstract_params["layers"]
+    have = dict(params["layers"])
+    for name, a in want.items():
+        if name.startswith("so_") and name not in have:
+            fill = np.ones if name.endswith("_scale") else np.zeros
+            have[name] = fill(a.shape, a.dtype)
+            logging.info("init_from: %s not in %s, using the identity", name, cfg.init_from)
+    params = {**params, "layers": have}
+    checkpoint.check_same_shapes(abstract_params, params, f"init_from={cfg.init_from!r}")
+    return jax.tree.map(lambda p, a: p.astype(a.dtype), params, abstract_params)
+
+
+def _is_checkpointable(it: Any) -> bool:
+    return isinstance(it, grain.DatasetIterator | grain.DataLoaderIterator)
+
+
+def _write_model_json(cfg: TrainConfig, workdir: str) -> None:
+    """workdir/model.json, so checkpoint.load_model(workdir) and launch/generate.py work."""
+    if jax.process_index() != 0:
+        return
+    path = os.path.join(workdir, checkpoint.MODEL_JSON)
+    if os.path.isfile(path):
+        old, _ = checkpoint.read_model_json(workdir)
+        changed = {
+            k: (v, getattr(cfg.model, k))
+            for k, v in old.to_dict().items()
+            if getattr(cfg.model, k) != v
+        }
+        if changed:
+            logging.warning("model config differs from the workdir's model.json: %s", changed)
+    tokenizer = getattr(cfg.data, "tokenizer", None)
+    checkpoint.write_model_json(workdir, cfg.model, tokenizer)
+
+
+def train(
+    cfg: TrainConfig,
+    workdir: str,
+    *,
+    train_iterator: Iterator[Batch] | None = None,
+    eval_batches: Sequence[Batch] | None = None,
+) -> TrainState:
+    """Trains (resuming from workdir/checkpoints when present) and returns the final state.
+
+    train_iterator / eval_batches default to orthros_jax.data's pipelines for cfg.data; give
+    a grain DatasetIterator to have the data position checkpointed too.
+    """
+    if cfg.distributed.initialize and not jax.distributed.is_initialized():
+        sharding.initialize_distributed(cfg.distributed)
+    workdir = os.path.abspath(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    if train_iterator is None or eval_batches is None:
+        from orthros_jax import data as data_lib
+
+        vocab = data_lib.tokenizer_for(cfg.data).vocab_size
+        if vocab > cfg.model.vocab_size:
+            raise ValueError(
+                f"the data's tokenizer has {vocab} ids but model.vocab_size={cfg.model.vocab_size}"
+            )
+        if train_iterator is None:
+            train_iterator = data_lib.make_train_iterator(cfg.data)
+        if eval_batches is None:
+            eval_batches = data_lib.make_eval_batches(cfg.data, cfg.train.eval_batches)
+    data_state = train_iterator if _is_checkpointable(train_iterator) else None
+    if data_state is None:
+        logging.warning(
+            "train_iterator is not a grain iterator: resuming will not restore its position"
+        )
+
+    mesh = sharding.make_mesh(cfg.mesh)
+    accum, total_updates = cfg.optimizer.grad_accum_steps, cfg.train.steps
+    tx = make_optimizer(cfg.optimizer, total_updates)
+    rng = jax.random.PRNGKey(cfg.train.seed)
+    abstract = jax.eval_shape(lambda r: init_train_state(cfg.model, tx, r), rng)
+    params_sh = sharding.param_shardings(cfg.model, mesh)
+    state_sh = sharding.state_shardings(abstract, params_sh, tx, mesh)
+    abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, state_sh
+    )
+
+    ckpt = checkpoint.TrainCheckpointer(
+        workdir, cfg.train.keep_checkpoints, cfg.train.async_checkpointing
+    )
+    logger = None
+    try:
+        state = ckpt.restore_latest(abstract, data_state)
+        if state is not None:
+            console(f"resumed from {ckpt.directory} at step {int(state.step) // accum}")
+        elif cfg.init_from:
+            host = initial_params(cfg, abstract.params)
+            init = jax.jit(
+                lambda p, r: init_train_state(cfg.model, tx, r, params=p), out_shardings=state_sh
+            )
+            state = init(sharding.put_tree(host, params_sh), rng)
+        else:
+            state = jax.jit(lambda r: init_train_state(cfg.model, tx, r), out_shardings=state_sh)(
+                rng
+            )
+        _write_model_json(cfg, workdir)
+        micro = int(state.step)
+        logger = MetricsLogger(workdir, total_updates, micro // accum, cfg.train.progress_bar)
+        run = _Run(cfg, workdir, mesh, tx, state_sh, params_sh, ckpt, logger, data_state)
+        return run.loop(state, micro, train_iterator, eval_batches)
+    finally:
+        ckpt.close()
+        if logger is not None:
+            logger.close()
+
+
+@dataclasses.dataclass
+class _Run:
+    """The mutable bookkeeping of one train() call (kept out of train() for readability)."""
+
+    cfg: TrainConfig
+    workdir: str
+    mesh: jax.sharding.Mesh
+    tx: Any
+    state_sh: Any
+    params_sh: Any
+    ckpt: checkpoint.TrainCheckpointer
+    logger: MetricsLogger
+    data_state: Any
+
+    def loop(self, state: TrainState, micro: int, it: Iterator[Batch], evals: Sequence[Batch]):
+        tc, accum = self.cfg.train, self.cfg.optimizer.grad_accum_steps
+        total_micro = tc.steps * accum
+        step_fn = None
+        self.eval_batches = [sharding.shard_batch(b, self.mesh) for b in evals]
+        self.eval_fn = None
+        pending: list[tuple[int, dict]] = []  # (micro index, device metrics) not yet checked
+        checked: list[dict] = []  # host metrics since the last log line
+        self.last_saved = micro // accum if self.ckpt.all_steps() else None
+        fingerprints = self._open_fingerprints() if tc.data_fingerprints else None
+        window_t0, window_tokens = time.perf_counter(), 0
+        while micro < total_micro:
+            try:
+                batch = next(it)
+            except StopIteration:
+                raise ValueError(f"the training data ran out at micro-batch {micro}") from None
+            if fingerprints is not None:
+                crc = zlib.crc32(np.ascontiguousarray(batch["tokens"]).tobytes())
+                fingerprints.write(json.dumps({"micro_step": micro, "crc32": crc}) + "\n")
+                fingerprints.flush()
+            global_batch = sharding.shard_batch(batch, self.mesh)
+            first = step_fn is None
+            if first:
+                sharding.check_batch_divisible(global_batch["tokens"].shape[0], self.mesh)
+                step_fn = self._compile_step(global_batch)
+            state, metrics = step_fn(state, global_batch)
+            pending.append((micro, metrics))
+            micro += 1
+            if first:  # throughput excludes compilation: restart the clock after step one
+                jax.block_until_ready(metrics)
+                console(
+                    f"first step (compilation included): {time.perf_counter() - window_t0:.1f}s"
+                )
+                window_t0 = time.perf_counter()
+            else:
+                window_tokens += global_batch["tokens"].size
+            if micro % accum:
+                continue
+            update = micro // accum
+            self.logger.advance(1)
+            final = micro == total_micro
+            do_log = update % tc.log_every == 0 or final
+            do_eval = (tc.eval_every and update % tc.eval_every == 0) or final
+            do_ckpt = (tc.checkpoint_every and update % tc.checkpoint_every == 0) or final
+            if not (do_log or do_eval or do_ckpt):
+                continue
+            checked.extend(self._check_finite(pending))
+            pending.clear()
+            if do_log:
+                elapsed = time.perf_counter() - window_t0
+                self._log_train(update, checked, window_tokens / max(elapsed, 1e-9))
+                checked.clear()
+            if do_eval:
+                self._evaluate(update, state.params)
+            if do_ckpt:
+                self.ckpt.save(update, state, self.data_state)
+                self.last_saved = update
+            window_t0, window_tokens = time.perf_counter(), 0
+        if fingerprints is not None:
+            fingerprints.close()
+        return state
+
+    def _compile_step(self, global_batch: Mapping[str, jax.Array]):
+        """The jitted train step for this batch layout (PT or SFT keys)."""
+        cfg = self.cfg
+        train_step = make_train_step(cfg.model, cfg.optimizer, self.tx, cfg.train.steps)
+        ndims = {k: v.ndim for k, v in global_batch.items()}
+        return sharding.jit_train_step(train_step, self.state_sh, self.mesh, ndims)
+
+    def _check_finite(self, pending: list[tuple[int, dict]]) -> list[dict]:
+        """Host copies of pending metrics; raises NonFiniteLossError at the first bad one."""
+        accum = self.cfg.optimizer.grad_accum_steps
+        host = jax.device_get([m for _, m in pending])
+        for (micro, _), values in zip(pending, host, strict=True):
+            bad = {k: float(values[k]) for k in CHECKED if not math.isfinite(float(values[k]))}
+            if bad:
+                step = micro // accum + 1
+                where = f"step {step}" + (f" (micro-batch {micro % accum})" if accum > 1 else "")
+                last = (
+                    f"the last checkpoint, step {self.last_saved} in {self.ckpt.directory}, is intact"
+                    if self.last_saved is not None
+                    else "no checkpoint was written"
+                )
+                raise NonFiniteLossError(
+                    f"non-finite training values at {where}: "
+                    + ", ".join(f"{k}={float(values[k])}" for k in CHECKED)
+                    + f"; stopping ({last})"
+                )
+        return host
+
+    def _log_train(self, update: int, checked: list[dict], tokens_per_s: float) -> None:
+        weight = sum(float(m["weight"]) for m in checked)
+        loss = sum(float(m["loss"]) * float(m["weight"]) for m in checked) / max(weight, 1.0)
+        last = checked[-1]
+        self.logger.write(
+            update,
+            "train",
+            {
+                "loss": loss,
+                "lr": float(last["lr"]),
+                "grad_norm": float(last["grad_norm"]),
+                "param_norm": float(last["param_norm"]),
+                "tokens_per_s": tokens_per_s,
+                "loss_tokens": int(weight),
+            },
+        )
+
+    def _evaluate(self, update: int, params: Any) -> float:
+        if not self.eval_batches:
+            return float("nan")
+        if self.eval_fn is None:
+            ndims = {k: v.ndim for k, v in self.eval_batches[0].items()}
+            self.eval_fn = sharding.jit_eval_step(
+                make_eval_step(self.cfg.model), self.params_sh, self.mesh, ndims
+            )
+        sums = jax.device_get([self.eval_fn(params, b) for b in self.eval_batches])
+        loss = sum(float(s["loss_sum"]) for s in sums) / max(
+            sum(float(s["weight"]) for s in sums), 1
+        )
+        self.logger.write(
+            update, "eval", {"loss": loss, "tokens": int(sum(float(s["weight"]) for s in sums))}
+        )
+        return loss
+
+    def _open_fingerprints(self):
+        name = f"data_fingerprints_p{jax.process_index()}.jsonl"
+        return open(os.path.join(self.workdir, name), "a")  # noqa: SIM115

@@ -1,0 +1,78 @@
+"""Metrics sinks: a tqdm progress bar + console lines, TensorBoard events and metrics.jsonl.
+
+Only process 0 writes (every process computes the same replicated scalars). Everything goes
+under the workdir: workdir/tensorboard/ (tensorboardX event files) and workdir/metrics.jsonl
+(one JSON object per log line; easy to plot or assert on).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+
+import jax
+import tqdm
+
+TENSORBOARD_DIR = "tensorboard"
+METRICS_JSONL = "metrics.jsonl"
+
+
+def console(message: str) -> None:
+    """A status line on process 0's console (and in the log), tqdm-safe."""
+    logging.info(message)
+    if jax.process_index() == 0:
+        tqdm.tqdm.write(message)
+
+
+class MetricsLogger:
+    def __init__(self, workdir: str, total_steps: int, initial_step: int, progress_bar: bool):
+        self.enabled = jax.process_index() == 0
+        self.writer = None
+        self.jsonl = None
+        self.bar = None
+        if not self.enabled:
+            return
+        from tensorboardX import SummaryWriter  # heavy import, only on the writing host
+
+        self.writer = SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR))
+        self.jsonl = open(os.path.join(workdir, METRICS_JSONL), "a")  # noqa: SIM115
+        self.bar = tqdm.tqdm(
+            total=total_steps,
+            initial=initial_step,
+            disable=not progress_bar,
+            unit="step",
+            dynamic_ncols=True,
+        )
+
+    def advance(self, steps: int) -> None:
+        if self.bar is not None:
+            self.bar.update(steps)
+
+    def write(self, step: int, prefix: str, values: Mapping[str, float]) -> None:
+        """Scalars under "<prefix>/<name>" at an optimizer step, to every sink."""
+        if not self.enabled:
+            return
+        for name, value in values.items():
+            self.writer.add_scalar(f"{prefix}/{name}", value, step)
+        self.writer.flush()
+        self.jsonl.write(json.dumps({"step": step, "split": prefix, **values}) + "\n")
+        self.jsonl.flush()
+        text = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
+        line = f"[{prefix}] step {step}: {text}"
+        if not self.bar.disable:
+            self.bar.set_postfix({k: _fmt(v) for k, v in values.items() if k in ("loss", "lr")})
+        console(line)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.bar.close()
+            self.writer.close()
+            self.jsonl.close()
+
+
+def _fmt(v: float) -> str:
+    if isinstance(v, int):
+        return str(v)
+    return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"

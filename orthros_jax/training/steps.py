@@ -1,0 +1,66 @@
+"""Pure train and eval steps (the loop jits them with shardings; see sharding.jit_train_step)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from orthros_jax.config import ModelConfig
+from orthros_jax.model import OrthrosLM, Params
+from orthros_jax.training import losses
+from orthros_jax.training.config import OptimizerConfig
+from orthros_jax.training.optimizer import accumulated_grads, make_schedule, update_count
+from orthros_jax.training.state import TrainState
+
+Metrics = dict[str, jax.Array]
+TrainStep = Callable[[TrainState, losses.Batch], tuple[TrainState, Metrics]]
+EvalStep = Callable[[Params, losses.Batch], Metrics]
+
+
+def make_train_step(
+    model_cfg: ModelConfig,
+    opt_cfg: OptimizerConfig,
+    tx: optax.GradientTransformation,
+    total_steps: int,
+) -> TrainStep:
+    """state, batch -> new state, metrics. One micro-batch per call (PT or SFT batch).
+
+    Metrics (float32 scalars): loss (masked mean of this micro-batch), weight (loss tokens),
+    grad_norm (pre-clip global norm of the gradient the optimizer steps with: the running
+    accumulation mean), param_norm (after the update), lr (of the update this micro-batch
+    belongs to). A non-finite loss/grad_norm/param_norm is the loop's signal to stop.
+    """
+    model = OrthrosLM(model_cfg)
+    schedule = make_schedule(opt_cfg, total_steps)
+
+    def train_step(state: TrainState, batch: losses.Batch) -> tuple[TrainState, Metrics]:
+        grad_fn = jax.value_and_grad(lambda p: losses.mean_loss(model, p, batch), has_aux=True)
+        (loss, aux), grads = grad_fn(state.params)
+        grad_norm = optax.global_norm(accumulated_grads(grads, state.opt_state, opt_cfg))
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {
+            "loss": loss,
+            "weight": aux["weight"],
+            "grad_norm": grad_norm,
+            "param_norm": optax.global_norm(params),
+            "lr": jnp.asarray(schedule(update_count(state.step, opt_cfg)), jnp.float32),
+        }
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+        return new_state, metrics
+
+    return train_step
+
+
+def make_eval_step(model_cfg: ModelConfig) -> EvalStep:
+    """params, batch -> {"loss_sum", "weight"} (sum over batches, then divide)."""
+    model = OrthrosLM(model_cfg)
+
+    def eval_step(params: Params, batch: losses.Batch) -> Metrics:
+        loss_sum, weight = losses.loss_sums(model, params, batch)
+        return {"loss_sum": loss_sum, "weight": weight}
+
+    return eval_step

@@ -1,0 +1,138 @@
+r"""Generate text from a model directory, streaming tokens to stdout.
+
+    python launch/generate.py --model=runs/tiny --prompt="def main(" --max_new_tokens=200
+    python launch/generate.py --model=DIR --prompt=... --temperature=0   # greedy
+
+--model is anything `orthros_jax.checkpoint.load_model` reads (an exported model directory or
+a training workdir). The tokenizer is the model's tokenizer.json, raw bytes when it has none,
+or --tokenizer. The prompt is prefilled in one jitted call; then one `decode_step` per token,
+each printed as soon as it is sampled. At the end it prints the time to first token (TTFT:
+tokenize + prefill + first sample, compilation excluded when --warmup) and the decode rate.
+Writes nothing but stdout (and errors to stderr).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import jax
+from absl import app, flags
+from absl import logging as absl_logging
+
+from orthros_jax.checkpoint import load_model
+from orthros_jax.data.tokenizers import load_tokenizer
+from orthros_jax.inference import decode_step, init_cache, prefill
+from orthros_jax.sampling import Sampler, sample
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model", None, "Model directory or training workdir (load_model).")
+flags.DEFINE_string("prompt", None, "Prompt text.")
+flags.DEFINE_integer("max_new_tokens", 128, "Most tokens to generate.")
+flags.DEFINE_float("temperature", 0.8, "Sampling temperature; 0 = greedy.")
+flags.DEFINE_integer("top_k", 0, "Keep the k most likely tokens (0 = off).")
+flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass (1.0 = off).")
+flags.DEFINE_integer("seed", 0, "Sampling seed.")
+flags.DEFINE_string("tokenizer", None, "tokenizer.json overriding the model's (default: bytes).")
+flags.DEFINE_integer("max_len", None, "KV cache slots (default: prompt + max_new_tokens).")
+flags.DEFINE_bool("warmup", True, "Compile on a scratch cache first so TTFT excludes compiling.")
+flags.DEFINE_bool("stop_at_eos", True, "Stop at the tokenizer's end-of-text token, if it has one.")
+flags.mark_flags_as_required(["model", "prompt"])
+
+
+class _Streamer:
+    """Prints the decoded text as tokens arrive; holds back a trailing partial UTF-8 char."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.ids, self.shown = tokenizer, [], 0
+
+    def add(self, token: int, final: bool = False) -> None:
+        self.ids.append(token)
+        self.flush(final)
+
+    def flush(self, final: bool = True) -> None:
+        text = self.tokenizer.decode(self.ids)
+        if not final:
+            text = text.rstrip("\ufffd")  # may be half of a multi-byte character
+        if len(text) > self.shown:
+            sys.stdout.write(text[self.shown :])
+            sys.stdout.flush()
+            self.shown = len(text)
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    # Keep the checkpoint library's and JAX's INFO logs off the terminal: stdout is the text.
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    logging.getLogger().setLevel(logging.WARNING)
+    try:
+        sampler = Sampler(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)
+        if FLAGS.max_new_tokens < 1:
+            raise ValueError(f"--max_new_tokens must be >= 1, got {FLAGS.max_new_tokens}")
+        loaded = load_model(FLAGS.model)
+        tokenizer = load_tokenizer(FLAGS.tokenizer or loaded.tokenizer_file)
+    except ValueError as e:
+        sys.exit(f"generate.py: {e}")
+    cfg = loaded.cfg
+    params = jax.device_put(loaded.params)
+    # The step's key is folded in inside the jit: an eager fold_in would compile on first use.
+    sample_fn = jax.jit(
+        lambda logits, rng, step: sample(logits, jax.random.fold_in(rng, step), sampler)
+    )
+    rng = jax.random.PRNGKey(FLAGS.seed)
+
+    ids = tokenizer.encode(FLAGS.prompt)
+    max_len = FLAGS.max_len or len(ids) + FLAGS.max_new_tokens
+    try:
+        if not ids:
+            raise ValueError("--prompt encodes to no tokens; give a non-empty prompt")
+        compile_s = 0.0
+        if FLAGS.warmup:  # the same shapes as the real call, so it reuses these compilations
+            t = time.perf_counter()
+            logits, scratch = prefill(params, init_cache(cfg, 1, max_len), [ids], [len(ids)], cfg)
+            if len(ids) < max_len:
+                logits, scratch = decode_step(params, scratch, [ids[-1]], cfg)
+            jax.block_until_ready(sample_fn(logits, rng, 0))
+            del scratch
+            compile_s = time.perf_counter() - t
+        t0 = time.perf_counter()
+        ids = tokenizer.encode(FLAGS.prompt)
+        logits, cache = prefill(params, init_cache(cfg, 1, max_len), [ids], [len(ids)], cfg)
+    except ValueError as e:
+        sys.exit(f"generate.py: {e}")
+    token = int(sample_fn(logits, rng, 0)[0])
+    ttft = time.perf_counter() - t0
+
+    sys.stdout.write(FLAGS.prompt)
+    stream = _Streamer(tokenizer)
+    eos = tokenizer.eos_id if FLAGS.stop_at_eos else None
+    if token != eos:  # the end-of-text token itself is not printed
+        stream.add(token)
+    n_new, held, why = 1, len(ids), "max_new_tokens"
+    t1 = time.perf_counter()
+    while n_new < FLAGS.max_new_tokens:
+        if token == eos:
+            why = "end of text"
+            break
+        if held >= max_len:
+            why = f"cache full (--max_len={max_len})"
+            break
+        logits, cache = decode_step(params, cache, [token], cfg)
+        held += 1
+        token = int(sample_fn(logits, rng, n_new)[0])
+        n_new += 1
+        if token != eos:
+            stream.add(token)
+    decode_s = time.perf_counter() - t1
+    stream.flush()
+    rate = (n_new - 1) / decode_s if n_new > 1 and decode_s > 0 else float("nan")
+    print(
+        f"\n\n[{cfg.architecture}] prompt {len(ids)} tokens, generated {n_new} (stopped: {why})\n"
+        f"TTFT {ttft * 1e3:.1f} ms | decode {rate:.1f} tokens/s | "
+        f"compile+warmup {compile_s:.1f} s"
+    )
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -35,16 +36,17 @@ TINY = dict(
     vocab_size=VOCAB,
     initializer_range=0.1,
 )
-WORDS = ["<|endoftext|>", "<unk>"] + [f"w{i}" for i in range(VOCAB - 2)]
+CHARS = [chr(i) for i in range(32, 127)] + ["\n", "\t"]
+PROMPT = "def main("
 
 
 def write_tokenizer(path: str) -> None:
-    """A word-level tokenizer.json over WORDS (ids 0..VOCAB-1), split on whitespace."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    """A character-level tokenizer.json (BPE without merges): <|endoftext|>, <unk>, ASCII."""
+    from tokenizers import Tokenizer, decoders, models
 
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece()  # joins tokens with spaces
+    vocab = {"<|endoftext|>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.decoder = decoders.Fuse()  # concatenates the characters back
     tok.save(path)
 
 
@@ -59,7 +61,7 @@ def make_hf_dir(path: str, kind: str) -> tuple[str, np.ndarray, np.ndarray]:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY))
     model.eval().save_pretrained(path)
     write_tokenizer(os.path.join(path, "tokenizer.json"))
-    tokens = np.random.default_rng(1).integers(2, VOCAB, (2, T))
+    tokens = np.random.default_rng(1).integers(0, VOCAB, (2, T))
     with torch.no_grad():
         logits = model(torch.from_numpy(tokens)).logits.numpy()
     return path, tokens, logits
@@ -135,3 +137,53 @@ def test_cli_errors_are_messages_not_tracebacks(orthros_dir, tmp_path):
     (tmp_path / "moe" / "config.json").write_text(json.dumps(moe))
     done = run_cli("convert.py", f"--hf_dir={tmp_path}/moe", f"--out={tmp_path}/y", check=False)
     assert done.returncode != 0 and "Qwen3MoeForCausalLM" in done.stderr
+
+
+def test_generate_serves_converted_model_like_transformers_greedy(qwen3, orthros_dir):
+    """convert.py -> generate.py: with w >= prompt + new tokens, greedy text == HF's."""
+    from tokenizers import Tokenizer
+
+    hf_dir, n_new = qwen3[0], 8
+    tok = Tokenizer.from_file(os.path.join(hf_dir, "tokenizer.json"))
+    ids = tok.encode(PROMPT).ids
+    assert len(ids) + n_new <= T  # the window covers everything: Orthros == the Transformer
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, attn_implementation="eager")
+    with torch.no_grad():
+        out = model.eval().generate(
+            torch.tensor([ids]), max_new_tokens=n_new, do_sample=False, pad_token_id=0
+        )
+    want = tok.decode(out[0, len(ids) :].tolist())
+    done = run_cli(
+        "generate.py", f"--model={orthros_dir}", f"--prompt={PROMPT}",
+        f"--max_new_tokens={n_new}", "--temperature=0", "--stop_at_eos=false",
+    )  # fmt: skip
+    assert done.stdout.startswith(PROMPT + want), (done.stdout, want)
+    assert f"[orthros] prompt {len(ids)} tokens, generated {n_new}" in done.stdout
+
+
+def test_continue_training_converted_model_then_generate(orthros_dir, tmp_path):
+    """configs/convert_tiny.py continues the converted model (init_from) for a few steps."""
+    workdir = str(tmp_path / "cpt")
+    done = run_cli(
+        "train.py", f"--config=configs/convert_tiny.py:{orthros_dir}", f"--workdir={workdir}",
+        "--config.train.steps=2", "--config.data.seq_len=48", "--config.data.batch_size=2",
+        "--config.train.eval_every=0", "--config.train.eval_batches=1",
+        "--config.train.checkpoint_every=0", "--config.train.progress_bar=false",
+        # The package's own sources: a small corpus, quick to tokenize (the default, the
+        # embedded stdlib, takes half a minute through a Python tokenizer).
+        f"--config.data.corpus={ROOT}/orthros_jax", "--config.data.validation_fraction=0.3",
+    )  # fmt: skip
+    converted, trained = checkpoint.load_model(orthros_dir), checkpoint.load_model(workdir)
+    assert trained.cfg == converted.cfg.replace(remat="full")
+    assert trained.tokenizer_file is not None
+    diffs = [
+        float(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)).max())
+        for a, b in zip(
+            jax.tree.leaves(trained.params), jax.tree.leaves(converted.params), strict=True
+        )
+    ]
+    # Started from the converted weights (lr 3e-5 in warmup moves each by ~1e-5), and moved.
+    assert 0 < max(diffs) < 1e-3, diffs
+    done = run_cli("generate.py", f"--model={workdir}", f"--prompt={PROMPT}",
+                   "--max_new_tokens=4", "--temperature=0")  # fmt: skip
+    assert done.stdout.startswith(PROMPT) and "[orthros] prompt 9 tokens" in done.stdout

@@ -64,28 +64,29 @@ def _last_layer(params: Params, cfg: ModelConfig) -> Params:
     return jax.tree.map(lambda a: a[cfg.n_layers - 1], params["layers"])
 
 
-def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
-    """One query per row over head-major keys: q [B, 1, N, H]; k, v [B, K, S', H];
-    visible [B, S'] bool. Returns [B, 1, N, H]. Softmax in float32, as in attention.py."""
-    bsz, _, n, h = q.shape
+def attend_cached(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
+    """A few queries per row over head-major keys: q [B, Q, N, H]; k, v [B, K, S', H];
+    visible [B, Q, S'] bool. Returns [B, Q, N, H]. Softmax in float32, as in attention.py."""
+    bsz, nq, n, h = q.shape
     kv = k.shape[1]
-    qg = q.reshape(bsz, kv, n // kv, h)
-    s = jnp.einsum("bkgh,bksh->bkgs", qg, k, preferred_element_type=jnp.float32)
+    qg = q.reshape(bsz, nq, kv, n // kv, h)
+    s = jnp.einsum("bqkgh,bksh->bkgqs", qg, k, preferred_element_type=jnp.float32)
     s = jnp.where(visible[:, None, None], s / math.sqrt(h), _MASKED)
     p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgs,bksh->bkgh", p, v, preferred_element_type=jnp.float32)
-    return out.reshape(bsz, 1, n, h).astype(q.dtype)
+    out = jnp.einsum("bkgqs,bksh->bqkgh", p, v, preferred_element_type=jnp.float32)
+    return out.reshape(bsz, nq, n, h).astype(q.dtype)
 
 
 def output_stream(params: Params, cache: KVCache, tokens_B: jax.Array, cfg: ModelConfig):
     """The orthros output stream of the token at slot lengths-1 of each row, through all
     layers over the full cache (slots < lengths): hidden state [B, D]."""
     pos = cache.lengths - 1
-    visible = jnp.arange(cache.max_len)[None] < cache.lengths[:, None]
+    visible = (jnp.arange(cache.max_len)[None] < cache.lengths[:, None])[:, None]  # [B, 1, S]
 
     def body(x, p, li):
         q = layer_query(p, x, pos[:, None], cfg, "out")
-        attn = attend_one(q, kvc.layer_view(cache.k, li), kvc.layer_view(cache.v, li), visible)
+        k, v = kvc.layer_view(cache.k, li), kvc.layer_view(cache.v, li)
+        attn = attend_cached(q, k, v, visible)
         return layer_finish(p, x, attn, cfg)
 
     return for_layers(body, embed(params, tokens_B[:, None], cfg), params, cfg, cfg.n_layers)[:, 0]
@@ -179,31 +180,34 @@ def decode(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array,
     pos = cache.lengths  # [B]
     slots = jnp.where(active, pos, s)[:, None]  # inactive -> slot S: dropped
     win = pos[:, None] - (wn - 1) + jnp.arange(wn, dtype=jnp.int32)  # [B, W], itself last
-    visible_all = jnp.arange(s)[None] <= pos[:, None]  # [B, S]
+    slot_ids = jnp.arange(s)[None]
+    visible_all = (slot_ids <= pos[:, None])[:, None]  # [B, 1, S]
+    visible_win = visible_all & (slot_ids > pos[:, None] - cfg.window)[:, None]
 
     def layer(carry, p, li, compute_base=True):
         x, x_out, ck, cv = carry
         k, v = layer_kv(p, x, pos[:, None], cfg)
         ck, cv = kvc.write(ck, li, slots, k), kvc.write(cv, li, slots, v)
         full = lambda: (kvc.layer_view(ck, li), kvc.layer_view(cv, li))
-        if compute_base:
-            q = layer_query(p, x, pos[:, None], cfg, "base")
-            if cfg.architecture == "transformer":
-                attn = attend_one(q, *full(), visible_all)
-            else:  # only the last W slots: O(W) per step whatever the history
-                attn = attend_one(q, kvc.read(ck, li, win), kvc.read(cv, li, win), win >= 0)
-        if not cfg.two_streams:
+        q = layer_query(p, x, pos[:, None], cfg, "base")  # unused (and dropped) when dead
+        if cfg.architecture == "transformer":
+            return layer_finish(p, x, attend_cached(q, *full(), visible_all), cfg), x_out, ck, cv
+        if cfg.architecture == "swa":  # only the last W slots: O(W) per step
+            kw, vw = kvc.read(ck, li, win), kvc.read(cv, li, win)
+            attn = attend_cached(q, kw, vw, (win >= 0)[:, None])
             return layer_finish(p, x, attn, cfg), x_out, ck, cv
-        # The output copy reads every slot up to its own position.
-        q = layer_query(p, x_out, pos[:, None], cfg, "out")
-        attn_out = attend_one(q, *full(), visible_all)
-        if not compute_base:
+        # Orthros: the output copy reads every slot up to its own position.
+        q_out = layer_query(p, x_out, pos[:, None], cfg, "out")
+        if not compute_base:  # last layer: the base stream is dead
+            attn_out = attend_cached(q_out, *full(), visible_all)
             return x, layer_finish(p, x_out, attn_out, cfg), ck, cv
-        # W_O and the FFN are token-wise and shared: run both streams as one [B, 2, D] batch
-        # so each weight is read once per step (decode is bound by reading weights + cache).
-        both = layer_finish(
-            p, jnp.concatenate([x, x_out], 1), jnp.concatenate([attn, attn_out], 1), cfg
+        # Both queries in one pass over the layer's cache (read once; decode is bound by
+        # reading the cache and weights), the base one masked to its window. W_O and the FFN
+        # are token-wise and shared: both streams run as one [B, 2, D] batch.
+        attn = attend_cached(
+            jnp.concatenate([q, q_out], 1), *full(), jnp.concatenate([visible_win, visible_all], 1)
         )
+        both = layer_finish(p, jnp.concatenate([x, x_out], 1), attn, cfg)
         return both[:, :1], both[:, 1:], ck, cv
 
     x = embed(params, tokens[:, None], cfg)

@@ -1,0 +1,116 @@
+"""Turns launch/benchmark.py's results into bench.json, a markdown table and a log-log plot."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+TARGETS = {
+    "speedup_fraction_of_ideal": ("Orthros prefill speedup / FLOP-ideal speedup at 16K", ">= 0.85"),
+    "ours_over_dense": ("Transformer arm / dense dot_product_attention (<= 8K, worst)", "<= 1.0"),
+    "orthros_over_floor": ("Orthros prefill / token-wise floor at 16K and 32K (worst)", "<= 1.2"),
+    "scaling_32k_16k": ("Orthros prefill time(32K) / time(16K)", "<= 2.2"),
+    "decode_ratio": ("decode step Orthros / Transformer at 16K context", "<= 1.15"),
+    "temp_memory": ("compiled prefill temp memory at 32K / (cache + params)", "<= 0.25"),
+    "train_ratio": ("PT step Orthros / Transformer at 2048, over the FLOP ratio", "<= 1.1"),
+}
+
+
+def _at(rows: list[dict], key: str, value: int) -> dict | None:
+    return next((r for r in rows if r.get(key) == value), None)
+
+
+def headline(results: dict[str, Any]) -> dict[str, float | None]:
+    """The figures the targets are stated in (None where the suite or length did not run)."""
+    out: dict[str, float | None] = dict.fromkeys(TARGETS)
+    pre = results.get("prefill", [])
+    r16, r32 = _at(pre, "T", 16384), _at(pre, "T", 32768)
+    if r16 and "speedup_fraction_of_ideal" in r16:
+        out["speedup_fraction_of_ideal"] = r16["speedup_fraction_of_ideal"]
+    floors = [r["orthros_over_floor"] for r in (r16, r32) if r]
+    out["orthros_over_floor"] = max(floors) if floors else None
+    if r16 and r32:
+        out["scaling_32k_16k"] = r32["orthros"]["median_s"] / r16["orthros"]["median_s"]
+    hon = results.get("honesty", [])
+    out["ours_over_dense"] = max(r["ours_over_dense"] for r in hon) if hon else None
+    dec = _at(results.get("decode", []), "context", 16384)
+    out["decode_ratio"] = dec["orthros_over_transformer"] if dec else None
+    mem = _at(results.get("memory", []), "T", 32768)
+    out["temp_memory"] = mem["orthros"].get("temp_over_resident") if mem else None
+    if "train" in results:
+        out["train_ratio"] = results["train"]["time_ratio_over_flop_ratio"]
+    return out
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [
+        f"Benchmark of {results['date']} on {results['backend']} ({results['device']}, "
+        f"{results['cpu_count']} CPUs), jax {results['jax']}: `{results['command']}` "
+        f"({results['wall_s']:.0f} s).",
+        "",
+        "| figure | target | measured |",
+        "|---|---|---|",
+    ]
+    for key, value in headline(results).items():
+        name, target = TARGETS[key]
+        lines.append(f"| {name} | {target} | {'—' if value is None else f'{value:.3f}'} |")
+    pre = results.get("prefill", [])
+    if pre:
+        lines += [
+            "",
+            "| T | Orthros s | Transformer s | floor s | speedup | FLOP-ideal | Orthros/floor |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in pre:
+            tr = r.get("transformer", {}).get("median_s")
+            lines.append(
+                f"| {r['T']} | {r['orthros']['median_s']:.3f} | "
+                f"{'—' if tr is None else f'{tr:.3f}'} | {r['floor']['median_s']:.3f} | "
+                f"{r.get('speedup', float('nan')):.2f} | {r.get('flop_ideal_speedup', float('nan')):.2f} | "
+                f"{r['orthros_over_floor']:.3f} |"
+            )
+    dec = results.get("decode", [])
+    if dec:
+        lines += [
+            "",
+            "| context | Orthros ms/step | Transformer ms/step | ratio |",
+            "|---|---|---|---|",
+        ]
+        for r in dec:
+            lines.append(
+                f"| {r['context']} | {1e3 * r['orthros']['step_s']:.2f} | "
+                f"{1e3 * r['transformer']['step_s']:.2f} | {r['orthros_over_transformer']:.3f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict[str, Any], path: str) -> None:
+    pre = results.get("prefill", [])
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for name, style in (("orthros", "o-"), ("transformer", "s-"), ("floor", "^--")):
+        pts = [(r["T"], r[name]["median_s"]) for r in pre if name in r]
+        if pts:
+            ax.loglog(*zip(*pts, strict=True), style, label=name, base=2)
+    ax.set_xlabel("prompt length T (tokens)")
+    ax.set_ylabel("prefill time (s, median)")
+    ax.set_title(f"Prefill, {results['backend']} ({results['date']})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(results: dict[str, Any], out_dir: str) -> None:
+    results["headline"] = headline(results)
+    with open(os.path.join(out_dir, "bench.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    with open(os.path.join(out_dir, "bench.md"), "w") as f:
+        f.write(markdown(results))
+    plot(results, os.path.join(out_dir, "bench.png"))

@@ -1,0 +1,248 @@
+"""Prefill / decode / train benchmark: Orthros vs the Transformer arm vs the token-wise floor.
+
+    python launch/benchmark.py --config=configs/bench.py --out=runs/bench
+    python launch/benchmark.py --config=configs/bench.py --config.prefill_lengths='(1024,2048)' \
+        --suites=prefill,memory --out=runs/bench_small
+
+Everything is measured side by side in one process (the machine is shared and noisy, so only
+ratios from one run mean anything). Writes bench.json, bench.md and bench.png into --out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench_report import write_report  # noqa: E402  (launch/ is the script's directory)
+
+from orthros_jax import benchmarking as B  # noqa: E402
+from orthros_jax import flops  # noqa: E402
+from orthros_jax.cached_forward import prefill_jit  # noqa: E402
+from orthros_jax.config import ModelConfig  # noqa: E402
+from orthros_jax.inference import decode_step, prefill  # noqa: E402
+from orthros_jax.kv_cache import KVCache, init_cache  # noqa: E402
+from orthros_jax.model import OrthrosLM, init_params  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/bench.py", "Benchmark config.")
+_OUT = flags.DEFINE_string("out", None, "Directory for bench.json / bench.md / bench.png.")
+_SUITES = flags.DEFINE_list(
+    "suites", ["prefill", "honesty", "memory", "decode", "train"], "Suites to run."
+)
+SUITES = ("prefill", "honesty", "memory", "decode", "train")
+
+
+def arms(c) -> dict[str, ModelConfig]:
+    """Orthros and the Transformer arm with the same shared weights (bf16 on accelerators)."""
+    model = dict(c.model)
+    if jax.default_backend() != "cpu":
+        model.update(dtype="bfloat16", param_dtype="bfloat16")
+    orthros = ModelConfig.from_dict({**model, "architecture": "orthros"})
+    transformer = orthros.replace(architecture="transformer", scale_offset=False)
+    return {"orthros": orthros, "transformer": transformer}
+
+
+def single_stream(params):
+    layers = {k: v for k, v in params["layers"].items() if not k.startswith("so_")}
+    return {**params, "layers": layers}
+
+
+def run_prefill(cfg, params, fn, t: int, c, *, library: bool) -> dict:
+    """Times one prefill variant on a full-length prompt of t tokens."""
+    tokens = jax.random.randint(jax.random.PRNGKey(c.seed), (c.batch_size, t), 0, cfg.vocab_size)
+    lengths = jnp.full((c.batch_size,), t, jnp.int32)
+    state = {"cache": init_cache(cfg, c.batch_size, t)}
+
+    def call():
+        args = (
+            (params, state["cache"], tokens, lengths, cfg)
+            if library
+            else (params, state["cache"], tokens)
+        )
+        logits, cache = fn(*args)
+        # Reuse the (donated) buffers for the next repeat, emptied.
+        state["cache"] = cache.replace(lengths=jnp.zeros_like(cache.lengths))
+        return logits
+
+    return B.time_call(call, c.repeats)
+
+
+def prefill_suite(c, cfgs, params, results) -> None:
+    floor = B.floor_prefill(cfgs["transformer"])
+    rows = []
+    for t in c.prefill_lengths:
+        row = {"T": t}
+        for name, cfg in cfgs.items():
+            if name == "transformer" and t > c.transformer_max_len:
+                continue
+            timing = run_prefill(cfg, params[name], prefill, t, c, library=True)
+            row[name] = timing
+            row[f"{name}_gflop"] = flops.prefill_flops(cfg, t) / 1e9
+        timing = run_prefill(cfgs["transformer"], params["transformer"], floor, t, c, library=False)
+        row["floor"] = timing
+        row["floor_gflop"] = flops.floor_prefill_flops(cfgs["orthros"], t) / 1e9
+        o = row["orthros"]["median_s"]
+        row["orthros_over_floor"] = o / row["floor"]["median_s"]
+        if "transformer" in row:
+            row["speedup"] = row["transformer"]["median_s"] / o
+            row["flop_ideal_speedup"] = row["transformer_gflop"] / row["orthros_gflop"]
+            row["speedup_fraction_of_ideal"] = row["speedup"] / row["flop_ideal_speedup"]
+        rows.append(row)
+        print(
+            f"prefill T={t}: "
+            + json.dumps({k: v for k, v in row.items() if not isinstance(v, dict)}),
+            flush=True,
+        )
+    results["prefill"] = rows
+
+
+def honesty_suite(c, cfgs, params, results) -> None:
+    cfg = cfgs["transformer"]
+    dense = B.dense_prefill(cfg)
+    rows = []
+    for t in [t for t in c.prefill_lengths if t <= c.dense_max_len]:
+        ours = run_prefill(cfg, params["transformer"], prefill, t, c, library=True)
+        ref = run_prefill(cfg, params["transformer"], dense, t, c, library=False)
+        rows.append(
+            {
+                "T": t,
+                "transformer": ours,
+                "dense_dot_product_attention": ref,
+                "ours_over_dense": ours["median_s"] / ref["median_s"],
+            }
+        )
+        print(f"honesty T={t}: ours/dense = {rows[-1]['ours_over_dense']:.3f}", flush=True)
+    results["honesty"] = rows
+
+
+def memory_suite(c, cfgs, params, results) -> None:
+    rows = []
+    for t in c.prefill_lengths:
+        row = {"T": t}
+        for name in ("orthros", "transformer"):
+            cfg = cfgs[name]
+            cache = jax.eval_shape(lambda cfg=cfg: init_cache(cfg, c.batch_size, t))
+            tokens = jax.ShapeDtypeStruct((c.batch_size, t), jnp.int32)
+            lengths = jax.ShapeDtypeStruct((c.batch_size,), jnp.int32)
+            temp = prefill_jit.lower(params[name], cache, tokens, lengths, cfg=cfg).compile()
+            analysis = temp.memory_analysis()
+            resident = B.tree_bytes(cache) + B.tree_bytes(params[name])
+            row[name] = {
+                "temp_bytes": int(analysis.temp_size_in_bytes) if analysis else None,
+                "cache_plus_params_bytes": resident,
+            }
+            if analysis:
+                row[name]["temp_over_resident"] = analysis.temp_size_in_bytes / resident
+        rows.append(row)
+        print(f"memory T={t}: " + json.dumps(row), flush=True)
+    results["memory"] = rows
+
+
+def filled_cache(cfg: ModelConfig, bsz: int, context: int, room: int) -> KVCache:
+    """A cache holding `context` random entries per row (decode cost does not depend on values)."""
+    cache = init_cache(cfg, bsz, context + room)
+    k = 0.1 * jax.random.normal(jax.random.PRNGKey(1), cache.k.shape, cache.k.dtype)
+    v = 0.1 * jax.random.normal(jax.random.PRNGKey(2), cache.v.shape, cache.v.dtype)
+    return KVCache(k, v, jnp.full((bsz,), context, jnp.int32))
+
+
+def decode_suite(c, cfgs, params, results) -> None:
+    rows = []
+    for ctx in c.decode_contexts:
+        row = {"context": ctx}
+        for name, cfg in cfgs.items():
+            state = {
+                "cache": filled_cache(cfg, c.batch_size, ctx, c.decode_steps * (c.repeats + 2))
+            }
+            tok = jnp.zeros((c.batch_size,), jnp.int32)
+
+            def call(cfg=cfg, name=name, state=state, tok=tok):
+                logits, state["cache"] = decode_step(params[name], state["cache"], tok, cfg)
+                return logits
+
+            timing = B.time_call(
+                lambda call=call: [call() for _ in range(c.decode_steps)][-1], c.repeats
+            )
+            row[name] = {
+                "step_s": timing["median_s"] / c.decode_steps,
+                "gflop": flops.decode_flops(cfg, ctx) / 1e9,
+            }
+        row["orthros_over_transformer"] = row["orthros"]["step_s"] / row["transformer"]["step_s"]
+        rows.append(row)
+        print(f"decode ctx={ctx}: " + json.dumps(row), flush=True)
+    results["decode"] = rows
+
+
+def train_suite(c, cfgs, params, results) -> None:
+    t = c.train_len
+    tokens = jax.random.randint(jax.random.PRNGKey(2), (c.train_batch, t + 1), 0, 256)
+    row = {"T": t}
+    for name, cfg in cfgs.items():
+        model = OrthrosLM(cfg)
+
+        def loss(p, model=model):
+            logits = model.apply({"params": p}, tokens[:, :-1])
+            logp = jax.nn.log_softmax(logits)
+            return -jnp.take_along_axis(logp, tokens[:, 1:, None], -1).mean()
+
+        step = jax.jit(jax.value_and_grad(loss))
+        timing = B.time_call(lambda step=step, name=name: step(params[name]), c.repeats)
+        row[name] = {**timing, "gflop": 3 * flops.pt_forward_flops(cfg, t) * c.train_batch / 1e9}
+    row["time_ratio"] = row["orthros"]["median_s"] / row["transformer"]["median_s"]
+    row["flop_ratio"] = row["orthros"]["gflop"] / row["transformer"]["gflop"]
+    row["time_ratio_over_flop_ratio"] = row["time_ratio"] / row["flop_ratio"]
+    print("train: " + json.dumps(row), flush=True)
+    results["train"] = row
+
+
+def main(argv) -> None:
+    del argv
+    c = _CONFIG.value
+    unknown = sorted(set(_SUITES.value) - set(SUITES))
+    if unknown:
+        raise ValueError(f"unknown suite(s) {unknown}; valid: {', '.join(SUITES)}")
+    if not _OUT.value:
+        raise ValueError("--out is required (a directory for bench.json/md/png)")
+    os.makedirs(_OUT.value, exist_ok=True)
+    cfgs = arms(c)
+    p = init_params(cfgs["orthros"], jax.random.PRNGKey(c.seed))
+    params = {"orthros": p, "transformer": single_stream(p)}
+    results = {
+        "date": time.strftime("%Y-%m-%d"),
+        "device": str(jax.devices()[0].device_kind),
+        "backend": jax.default_backend(),
+        "host": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "jax": jax.__version__,
+        "model": cfgs["orthros"].to_dict(),
+        "command": " ".join(["python"] + sys.argv),
+    }
+    t0 = time.time()
+    suites = {
+        "prefill": prefill_suite,
+        "honesty": honesty_suite,
+        "memory": memory_suite,
+        "decode": decode_suite,
+        "train": train_suite,
+    }
+    for name in SUITES:
+        if name in _SUITES.value:
+            suites[name](c, cfgs, params, results)
+    results["wall_s"] = time.time() - t0
+    write_report(results, _OUT.value)
+    print(f"wrote {_OUT.value}/bench.json, bench.md, bench.png in {results['wall_s']:.0f}s")
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=4)
+    app.run(main)

@@ -1,0 +1,94 @@
+"""The benchmark's references compute what they claim, and the benchmark runs end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from orthros_jax import benchmarking as B
+from orthros_jax import flops
+from orthros_jax.config import ModelConfig
+from orthros_jax.inference import init_cache, prefill
+from orthros_jax.model import init_params
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CFG = ModelConfig(
+    vocab_size=64,
+    d_model=32,
+    n_layers=3,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    d_ff=64,
+    window=4,
+    architecture="transformer",
+    scale_offset=False,
+    prefill_chunk=8,
+)
+
+
+def test_dense_prefill_equals_transformer_prefill():
+    params = init_params(CFG, jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 24), 0, 64)
+    lengths = jnp.full((2,), 24, jnp.int32)
+    want, cache_a = prefill(params, init_cache(CFG, 2, 24), tokens, lengths, CFG)
+    got, cache_b = B.dense_prefill(CFG)(params, init_cache(CFG, 2, 24), tokens)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(cache_b.k), np.asarray(cache_a.k), atol=1e-5, rtol=0)
+    floor_logits, floor_cache = B.floor_prefill(CFG)(params, init_cache(CFG, 2, 24), tokens)
+    assert floor_logits.shape == want.shape
+    # The floor writes the cache of the first layer exactly (attention only changes later ones).
+    np.testing.assert_allclose(
+        np.asarray(floor_cache.k[0]), np.asarray(cache_a.k[0]), atol=1e-5, rtol=0
+    )
+
+
+def test_flop_model_hand_values():
+    cfg = CFG.replace(architecture="orthros", scale_offset=True)
+    # Window keys: positions 0..5 with w=4 read 1+2+3+4+4+4 keys.
+    assert flops._keys_window(6, 4) == 18
+    assert flops._keys_causal(6) == 21
+    # Orthros prefill grows linearly, the Transformer's quadratically.
+    o1, o2 = flops.prefill_flops(cfg, 1000), flops.prefill_flops(cfg, 2000)
+    t1, t2 = flops.prefill_flops(CFG, 1000), flops.prefill_flops(CFG, 2000)
+    assert o2 / o1 < 2.01 and t2 / t1 > 2.5
+    assert flops.floor_prefill_flops(cfg, 1000) < o1
+
+
+def test_benchmark_runs_end_to_end(tmp_path):
+    out = tmp_path / "bench"
+    cmd = [
+        sys.executable,
+        "launch/benchmark.py",
+        "--config=configs/bench.py",
+        f"--out={out}",
+        "--config.model.d_model=32",
+        "--config.model.n_layers=2",
+        "--config.model.n_heads=4",
+        "--config.model.n_kv_heads=2",
+        "--config.model.head_dim=8",
+        "--config.model.d_ff=64",
+        "--config.model.window=8",
+        "--config.model.prefill_chunk=16",
+        "--config.prefill_lengths=(32,64)",
+        "--config.dense_max_len=64",
+        "--config.decode_contexts=(32,)",
+        "--config.decode_steps=2",
+        "--config.train_len=32",
+        "--config.repeats=1",
+    ]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    results = json.loads((out / "bench.json").read_text())
+    assert [r["T"] for r in results["prefill"]] == [32, 64]
+    assert results["prefill"][0]["orthros"]["median_s"] > 0
+    assert results["honesty"][0]["ours_over_dense"] > 0
+    assert results["decode"][0]["orthros_over_transformer"] > 0
+    assert results["memory"][0]["orthros"]["cache_plus_params_bytes"] > 0
+    assert (out / "bench.png").stat().st_size > 1000
+    assert "| T |" in (out / "bench.md").read_text()

@@ -1,0 +1,89 @@
+"""Experiment 2: byte-level LM on the embedded corpus, one arm per config, equal steps.
+
+    python launch/train.py --config=configs/lm_byte.py:orthros --workdir=runs/lm_orthros
+    python launch/experiments.py --experiments=lm --out=runs/exp     # all arms x 3 seeds
+
+Arms (the config argument): transformer | swa | orthros | orthros_noso (scale_offset=False).
+All arms share data, optimizer, budget and every shape; only model.architecture /
+model.scale_offset differ. T=128 with window 16, so the base stream sees 1/8 of the context.
+Sized for 2 CPU cores: 12 runs (4 arms x 3 seeds) in ~10-15 minutes.
+"""
+
+import ml_collections
+
+ARMS = {
+    "transformer": dict(architecture="transformer", scale_offset=False),
+    "swa": dict(architecture="swa", scale_offset=False),
+    "orthros": dict(architecture="orthros", scale_offset=True),
+    "orthros_noso": dict(architecture="orthros", scale_offset=False),
+}
+
+
+def get_config(arm: str = "orthros") -> ml_collections.ConfigDict:
+    if arm not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}; allowed: {', '.join(ARMS)}")
+    c = ml_collections.ConfigDict()
+    c.model = ml_collections.ConfigDict(
+        dict(
+            vocab_size=256,
+            d_model=64,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            head_dim=16,
+            d_ff=192,
+            window=16,
+            tie_embeddings=False,
+            dtype="float32",
+            param_dtype="float32",
+            scan_layers=True,
+            remat="none",
+            attention_block_q=64,
+            attention_block_k=64,
+            **ARMS[arm],
+        )
+    )
+    c.data = ml_collections.ConfigDict(
+        dict(
+            kind="pt",
+            corpus=("embedded",),
+            tokenizer=ml_collections.config_dict.placeholder(str),
+            seq_len=128,
+            batch_size=16,
+            validation_fraction=0.05,
+            seed=0,
+        )
+    )
+    c.optimizer = ml_collections.ConfigDict(
+        dict(
+            lr=3e-3,
+            min_lr_ratio=0.1,
+            warmup_steps=20,
+            b1=0.9,
+            b2=0.95,
+            eps=1e-8,
+            weight_decay=0.1,
+            grad_clip=1.0,
+            grad_accum_steps=1,
+        )
+    )
+    c.train = ml_collections.ConfigDict(
+        dict(
+            steps=150,
+            seed=0,
+            log_every=25,
+            eval_every=0,
+            eval_batches=8,
+            checkpoint_every=0,
+            keep_checkpoints=1,
+            async_checkpointing=False,
+            data_fingerprints=False,
+            progress_bar=False,
+        )
+    )
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+    c.distributed = ml_collections.ConfigDict(
+        dict(initialize=False, coordinator_address="", num_processes=-1, process_id=-1)
+    )
+    c.init_from = ml_collections.config_dict.placeholder(str)
+    return c

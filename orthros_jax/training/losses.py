@@ -36,6 +36,7 @@ def masked_cross_entropy(
 def model_logits(model: OrthrosLM, params: Params, batch: Batch) -> jax.Array:
     """Float32 logits of the output stream: [B, T, V] (PT) or [B, T_out, V] (SFT, when the
     batch has "output_positions")."""
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}  # numpy batches work outside jit too
     return model.apply(
         {"params": params},
         batch["tokens"],

@@ -39,14 +39,14 @@ def make_train_step(
     def train_step(state: TrainState, batch: losses.Batch) -> tuple[TrainState, Metrics]:
         grad_fn = jax.value_and_grad(lambda p: losses.mean_loss(model, p, batch), has_aux=True)
         (loss, aux), grads = grad_fn(state.params)
-        grad_norm = optax.global_norm(accumulated_grads(grads, state.opt_state, opt_cfg))
+        grad_norm = optax.tree.norm(accumulated_grads(grads, state.opt_state, opt_cfg))
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {
             "loss": loss,
             "weight": aux["weight"],
             "grad_norm": grad_norm,
-            "param_norm": optax.global_norm(params),
+            "param_norm": optax.tree.norm(params),
             "lr": jnp.asarray(schedule(update_count(state.step, opt_cfg)), jnp.float32),
         }
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)

@@ -1,0 +1,109 @@
+"""Shared pieces of the training tests: a tiny model, synthetic PT batches, tiny run configs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import grain
+import numpy as np
+
+from orthros_jax.config import ModelConfig
+from orthros_jax.training import LoopConfig, MeshConfig, OptimizerConfig, TrainConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_model(**changes) -> ModelConfig:
+    """2 layers, d=32, 4 query / 2 kv heads, window 8 (< T): a real two-stream Orthros."""
+    base = dict(
+        vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
+        window=8, attention_block_q=16, attention_block_k=16,
+    )  # fmt: skip
+    return ModelConfig(**(base | changes))
+
+
+def pt_batch(seed: int, batch: int = 8, seq: int = 32) -> dict[str, np.ndarray]:
+    """A packed PT batch: each row holds two documents (positions restart, segment ids 1/2);
+    the last token of each document has no target (loss_mask 0)."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 256, (batch, seq + 1), dtype=np.int32)
+    cut = rng.integers(seq // 4, 3 * seq // 4, batch)
+    idx = np.arange(seq)[None, :]
+    first = idx < cut[:, None]
+    segment_ids = np.where(first, 1, 2).astype(np.int32)
+    positions = np.where(first, idx, idx - cut[:, None]).astype(np.int32)
+    loss_mask = np.ones((batch, seq), np.float32)
+    loss_mask[np.arange(batch), cut - 1] = 0.0  # the next token is in the other document
+    return {
+        "tokens": tokens[:, :seq],
+        "positions": positions,
+        "segment_ids": segment_ids,
+        "targets": tokens[:, 1:],
+        "loss_mask": loss_mask,
+    }
+
+
+def pt_dataset(batch: int = 8, seq: int = 32, poison_step: int | None = None) -> grain.IterDataset:
+    """A checkpointable stream of synthetic PT batches (batch i from seed i); batch number
+    `poison_step` has a NaN loss mask (to make that step's loss NaN)."""
+
+    def make(i: int) -> dict[str, np.ndarray]:
+        b = pt_batch(i, batch, seq)
+        if i == poison_step:
+            b["loss_mask"] = np.full_like(b["loss_mask"], np.nan)
+        return b
+
+    return grain.MapDataset.range(10**6).map(make).to_iter_dataset()
+
+
+def tiny_train_config(**loop) -> TrainConfig:
+    """A TrainConfig for caller-supplied iterators (data=None)."""
+    loop_cfg = dict(
+        steps=6, log_every=2, eval_every=0, eval_batches=1, checkpoint_every=2,
+        keep_checkpoints=10, async_checkpointing=True, progress_bar=False,
+    )  # fmt: skip
+    return TrainConfig(
+        model=tiny_model(),
+        data=None,
+        optimizer=OptimizerConfig(lr=1e-2, warmup_steps=1, weight_decay=0.1),
+        train=LoopConfig(**(loop_cfg | loop)),
+        mesh=MeshConfig(data=1, fsdp=1, tensor=1),
+    )
+
+
+# Overrides that turn configs/tiny_pt.py into a seconds-long run (tiny model, short rows).
+TINY_FLAGS = [
+    "--config=configs/tiny_pt.py",
+    "--config.model.d_model=32",
+    "--config.model.n_layers=2",
+    "--config.model.n_heads=2",
+    "--config.model.n_kv_heads=1",
+    "--config.model.head_dim=16",
+    "--config.model.d_ff=64",
+    "--config.model.window=16",
+    "--config.model.attention_block_q=32",
+    "--config.model.attention_block_k=32",
+    "--config.data.seq_len=64",
+    "--config.data.batch_size=4",
+    "--config.train.progress_bar=False",
+    "--config.train.eval_batches=1",
+]
+
+
+def run_train(args: list[str], **kw) -> subprocess.CompletedProcess:
+    """launch/train.py in a subprocess (cwd = repo root), output captured."""
+    return subprocess.run(
+        [sys.executable, "launch/train.py", *args],
+        cwd=REPO, capture_output=True, text=True, **kw,
+    )  # fmt: skip
+
+
+def subprocess_env(devices: int) -> dict[str, str]:
+    """The environment for a child that simulates `devices` CPU devices."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(REPO, "tests")])
+    return env

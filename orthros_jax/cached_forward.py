@@ -73,8 +73,10 @@ def attend_cached(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) 
     s = jnp.einsum("bqkgh,bksh->bkgqs", qg, k, preferred_element_type=jnp.float32)
     s = jnp.where(visible[:, None, None], s / math.sqrt(h), _MASKED)
     p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgqs,bksh->bqkgh", p, v, preferred_element_type=jnp.float32)
-    return out.reshape(bsz, nq, n, h).astype(q.dtype)
+    # Output kept as [B, K, G, Q, H] then transposed (small): XLA:CPU has no bf16 x bf16 -> f32
+    # dot for the "bqkgh" output order.
+    out = jnp.einsum("bkgqs,bksh->bkgqh", p, v, preferred_element_type=jnp.float32)
+    return jnp.moveaxis(out, 3, 1).reshape(bsz, nq, n, h).astype(q.dtype)
 
 
 def output_stream(params: Params, cache: KVCache, tokens_B: jax.Array, cfg: ModelConfig):

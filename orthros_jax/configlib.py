@@ -51,6 +51,17 @@ def dataclass_from_dict(cls: type[T], values: Mapping[str, Any], section: str) -
     return cls(**plain)
 
 
+def section(instance: Any) -> ml_collections.ConfigDict:
+    """A config section holding every field of a dataclass instance (so every field can be
+    overridden from the command line). None becomes a str placeholder: config_flags cannot
+    override a plain None, and the optional fields of our configs are paths."""
+    values = {}
+    for field in dataclasses.fields(instance):
+        value = getattr(instance, field.name)
+        values[field.name] = ml_collections.config_dict.placeholder(str) if value is None else value
+    return ml_collections.ConfigDict(values)
+
+
 def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
     """All leaf keys of a config as dotted paths ("optimizer.lr", ...)."""
     keys = []

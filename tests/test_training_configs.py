@@ -1,0 +1,98 @@
+"""Config files: every section builds, the paper's recipes have the paper's numbers, overrides
+of unknown keys fail listing the valid ones, and tiny_sft runs through the loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+from training_helpers import REPO, TINY_FLAGS, run_train
+
+from orthros_jax import configlib
+from orthros_jax.config import ModelConfig
+from orthros_jax.data import DataConfig
+from orthros_jax.training import TrainConfig
+from orthros_jax.training.config import LoopConfig, OptimizerConfig
+
+
+def _load(spec: str):
+    return configlib.load_config_file(os.path.join(REPO, "configs", spec))
+
+
+def _sections(c):
+    """Builds every section; the data section's files (corpus, tokenizer) may not exist here."""
+    model = ModelConfig.from_dict(c.model)
+    opt = configlib.dataclass_from_dict(OptimizerConfig, c.optimizer, "optimizer")
+    loop = configlib.dataclass_from_dict(LoopConfig, c.train, "train")
+    data = DataConfig.from_dict({**configlib.to_plain(c.data), "tokenizer": None})
+    assert set(c.keys()) == {f.name for f in dataclasses.fields(TrainConfig)}
+    return model, data, opt, loop
+
+
+@pytest.mark.parametrize("spec", ["tiny_pt.py", "tiny_sft.py"])
+def test_tiny_configs_build_fully(spec):
+    cfg = TrainConfig.from_config(_load(spec))
+    assert cfg.model.window < cfg.data.seq_len and cfg.model.architecture == "orthros"
+
+
+def test_pt_1p3b_is_the_papers_recipe():
+    for budget, steps in (("100b", 381_469), ("10b", 38_146)):
+        model, data, opt, loop = _sections(_load(f"pt_1p3b.py:{budget}"))
+        assert loop.steps == steps and loop.seed == data.seed == 42
+    assert 1.3e9 < model.num_params() < 1.4e9
+    assert data.seq_len * data.batch_size * opt.grad_accum_steps == 262_144  # 0.25M tokens
+    assert (opt.lr, opt.warmup_steps, opt.weight_decay) == (3e-4, 1500, 0.05)
+    assert model.window == 128
+
+
+@pytest.mark.parametrize(
+    "spec, params", [("convert_llama31_8b.py", 8.03e9), ("convert_qwen3_8b.py", 8.19e9)]
+)
+def test_conversion_configs_are_table_6(spec, params):
+    c = _load(f"{spec}:/models/converted")
+    model, data, opt, loop = _sections(c)
+    assert c.init_from == "/models/converted"
+    assert c.data.tokenizer == "/models/converted/tokenizer.json"
+    assert abs(model.num_params() - params) / params < 0.01
+    assert data.seq_len == 32768 and model.remat == "full" and model.window == 128
+    assert data.seq_len * data.batch_size * opt.grad_accum_steps == 8 * 2**20  # 8M tokens
+    assert (opt.lr, loop.steps, opt.warmup_steps) == (3e-5, 10_000, 500)
+    assert (opt.min_lr_ratio, opt.weight_decay) == (0.1, 0.1)
+
+
+def test_unknown_override_fails_listing_valid_keys():
+    argv = ["train.py", "--config=configs/tiny_pt.py", "--config.optimizer.lrr=1"]
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        with pytest.raises(ValueError, match=r"(?s)optimizer.lrr.*valid keys:.*optimizer\.lr\b"):
+            configlib.check_override_keys(argv)
+        configlib.check_override_keys([*argv[:2], "--config.optimizer.lr=1e-3"])  # known: fine
+    finally:
+        os.chdir(cwd)
+    with pytest.raises(ValueError, match="unknown key.*'optimizer'.*valid keys: lr"):
+        configlib.dataclass_from_dict(OptimizerConfig, {"lrr": 1.0}, "optimizer")
+
+
+def test_launcher_rejects_unknown_key_and_trains_sft(tmp_path):
+    bad = run_train(
+        [*TINY_FLAGS, "--config.train.stepz=3", f"--workdir={tmp_path}/bad"], timeout=120
+    )
+    assert bad.returncode != 0 and "train.stepz" in bad.stderr and "train.steps" in bad.stderr
+    assert not os.path.exists(tmp_path / "bad")  # nothing written on a config error
+    sft = [
+        f.replace("configs/tiny_pt.py", "configs/tiny_sft.py")
+        for f in TINY_FLAGS
+        if not f.startswith("--config.data.seq_len")
+    ]
+    flags = ["--config.data.seq_len=128", "--config.data.out_len=32", "--config.train.steps=3"]
+    flags += ["--config.train.eval_every=0", "--config.optimizer.lr=1e-3"]
+    done = run_train([*sft, *flags, f"--workdir={tmp_path}/sft"], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    logged = [json.loads(x) for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["split"] for x in logged][-1] == "eval" and all(x["loss"] > 0 for x in logged)
+    # SFT loss tokens are answer tokens only: at most out_len per row (3 steps x 4 rows x 32).
+    train_rows = [x for x in logged if x["split"] == "train"]
+    assert 0 < train_rows[-1]["loss_tokens"] <= 3 * 4 * 32

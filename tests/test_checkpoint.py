@@ -138,3 +138,33 @@ def test_checksums_are_sharding_independent_and_catch_single_changes():
     assert sums == checkpoint.state_checksums(jax.tree.map(np.asarray, tree))
     changed = {"a": tree["a"].at[1, 2].set(5.0000005), "b": tree["b"]}
     assert checkpoint.state_checksums(changed)["['a']"] != sums["['a']"]
+
+
+def test_init_from_loads_params_and_fills_identity_scale_offsets(tmp_path):
+    from orthros_jax import sharding
+    from orthros_jax.model import init_params
+    from orthros_jax.training.loop import abstract_state, fresh_state
+
+    cfg = tiny_train_config()
+    tx = make_optimizer(cfg.optimizer, cfg.train.steps)
+    abstract, params_sh = abstract_state(cfg, tx, sharding.make_mesh(cfg.mesh))
+
+    def start_from(model_cfg, name):
+        params = init_params(model_cfg, jax.random.PRNGKey(5))
+        checkpoint.save_model(str(tmp_path / name), model_cfg, params)
+        run = dataclasses.replace(cfg, init_from=str(tmp_path / name))
+        return params, fresh_state(run, tx, abstract, params_sh)
+
+    params, state = start_from(cfg.model, "orthros")
+    for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(params), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert int(state.step) == 0
+    # A Transformer directory: shared weights load, scale-offsets start at the identity.
+    transformer = cfg.model.replace(architecture="transformer", scale_offset=False)
+    params, state = start_from(transformer, "transformer")
+    layers = state.params["layers"]
+    np.testing.assert_array_equal(np.asarray(layers["wq"]), np.asarray(params["layers"]["wq"]))
+    np.testing.assert_array_equal(np.asarray(layers["so_out_scale"]), 1.0)
+    np.testing.assert_array_equal(np.asarray(layers["so_base_offset"]), 0.0)
+    with pytest.raises(ValueError, match="init_from=.*different model shape"):
+        start_from(cfg.model.replace(d_ff=96), "wider")

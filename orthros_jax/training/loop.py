@@ -60,6 +60,32 @@ def initial_params(cfg: TrainConfig, abstract_params: Any) -> Any:
     return jax.tree.map(lambda p, a: p.astype(a.dtype), params, abstract_params)
 
 
+def abstract_state(cfg: TrainConfig, tx: Any, mesh: jax.sharding.Mesh) -> tuple[Any, Any]:
+    """The TrainState's shapes with their shardings (ShapeDtypeStructs), and the params'
+    shardings: the restore target and the init out_shardings."""
+    rng = jax.random.PRNGKey(cfg.train.seed)
+    shapes = jax.eval_shape(lambda r: init_train_state(cfg.model, tx, r), rng)
+    params_sh = sharding.param_shardings(cfg.model, mesh)
+    state_sh = sharding.state_shardings(shapes, params_sh, tx, mesh)
+    abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, state_sh
+    )
+    return abstract, params_sh
+
+
+def fresh_state(cfg: TrainConfig, tx: Any, abstract: Any, params_sh: Any) -> TrainState:
+    """A new state created directly in its shardings (jit with out_shardings): random init
+    from train.seed, or the params of cfg.init_from with a fresh optimizer state."""
+    rng = jax.random.PRNGKey(cfg.train.seed)
+    state_sh = jax.tree.map(lambda a: a.sharding, abstract)
+    if cfg.init_from:
+        params = sharding.put_tree(initial_params(cfg, abstract.params), params_sh)
+        init = lambda p, r: init_train_state(cfg.model, tx, r, params=p)
+        return jax.jit(init, out_shardings=state_sh)(params, rng)
+    init = lambda r: init_train_state(cfg.model, tx, r)
+    return jax.jit(init, out_shardings=state_sh)(rng)
+
+
 def _is_checkpointable(it: Any) -> bool:
     return isinstance(it, grain.DatasetIterator | grain.DataLoaderIterator)
 
@@ -119,13 +145,8 @@ def train(
     mesh = sharding.make_mesh(cfg.mesh)
     accum, total_updates = cfg.optimizer.grad_accum_steps, cfg.train.steps
     tx = make_optimizer(cfg.optimizer, total_updates)
-    rng = jax.random.PRNGKey(cfg.train.seed)
-    abstract = jax.eval_shape(lambda r: init_train_state(cfg.model, tx, r), rng)
-    params_sh = sharding.param_shardings(cfg.model, mesh)
-    state_sh = sharding.state_shardings(abstract, params_sh, tx, mesh)
-    abstract = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, state_sh
-    )
+    abstract, params_sh = abstract_state(cfg, tx, mesh)
+    state_sh = jax.tree.map(lambda a: a.sharding, abstract)
 
     ckpt = checkpoint.TrainCheckpointer(
         workdir, cfg.train.keep_checkpoints, cfg.train.async_checkpointing
@@ -135,16 +156,8 @@ def train(
         state = ckpt.restore_latest(abstract, data_state)
         if state is not None:
             console(f"resumed from {ckpt.directory} at step {int(state.step) // accum}")
-        elif cfg.init_from:
-            host = initial_params(cfg, abstract.params)
-            init = jax.jit(
-                lambda p, r: init_train_state(cfg.model, tx, r, params=p), out_shardings=state_sh
-            )
-            state = init(sharding.put_tree(host, params_sh), rng)
         else:
-            state = jax.jit(lambda r: init_train_state(cfg.model, tx, r), out_shardings=state_sh)(
-                rng
-            )
+            state = fresh_state(cfg, tx, abstract, params_sh)
         _write_model_json(cfg, workdir)
         micro = int(state.step)
         logger = MetricsLogger(workdir, total_updates, micro // accum, cfg.train.progress_bar)

@@ -143,12 +143,14 @@ def test_generate_stops_per_row_and_at_capacity():
     assert out.tokens[0, :first].tolist() == free.tokens[0, :first].tolist()
     assert (out.tokens[0, first:] == -1).all()
     np.testing.assert_array_equal(out.tokens[1:], free.tokens[1:])
-    # A 24-slot cache: the 21-token row can feed 3 more tokens, so it stops after 4 and says so.
-    out = inf.generate(params, prompts, cfg, max_new_tokens=6, cache_size=24)
-    np.testing.assert_array_equal(out.lengths, [6, 6, 6, 4])
+    # A 23-slot cache: the 21-token row can feed 2 more tokens, so it stops after 3 and says
+    # so. Its prompt bucket (24) is longer than the cache: the padding's writes are dropped.
+    out = inf.generate(params, prompts, cfg, max_new_tokens=6, cache_size=23)
+    np.testing.assert_array_equal(out.lengths, [6, 6, 6, 3])
     np.testing.assert_array_equal(out.hit_capacity, [False, False, False, True])
-    assert out.tokens[3, :4].tolist() == free.tokens[3, :4].tolist()
-    assert (out.tokens[3, 4:] == -1).all()
+    np.testing.assert_array_equal(out.tokens[:3], free.tokens[:3])
+    assert out.tokens[3, :3].tolist() == free.tokens[3, :3].tolist()
+    assert (out.tokens[3, 3:] == -1).all()
 
 
 def test_prefill_compiles_once_per_bucket():

@@ -157,29 +157,33 @@ def global_attention(
     k_segment_ids: jax.Array | None = None,
     block_q: int = 512,
     block_k: int = 512,
+    kv_head_major: bool = False,
 ) -> jax.Array:
     """Causal attention by original position for arbitrary query positions.
 
-    q: [B, Lq, N, H] at q_positions [B, Lq]; k, v: [B, Lk, K, H] at k_positions [B, Lk].
-    Queries need not be aligned with keys (output-stream copies, a prompt's last token, a
-    decode step against a cache). Returns [B, Lq, N, H] in q's dtype.
+    q: [B, Lq, N, H] at q_positions [B, Lq]; k, v: [B, Lk, K, H] at k_positions [B, Lk]
+    ([B, K, Lk, H] with kv_head_major=True: a head-major KV cache is read in place, block by
+    block, with no copy). Queries need not be aligned with keys (output-stream copies, a
+    prompt's last token, a decode step against a cache). Returns [B, Lq, N, H] in q's dtype.
     """
+    if not kv_head_major:
+        k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
     bsz, lq, n, h = q.shape
-    lk, kv = k.shape[1], k.shape[2]
+    kv, lk = k.shape[1], k.shape[2]
     g = n // kv
     scale = 1.0 / math.sqrt(h)
     q_seg = _default_segments(q_segment_ids, q)
-    k_seg = _default_segments(k_segment_ids, k)
+    k_seg = _default_segments(k_segment_ids, k_positions)
     q_pos = q_positions.astype(jnp.int32)
     k_pos = k_positions.astype(jnp.int32)
 
     if lq == 1:
         qg = q.reshape(bsz, 1, kv, g, h)
-        s = jnp.einsum("bqkgh,bskh->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale
+        s = jnp.einsum("bqkgh,bksh->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale
         m = (k_pos[:, None, :] <= q_pos[:, :, None]) & (k_seg[:, None, :] == q_seg[:, :, None])
         s = jnp.where(m[:, None, None], s, _MASKED)
         p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bkgqs,bskh->bqkgh", p, v, preferred_element_type=jnp.float32)
+        out = jnp.einsum("bkgqs,bksh->bqkgh", p, v, preferred_element_type=jnp.float32)
         return out.reshape(bsz, 1, n, h).astype(q.dtype)
 
     bq = min(block_q, _round_up(lq, 8))
@@ -189,8 +193,9 @@ def global_attention(
     # Head-major, G query heads folded into the rows: [nq, B, K, G*bq, H] and [nk, B, K, bk, H].
     qb = _pad_axis1(q, lq_pad, 0).reshape(bsz, nq, bq, kv, g, h)
     qb = qb.transpose(1, 0, 3, 4, 2, 5).reshape(nq, bsz, kv, g * bq, h)
-    kb = _pad_axis1(k, lk_pad, 0).reshape(bsz, nk, bk, kv, h).transpose(1, 0, 3, 2, 4)
-    vb = _pad_axis1(v, lk_pad, 0).reshape(bsz, nk, bk, kv, h).transpose(1, 0, 3, 2, 4)
+    pad_k = [(0, 0), (0, 0), (0, lk_pad - lk), (0, 0)]
+    kb = jnp.pad(k, pad_k).reshape(bsz, kv, nk, bk, h)  # free reshape when Lk % bk == 0
+    vb = jnp.pad(v, pad_k).reshape(bsz, kv, nk, bk, h)
     qpos_b = _pad_axis1(q_pos, lq_pad, -1).reshape(bsz, nq, bq)
     qseg_b = _pad_axis1(q_seg, lq_pad, QUERY_PAD_SEGMENT).reshape(bsz, nq, bq)
     kpos_b = _pad_axis1(k_pos, lk_pad, _PAD_POS).reshape(bsz, nk, bk)
@@ -224,7 +229,7 @@ def global_attention(
 
         def attend(carry, j, masked: bool):
             m_prev, l_prev, acc = carry
-            s = jnp.einsum("bkxh,bkyh->bkxy", q_i, kb[j], preferred_element_type=jnp.float32)
+            s = jnp.einsum("bkxh,bkyh->bkxy", q_i, kb[:, :, j], preferred_element_type=jnp.float32)
             s = s.reshape(bsz, kv, g, bq, bk) * scale
             if masked:
                 kp, ks = kpos_b[:, j], kseg_b[:, j]
@@ -238,7 +243,7 @@ def global_attention(
             pv = jnp.einsum(
                 "bkxy,bkyh->bkxh",
                 p.reshape(bsz, kv, g * bq, bk).astype(v.dtype),
-                vb[j],
+                vb[:, :, j],
                 preferred_element_type=jnp.float32,
             ).reshape(bsz, kv, g, bq, h)
             return m_new, l_prev * corr + p.sum(axis=-1), acc * corr[..., None] + pv

@@ -118,6 +118,20 @@ def test_global_attention_matches_dense_reference(lq, lk, n, k, bq, bk, bounds):
         qq, kk, v, q_positions=qpos, k_positions=pos, q_segment_ids=qseg, k_segment_ids=seg
     )
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+    # The same keys in a head-major [B, K, Lk, H] cache layout.
+    head_major = global_attention(
+        qq,
+        jnp.swapaxes(kk, 1, 2),
+        jnp.swapaxes(v, 1, 2),
+        q_positions=qpos,
+        k_positions=pos,
+        q_segment_ids=qseg,
+        k_segment_ids=seg,
+        block_q=bq,
+        block_k=bk,
+        kv_head_major=True,
+    )
+    np.testing.assert_allclose(np.asarray(head_major), np.asarray(want), atol=1e-5, rtol=0)
 
 
 def test_global_attention_bfloat16_inputs_use_float32_softmax():

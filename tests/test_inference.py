@@ -47,6 +47,10 @@ def _cfg(arch: str, **kw) -> ModelConfig:
 def _model(arch: str, **kw):
     """(cfg, params, jitted PT forward). Orthros gets non-identity SO so the streams differ."""
     cfg = _cfg(arch, **kw)
+    if arch != "orthros":  # one parameter layout: the orthros params minus the SO vectors
+        params = _model("orthros", **kw)[1]
+        layers = {n: a for n, a in params["layers"].items() if not n.startswith("so_")}
+        return cfg, {**params, "layers": layers}, _forward(cfg)
     params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(1))
     if cfg.two_streams:
         layers = dict(params["layers"])
@@ -54,8 +58,11 @@ def _model(arch: str, **kw):
             noise = jax.random.normal(jax.random.PRNGKey(10 + i), layers[name].shape)
             layers[name] = layers[name] + 0.3 * noise
         params = {**params, "layers": layers}
-    forward = jax.jit(lambda p, t: OrthrosLM(cfg).apply({"params": p}, t))
-    return cfg, params, forward
+    return cfg, params, _forward(cfg)
+
+
+def _forward(cfg: ModelConfig):
+    return jax.jit(lambda p, t: OrthrosLM(cfg).apply({"params": p}, t))
 
 
 def _tokens(cfg: ModelConfig, bsz: int, t: int, seed: int = 0) -> np.ndarray:

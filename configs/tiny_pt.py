@@ -22,7 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
         ModelConfig(
             vocab_size=256,
             d_model=128,
-            n_layers=4,
+            n_layers=3,
             n_heads=4,
             n_kv_heads=2,
             head_dim=32,

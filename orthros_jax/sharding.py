@@ -186,6 +186,19 @@ def put_tree(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(put, tree, shardings)
 
 
+CACHE_AXES = (model_lib.LAYERS, BATCH, model_lib.KV_HEADS, LENGTH, model_lib.HEAD_DIM)
+
+
+def cache_shardings(cfg: ModelConfig, batch_size: int, max_len: int, mesh: Mesh) -> Any:
+    """KVCache of NamedShardings: k/v [L, B, K, S, H] split over batch and kv heads by the
+    rules (slots and head_dim whole), lengths [B] over batch."""
+    from orthros_jax.kv_cache import KVCache, cache_shape
+
+    kv = NamedSharding(mesh, shard_spec(CACHE_AXES, cache_shape(cfg, batch_size, max_len), mesh))
+    lengths = NamedSharding(mesh, shard_spec((BATCH,), (batch_size,), mesh))
+    return KVCache(k=kv, v=kv, lengths=lengths)
+
+
 def jit_train_step(train_step: Any, state_sh: Any, mesh: Mesh, batch_keys: Mapping[str, int]):
     """The train step as one jax.jit: explicit in/out shardings, the state donated.
     batch_keys: name -> ndim of each batch array."""

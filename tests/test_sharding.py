@@ -40,6 +40,16 @@ def test_indivisible_dims_stay_replicated():
     assert sharding.shard_spec(("embed", "mlp"), (32, 64), _mesh(1, 1, 1)) == P()
 
 
+def test_cache_is_split_over_batch_and_kv_heads():
+    from training_helpers import tiny_model
+
+    mesh = sharding.make_mesh(MeshConfig(1, 1, 1))
+    sh = sharding.cache_shardings(tiny_model(), 4, 64, mesh)
+    assert sh.k.spec == P() and sh.lengths.spec == P()  # one device: nothing to split
+    axes = sharding.CACHE_AXES
+    assert sharding.shard_spec(axes, (2, 4, 2, 64, 8), _mesh(2, 1, 2)) == P(None, "data", "tensor")
+
+
 def test_mesh_shape_fills_and_validates():
     assert sharding.mesh_shape(MeshConfig(data=-1, fsdp=2, tensor=2), 8) == (2, 2, 2)
     with pytest.raises(ValueError, match="at most one -1"):

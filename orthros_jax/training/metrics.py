@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from collections.abc import Mapping
 
 import jax
@@ -23,7 +24,8 @@ def console(message: str) -> None:
     """A status line on process 0's console (and in the log), tqdm-safe."""
     logging.info(message)
     if jax.process_index() == 0:
-        tqdm.tqdm.write(message)
+        tqdm.tqdm.write(message, file=sys.stdout)
+        sys.stdout.flush()  # visible promptly when stdout is a file or pipe
 
 
 class MetricsLogger:

@@ -183,7 +183,8 @@ def global_attention(
         m = (k_pos[:, None, :] <= q_pos[:, :, None]) & (k_seg[:, None, :] == q_seg[:, :, None])
         s = jnp.where(m[:, None, None], s, _MASKED)
         p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bkgqs,bksh->bqkgh", p, v, preferred_element_type=jnp.float32)
+        # [B, K, G, 1, H] output order: XLA:CPU has a bf16 x bf16 -> f32 dot for this one.
+        out = jnp.einsum("bkgqs,bksh->bkgqh", p, v, preferred_element_type=jnp.float32)
         return out.reshape(bsz, 1, n, h).astype(q.dtype)
 
     bq = min(block_q, _round_up(lq, 8))

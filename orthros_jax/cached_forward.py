@@ -109,7 +109,6 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
     s, w = cache.max_len, cfg.window
     start = cache.lengths  # rows may already hold a prefix (continued prefill)
     end = start + lengths
-    n_full = cfg.n_layers - 1 if cfg.two_streams else cfg.n_layers
     slot_ids = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (bsz, s))
     slot_seg = jnp.where(slot_ids < end[:, None], 1, KEY_PAD_SEGMENT)
 
@@ -129,12 +128,13 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
                 return x, ck, cv
             q = layer_query(p, x, pos, cfg, "base")
             if cfg.architecture == "transformer":
-                # Written first, so the chunk's own keys are read back with all earlier ones.
-                seq_major = lambda a: jnp.swapaxes(kvc.layer_view(a, li), 1, 2)
+                # Written first, so the chunk's own keys are read back with all earlier ones;
+                # the head-major cache layer is read in place, block by block.
                 attn = global_attention(
-                    q, seq_major(ck), seq_major(cv), q_positions=pos, k_positions=slot_ids,
-                    k_segment_ids=slot_seg, block_q=cfg.attention_block_q,
-                    block_k=cfg.attention_block_k,
+                    q, kvc.layer_view(ck, li), kvc.layer_view(cv, li), q_positions=pos,
+                    k_positions=slot_ids, k_segment_ids=slot_seg,
+                    block_q=cfg.attention_block_q, block_k=cfg.attention_block_k,
+                    kv_head_major=True,
                 )  # fmt: skip
             else:
                 prefix = None
@@ -147,15 +147,16 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
             return layer_finish(p, x, attn, cfg), ck, cv
 
         x = embed(params, jax.lax.dynamic_slice_in_dim(tokens, c * chunk, chunk, 1), cfg)
-        carry = for_layers(layer, (x, ck, cv), params, cfg, n_full)
-        if cfg.two_streams:  # the last base layer only writes K/V
-            carry = layer(carry, _last_layer(params, cfg), cfg.n_layers - 1, compute_base=False)
-        x, ck, cv = carry
-        if not cfg.two_streams:  # keep the hidden state of each row's last prompt token
+        carry = for_layers(layer, (x, ck, cv), params, cfg, cfg.n_layers - 1)
+        x = carry[0]
+        if not cfg.two_streams:  # keep each row's last prompt token at the last layer's input
             idx = lengths - 1 - c * chunk
             here = (idx >= 0) & (idx < chunk)
             got = jnp.take_along_axis(x, jnp.clip(idx, 0, chunk - 1)[:, None, None], axis=1)
             last_x = jnp.where(here[:, None], got[:, 0], last_x)
+        # Every arm reads only the last token's output: the last layer writes K/V for the
+        # chunk and runs its attention/FFN for that one token after the scan.
+        _, ck, cv = layer(carry, _last_layer(params, cfg), cfg.n_layers - 1, compute_base=False)
         return (ck, cv, last_x), None
 
     last_x = jnp.zeros((bsz, cfg.d_model), cfg.jnp_dtype)
@@ -165,7 +166,25 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
     if cfg.two_streams:  # the output stream runs once, after every layer's cache is filled
         last_tok = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
         last_x = output_stream(params, cache, last_tok, cfg)
+    else:
+        last_x = _last_token_last_layer(params, cache, last_x, cfg)
     return logits_of(params, last_x, cfg), cache
+
+
+def _last_token_last_layer(params: Params, cache: KVCache, x_BD: jax.Array, cfg: ModelConfig):
+    """Single-stream arms: the last layer for each row's last prompt token (slot lengths-1),
+    whose K/V of every slot are already in the cache. Returns its output [B, D]."""
+    li = cfg.n_layers - 1
+    p = _last_layer(params, cfg)
+    pos = cache.lengths - 1
+    slots = jnp.arange(cache.max_len)[None]
+    visible = slots <= pos[:, None]
+    if cfg.architecture == "swa":
+        visible &= slots > pos[:, None] - cfg.window
+    q = layer_query(p, x_BD[:, None], pos[:, None], cfg, "base")
+    k, v = kvc.layer_view(cache.k, li), kvc.layer_view(cache.v, li)
+    attn = attend_cached(q, k, v, visible[:, None])
+    return layer_finish(p, x_BD[:, None], attn, cfg)[:, 0]
 
 
 # ---------------------------------------------------------------- decode

@@ -22,15 +22,31 @@ from orthros_jax.training import (
 
 CFG = tiny_model()
 MODEL = OrthrosLM(CFG)
-# Jitted once per batch layout: much faster than op-by-op on CPU.
-logits_of = jax.jit(lambda p, b: losses.model_logits(MODEL, p, b))
-pt_loss = jax.jit(lambda p, b: losses.pt_loss(MODEL, p, b))
-sft_loss = jax.jit(lambda p, b: losses.sft_loss(MODEL, p, b))
+
+
+@jax.jit
+def _forward(params, batch):
+    """(logits, loss) of a PT or SFT batch: one compile per batch layout (op-by-op is slow)."""
+    loss = (losses.sft_loss if "output_positions" in batch else losses.pt_loss)(
+        MODEL, params, batch
+    )
+    return losses.model_logits(MODEL, params, batch), loss
+
+
+def logits_of(params, batch):
+    return _forward(params, batch)[0]
+
+
+def pt_loss(params, batch):
+    return _forward(params, batch)[1]
+
+
+sft_loss = pt_loss  # the batch's keys pick the loss
 
 
 @pytest.fixture(scope="module")
 def params():
-    return init_params(CFG, jax.random.PRNGKey(0))
+    return jax.jit(init_params, static_argnums=0)(CFG, jax.random.PRNGKey(0))
 
 
 def _log_softmax_np(logits):

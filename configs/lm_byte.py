@@ -69,7 +69,7 @@ def get_config(arm: str = "orthros") -> ml_collections.ConfigDict:
     )
     c.train = ml_collections.ConfigDict(
         dict(
-            steps=150,
+            steps=200,
             seed=0,
             log_every=25,
             eval_every=0,

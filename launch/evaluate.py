@@ -38,6 +38,7 @@ _SEED = flags.DEFINE_integer("seed", 0, "Recall example seed.")
 _PAIRS = flags.DEFINE_integer("mqar_pairs", 8, "mqar: key-value pairs per example.")
 _QUERIES = flags.DEFINE_integer("mqar_queries", 4, "mqar: queries per example.")
 _GAP = flags.DEFINE_integer("mqar_gap", 0, "mqar: min tokens pair -> query (0 = 2 x window).")
+_DIGITS = flags.DEFINE_integer("passkey_digits", 5, "passkey: digits of the key (as trained).")
 _FILLER = flags.DEFINE_enum("filler", "fixed", ["fixed", "pydoc"], "Recall filler text.")
 flags.mark_flags_as_required(["model", "out"])
 
@@ -64,6 +65,7 @@ def spec_from_flags() -> EvalSpec:
         mqar_pairs=_PAIRS.value,
         mqar_queries=_QUERIES.value,
         mqar_gap=_GAP.value,
+        passkey_digits=_DIGITS.value,
         filler=_FILLER.value,
     )
 

@@ -7,10 +7,12 @@
 of tasks on a loaded model and writes metrics.json (+ a NIAH heatmap PNG per recall task).
 """
 
+from orthros_jax.evaluation import report
 from orthros_jax.evaluation.metrics import (
     DECODES,
+    answer_tokens,
     bits_per_byte,
-    greedy_correct,
+    greedy_predictions,
     grid_matrix,
     lm_metrics,
     masked_nll_sums,
@@ -18,7 +20,7 @@ from orthros_jax.evaluation.metrics import (
     query_correct,
     recall_records,
     summarize_records,
-    teacher_forced_correct,
+    teacher_forced_predictions,
     token_bytes,
 )
 from orthros_jax.evaluation.suite import (
@@ -31,6 +33,7 @@ from orthros_jax.evaluation.suite import (
 )
 
 __all__ = [
+    "answer_tokens",
     "DECODES",
     "TASKS",
     "EvalSpec",
@@ -38,15 +41,16 @@ __all__ = [
     "evaluate",
     "evaluate_model_dir",
     "grid_matrix",
-    "greedy_correct",
+    "greedy_predictions",
     "lm_metrics",
     "masked_nll_sums",
     "plot_heatmap",
     "query_correct",
     "recall_examples",
+    "report",
     "recall_records",
     "summarize_records",
-    "teacher_forced_correct",
+    "teacher_forced_predictions",
     "token_bytes",
     "write_results",
 ]

@@ -160,10 +160,16 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def teacher_forced_correct(
+def answer_tokens(example: RecallExample) -> np.ndarray:
+    """The answer tokens of all of an example's queries, in order [A]."""
+    return example.tokens[example.answer_mask]
+
+
+def teacher_forced_predictions(
     cfg: ModelConfig, params: Params, examples: Sequence[RecallExample], batch_size: int = 16
 ) -> list[np.ndarray]:
-    """Per example, argmax == answer for each answer token [A_i] bool (teacher forcing).
+    """Per example, the argmax token at each answer-predicting position [A_i] (teacher forcing:
+    every prediction sees the true tokens before it).
 
     Rows are padded to a multiple of 64 tokens and batches to batch_size rows, so a grid
     of a few context lengths compiles a few times.
@@ -179,16 +185,15 @@ def teacher_forced_correct(
         feed = {k: jnp.asarray(v) for k, v in batch.items() if k != "loss_mask"}
         pred = np.asarray(_answer_argmax(params, feed, cfg=cfg))
         for r, ex in enumerate(chunk):
-            n = int(ex.answer_mask.sum())
-            out.append(pred[r, :n] == batch["targets"][r, :n])
+            out.append(pred[r, : int(ex.answer_mask.sum())])
     return out
 
 
-def greedy_correct(
+def greedy_predictions(
     cfg: ModelConfig, params: Params, examples: Sequence[RecallExample], batch_size: int = 16
 ) -> list[np.ndarray]:
-    """Per example, greedy-decoded token == answer token [A_i] bool, each query decoded
-    from its own prompt (earlier answers stay in the prompt) via inference.generate."""
+    """Per example, the greedy-decoded answer tokens [A_i], each query decoded from its own
+    prompt (earlier true answers stay in the prompt) with inference.generate."""
     from orthros_jax.inference import generate  # local: keeps this module light to import
 
     queries = [(i, p, a) for i, ex in enumerate(examples) for p, a in ex.queries()]
@@ -205,7 +210,7 @@ def greedy_correct(
             cache_size=_round_up(longest + width, 128),
         )
         for row, (i, _, answer) in enumerate(chunk):
-            per_example[i].append(gen.tokens[row, : len(answer)] == answer)
+            per_example[i].append(gen.tokens[row, : len(answer)])
     return [np.concatenate(parts) for parts in per_example]
 
 
@@ -223,9 +228,10 @@ def recall_records(
         raise ValueError(f"decode={decode!r} is unknown; allowed: {', '.join(DECODES)}")
     if not examples:
         raise ValueError("recall_records: no examples")
-    scorer = teacher_forced_correct if decode == "teacher_forced" else greedy_correct
+    predict = teacher_forced_predictions if decode == "teacher_forced" else greedy_predictions
     records = []
-    for ex, tok_ok in zip(examples, scorer(cfg, params, examples, batch_size), strict=True):
+    for ex, pred in zip(examples, predict(cfg, params, examples, batch_size), strict=True):
+        tok_ok = pred == answer_tokens(ex)
         lengths = [e - s for s, e in ex.answer_spans]
         q_ok = query_correct(tok_ok, lengths)
         records.append(

@@ -44,6 +44,8 @@ class EvalSpec:
       split is the one the model never saw). context_lengths: recall grid lengths; empty =
       2, 4, 8 and 16 x the model's window, those the task fits in. mqar_gap: minimum tokens
       between the last pair and the first query; 0 = 2 x window (beyond the window).
+      passkey_digits: digits of the passkey (as the model was trained: DataConfig's
+      recall_passkey_digits).
     """
 
     tasks: tuple[str, ...] = ("lm", "passkey")
@@ -60,6 +62,7 @@ class EvalSpec:
     mqar_pairs: int = 8
     mqar_queries: int = 4
     mqar_gap: int = 0
+    passkey_digits: int = 5
     filler: str = "fixed"
 
     def __post_init__(self) -> None:
@@ -68,7 +71,7 @@ class EvalSpec:
             raise ValueError(f"EvalSpec.tasks={self.tasks!r}: allowed {', '.join(TASKS)}")
         if self.decode not in M.DECODES:
             raise ValueError(f"EvalSpec.decode={self.decode!r}: allowed {', '.join(M.DECODES)}")
-        for name in ("batch_size", "lm_seq_len", "lm_batches", "samples"):
+        for name in ("batch_size", "lm_seq_len", "lm_batches", "samples", "passkey_digits"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EvalSpec.{name} must be >= 1, got {getattr(self, name)}")
         if any(not 0.0 <= d <= 1.0 for d in self.depths) or not self.depths:
@@ -95,6 +98,7 @@ def recall_task(
         n_queries=spec.mqar_queries,
         gap=gap,
         filler=spec.filler,
+        passkey_digits=spec.passkey_digits,
     )
     need = gen.min_context()
     if spec.context_lengths and smallest < need:

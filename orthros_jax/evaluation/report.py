@@ -1,0 +1,234 @@
+"""Experiment results -> markdown tables and one figure (launch/experiments.py writes both).
+
+The results dict (results.json) has one entry per experiment that ran:
+  recall   {"arms": {arm: {accuracy_mean, accuracy_std, runs: [...]}}, "setup", "seconds"}
+  lm       {"arms": {arm: {nll_mean, nll_std, bpb_mean, runs}}, "setup", "seconds"}
+  convert  {"arms": {stage: {nll_mean, nll_std, before, runs, curves}}, "pretrain", "setup", ...}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+ARM_LABELS = {
+    "transformer": "Transformer",
+    "swa": "SWA",
+    "orthros": "Orthros",
+    "orthros_noso": "Orthros w/o SO",
+}
+COLORS = {"transformer": "C0", "swa": "C7", "orthros": "C3", "orthros_noso": "C1"}
+
+
+def aggregate(runs: Sequence[Mapping[str, Any]], key: str) -> dict[str, float]:
+    """{key_mean, key_std, n} over runs; std is the sample std (ddof=1), 0 for one run."""
+    values = np.array([float(r[key]) for r in runs])
+    std = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    return {f"{key}_mean": float(values.mean()), f"{key}_std": std, "n": len(values)}
+
+
+def eval_curve(workdir: str) -> list[tuple[int, float]]:
+    """(step, held-out loss) pairs the training loop logged to workdir/metrics.jsonl."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [(int(r["step"]), float(r["loss"])) for r in rows if r.get("split") == "eval"]
+
+
+def _pm(mean: float, std: float, digits: int = 3) -> str:
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def _label(arm: str) -> str:
+    return ARM_LABELS.get(arm, arm)
+
+
+def markdown(results: Mapping[str, Any]) -> str:
+    """The README-ready tables of whichever experiments are in results."""
+    lines: list[str] = []
+    if "recall" in results:
+        r = results["recall"]
+        s = r["setup"]
+        lengths = s["eval"]["context_lengths"]
+        lines += [
+            f"**1. Recall beyond the window** ({s.get('digits', 5)}-digit passkey; trained at context {s['train_context']} = "
+            f"{s['train_context'] // s['window']} x window {s['window']}, {s['steps']} steps, "
+            f"{s['seeds']} seed(s); query accuracy, teacher-forced argmax, "
+            f"{s['eval']['samples']} samples x {len(s['eval']['depths'])} depths per length)",
+            "",
+            "| arm | accuracy (all lengths) | " + " | ".join(f"T={n}" for n in lengths) + " |",
+            "|---|---|" + "---|" * len(lengths),
+        ]
+        for arm, a in r["arms"].items():
+            per_len = [
+                np.mean([run["accuracy_by_length"][str(n)] for run in a["runs"]]) for n in lengths
+            ]
+            lines.append(
+                f"| {_label(arm)} | {_pm(a['accuracy_mean'], a['accuracy_std'], 2)} | "
+                + " | ".join(f"{v:.2f}" for v in per_len)
+                + " |"
+            )
+        lines += [""]
+    if "lm" in results:
+        r = results["lm"]
+        s = r["setup"]
+        lines += [
+            f"**2. Byte-level LM** (embedded corpus, {s['steps']} steps, T={s['seq_len']}, "
+            f"batch {s['batch_size']}, window {s['window']}, {s['model']}; held-out NLL in "
+            f"nats/byte, mean ± std over {s['seeds']} seeds)",
+            "",
+            "| arm | NLL | bits/byte | per seed |",
+            "|---|---|---|---|",
+        ]
+        for arm, a in r["arms"].items():
+            seeds = ", ".join(f"{run['nll']:.3f}" for run in a["runs"])
+            lines.append(
+                f"| {_label(arm)} | {_pm(a['nll_mean'], a['nll_std'])} | {a['bpb_mean']:.3f} | {seeds} |"
+            )
+        lines += [""]
+    if "convert" in results:
+        r = results["convert"]
+        s = r["setup"]
+        lines += [
+            f"**3. Conversion** (Transformer pretrained {s['pretrain_steps']} steps at T="
+            f"{s['seq_len']}: held-out NLL {r['pretrain']['nll']:.3f}; then {s['continue_steps']} "
+            f"more steps per arm, {s['seeds']} seeds; Orthros window {s['window']})",
+            "",
+            "| arm | NLL right after conversion | NLL after continued training | per seed |",
+            "|---|---|---|---|",
+        ]
+        for stage, a in r["arms"].items():
+            label = (
+                "Transformer (base CPT)"
+                if stage == "transformer"
+                else f"{_label(stage)} (converted)"
+            )
+            seeds = ", ".join(f"{run['nll']:.3f}" for run in a["runs"])
+            lines.append(
+                f"| {label} | {a['before']['nll']:.3f} | {_pm(a['nll_mean'], a['nll_std'])} | {seeds} |"
+            )
+        lines += [""]
+    if "seconds" in results:
+        lines.append(f"Run time: {results['seconds'] / 60:.1f} min ({results.get('devices', '')}).")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: Mapping[str, Any], path: str) -> None:
+    """One PNG with a panel per experiment that ran."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [e for e in ("recall", "lm", "convert") if e in results]
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    for ax, exp in zip(axes[0], panels, strict=True):
+        r = results[exp]
+        if exp == "recall":
+            lengths = r["setup"]["eval"]["context_lengths"]
+            arms = list(r["arms"])
+            width = 0.8 / max(len(arms), 1)
+            for i, arm in enumerate(arms):
+                runs = r["arms"][arm]["runs"]
+                acc = [[run["accuracy_by_length"][str(n)] for run in runs] for n in lengths]
+                x = np.arange(len(lengths)) + (i - (len(arms) - 1) / 2) * width
+                ax.bar(
+                    x,
+                    [np.mean(a) for a in acc],
+                    width,
+                    yerr=[np.std(a) for a in acc],
+                    label=_label(arm),
+                    color=COLORS.get(arm),
+                )
+            ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+            ax.set_xlabel(f"context length (window {r['setup']['window']})")
+            ax.set_ylabel("passkey accuracy")
+            ax.set_ylim(0, 1.05)
+            ax.set_title("1. recall beyond the window")
+            ax.legend(fontsize=8)
+        elif exp == "lm":
+            arms = list(r["arms"])
+            means = [r["arms"][a]["nll_mean"] for a in arms]
+            stds = [r["arms"][a]["nll_std"] for a in arms]
+            ax.bar(
+                range(len(arms)), means, yerr=stds, color=[COLORS.get(a) for a in arms], capsize=4
+            )
+            for i, a in enumerate(arms):
+                xs = [i] * len(r["arms"][a]["runs"])
+                ax.scatter(
+                    xs, [run["nll"] for run in r["arms"][a]["runs"]], color="k", s=8, zorder=3
+                )
+            ax.set_xticks(range(len(arms)), [_label(a) for a in arms], rotation=15)
+            lo = min(m - s for m, s in zip(means, stds, strict=True))
+            hi = max(m + s for m, s in zip(means, stds, strict=True))
+            pad = max(0.05, 0.5 * (hi - lo))
+            ax.set_ylim(max(0.0, lo - pad), hi + pad)
+            ax.set_ylabel("held-out NLL (nats/byte)")
+            ax.set_title("2. byte-level LM, equal steps")
+        else:
+            for stage, a in r["arms"].items():
+                curves = [c for c in a["curves"] if c]
+                label = (
+                    "Transformer (base CPT)"
+                    if stage == "transformer"
+                    else f"{_label(stage)} (converted)"
+                )
+                if curves:
+                    steps = [s for s, _ in curves[0]]
+                    loss = np.array([[v for _, v in c] for c in curves if len(c) == len(steps)])
+                    steps = [0, *steps]
+                    mean = [a["before"]["nll"], *loss.mean(0)]
+                    ax.plot(steps, mean, marker="o", label=label, color=COLORS.get(stage))
+            ax.axhline(r["pretrain"]["nll"], color="k", ls=":", lw=1, label="after pretraining")
+            ax.set_xlabel("continued-training step")
+            ax.set_ylabel("held-out NLL (nats/byte)")
+            ax.set_title("3. conversion vs base CPT")
+            ax.legend(fontsize=8)
+            if not math.isfinite(r["pretrain"]["nll"]):
+                ax.set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_recall_heatmaps(results: Mapping[str, Any], path: str) -> bool:
+    """One NIAH heatmap per arm (accuracy averaged over seeds) side by side; False if no
+    recall results."""
+    if "recall" not in results:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    r = results["recall"]
+    lengths, depths = r["setup"]["eval"]["context_lengths"], r["setup"]["eval"]["depths"]
+    arms = list(r["arms"])
+    fig, axes = plt.subplots(
+        1, len(arms), figsize=(0.9 + 2.6 * len(arms), 1.3 + 0.45 * len(depths)), squeeze=False
+    )
+    for ax, arm in zip(axes[0], arms, strict=True):
+        grids = [np.array(run["grid"], dtype=float) for run in r["arms"][arm]["runs"]]
+        acc = np.mean(grids, axis=0)  # [lengths, depths]
+        im = ax.imshow(acc.T, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        for i in range(len(lengths)):
+            for j in range(len(depths)):
+                ax.text(i, j, f"{acc[i, j]:.2f}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+        ax.set_xlabel("context length")
+        ax.set_title(_label(arm), fontsize=10)
+    axes[0][0].set_ylabel("needle depth")
+    fig.colorbar(im, ax=axes[0].tolist(), label="accuracy", shrink=0.9)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return True

@@ -40,7 +40,8 @@ class DataConfig:
       generated example (0 = seq_len); recall_pairs / recall_queries = MQAR key-value
       pairs and queries; recall_gap = minimum distance between the last pair and the
       first query (set it > the model's window); recall_filler = "fixed" sentences or
-      "pydoc" prose (digits and "=" removed).
+      "pydoc" prose (digits and "=" removed); recall_passkey_digits = digits of the
+      passkey (fewer digits: an easier copy, the same retrieval).
     """
 
     kind: str = "pt"
@@ -61,6 +62,7 @@ class DataConfig:
     recall_queries: int = 4
     recall_gap: int = 128
     recall_filler: str = "fixed"
+    recall_passkey_digits: int = 5
 
     def __post_init__(self) -> None:
         corpus = self.corpus
@@ -88,7 +90,7 @@ class DataConfig:
             _check_int(name, getattr(self, name), minimum=1)
         for name in ("packing_bins", "recall_context", "recall_gap"):
             _check_int(name, getattr(self, name), minimum=0)
-        for name in ("recall_pairs", "recall_queries"):
+        for name in ("recall_pairs", "recall_queries", "recall_passkey_digits"):
             _check_int(name, getattr(self, name), minimum=1)
         _check_int("seed", self.seed, minimum=0)
         if self.seed >= 2**32:

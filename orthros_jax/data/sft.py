@@ -192,6 +192,7 @@ def recall_task(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> RecallTa
         n_queries=cfg.recall_queries,
         gap=cfg.recall_gap,
         filler=cfg.recall_filler,
+        passkey_digits=cfg.recall_passkey_digits,
     )
     if task.answer_len() > cfg.out_len:
         raise ValueError(

@@ -71,7 +71,7 @@ def local_attention(
     bsz, t, n, h = q.shape
     kv = k.shape[2]
     g = n // kv
-    b = block_size or min(window, _round_up(t, 8))
+    b = min(block_size or window, window, _round_up(t, 8))
     t_pad = _round_up(t, b)
     nq = t_pad // b
     nb = 1 + -(-(window - 1) // b)  # key blocks per query block, its own included

@@ -142,7 +142,14 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
                     pk, pv = (jnp.swapaxes(kvc.read(a, li, pre), 1, 2) for a in (ck, cv))
                     prefix = (pk, pv, pre, pre_seg)
                 attn = local_attention(
-                    q, k, v, q_positions=pos, k_positions=pos, window=w, prefix=prefix
+                    q,
+                    k,
+                    v,
+                    q_positions=pos,
+                    k_positions=pos,
+                    window=w,
+                    prefix=prefix,
+                    block_size=cfg.attention_block_local,
                 )
             return layer_finish(p, x, attn, cfg), ck, cv
 

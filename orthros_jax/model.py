@@ -173,6 +173,7 @@ def training_attention(cfg: ModelConfig, base: Stream, out: Stream | None):
             window=cfg.window,
             q_segment_ids=base.segment_ids,
             k_segment_ids=base.segment_ids,
+            block_size=cfg.attention_block_local,
         )
 
     def global_from(queries: Stream) -> AttendFn:

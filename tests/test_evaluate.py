@@ -123,11 +123,11 @@ def test_oracle_predictions_score_one_and_wrong_ones_zero(monkeypatch):
     assert s["accuracy"] == 0.0 and s["token_accuracy"] == 0.0
 
 
-@pytest.mark.parametrize("arch", ["orthros", "transformer"])
-def test_greedy_first_token_equals_teacher_forced_argmax(arch):
+def test_greedy_first_token_equals_teacher_forced_argmax():
     """Greedy decoding (prefill + decode) and the SFT forward see the same prompt for the
-    first answer token of each query, so their argmaxes must agree."""
-    cfg = tiny(arch)
+    first answer token of each query, so their argmaxes must agree (the CLI test below runs
+    greedy on the swa arm; the inference tests cover prefill/decode of every arm)."""
+    cfg = tiny("orthros")
     params = init_params(cfg, jax.random.PRNGKey(3))
     examples = _mqar(2)
     tf = teacher_forced_predictions(cfg, params, examples, batch_size=2)

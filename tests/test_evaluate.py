@@ -91,6 +91,23 @@ def test_summaries_and_grid_on_hand_records():
     assert agg["nll_mean"] == 2.0 and agg["nll_std"] == pytest.approx(math.sqrt(2.0))
 
 
+def test_lm_metrics_agree_with_the_training_eval_step():
+    """Held-out NLL here is the training loop's eval loss on the same batches (PT batches)."""
+    from orthros_jax.data import DataConfig, make_eval_batches
+    from orthros_jax.training import make_eval_step
+
+    cfg = tiny()
+    params = init_params(cfg, jax.random.PRNGKey(1))
+    data = DataConfig(kind="pt", seq_len=64, batch_size=4)
+    batches = make_eval_batches(data, 2, process_index=0, process_count=1)
+    step = jax.jit(make_eval_step(cfg))
+    sums = [jax.device_get(step(params, b)) for b in batches]
+    want = sum(float(s["loss_sum"]) for s in sums) / sum(float(s["weight"]) for s in sums)
+    got = metrics.lm_metrics(cfg, params, batches)
+    np.testing.assert_allclose(got["nll"], want, rtol=1e-5)
+    assert got["tokens"] == sum(int(b["loss_mask"].sum()) for b in batches) == got["bytes"]
+
+
 # ---------------------------------------------------------------- recall scoring
 
 

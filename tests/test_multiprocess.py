@@ -23,7 +23,8 @@ def _local_rows(batch: dict, index: int, count: int) -> dict:
 def _config(distributed=None, mesh=None):
     from training_helpers import tiny_train_config
 
-    cfg = tiny_train_config(steps=STEPS, checkpoint_every=STEPS)
+    # One layer: the point is the two processes, and it compiles faster.
+    cfg = tiny_train_config(n_layers=1, steps=STEPS, checkpoint_every=STEPS)
     changes = {k: v for k, v in (("distributed", distributed), ("mesh", mesh)) if v is not None}
     return dataclasses.replace(cfg, **changes)
 

@@ -17,7 +17,7 @@ from orthros_jax.training import NonFiniteLossError, TrainConfig, train
 
 
 def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp_path):
-    cfg = tiny_train_config(steps=10, checkpoint_every=2, log_every=2)
+    cfg = tiny_train_config(n_layers=1, steps=10, checkpoint_every=2, log_every=2)
     # Batch 6 (0-based) is consumed by update 7; its NaN loss mask makes loss and grads NaN.
     it = iter(pt_dataset(poison_step=6))
     with pytest.raises(NonFiniteLossError, match=r"at step 7: loss=nan.*step 6 .* is intact"):

@@ -58,14 +58,14 @@ def pt_dataset(batch: int = 8, seq: int = 32, poison_step: int | None = None) ->
     return grain.MapDataset.range(10**6).map(make).to_iter_dataset()
 
 
-def tiny_train_config(**loop) -> TrainConfig:
+def tiny_train_config(n_layers: int = 2, **loop) -> TrainConfig:
     """A TrainConfig for caller-supplied iterators (data=None)."""
     loop_cfg = dict(
         steps=6, log_every=2, eval_every=0, eval_batches=1, checkpoint_every=2,
         keep_checkpoints=10, async_checkpointing=True, progress_bar=False,
     )  # fmt: skip
     return TrainConfig(
-        model=tiny_model(),
+        model=tiny_model(n_layers=n_layers),
         data=None,
         optimizer=OptimizerConfig(lr=1e-2, warmup_steps=1, weight_decay=0.1),
         train=LoopConfig(**(loop_cfg | loop)),

@@ -56,6 +56,9 @@ _OVERRIDE = flags.DEFINE_multi_string(
     "override", [], "key=value applied to every training config, e.g. train.steps=50."
 )
 _KEEP = flags.DEFINE_bool("keep_work", True, "Keep work/ (checkpoints) after the run.")
+_REPLOT = flags.DEFINE_bool(
+    "replot", False, "Only rewrite results.md / *.png from --out/results.json (no training)."
+)
 flags.mark_flag_as_required("out")
 
 # Shrinks every run to seconds: used by --tiny (the tests) and nothing else.
@@ -286,6 +289,12 @@ def main(argv: list[str]) -> None:
             raise SystemExit(f"experiments.py: --override needs key=value, got {item!r}")
         overrides[key] = parse_value(value)
     driver = Driver(_OUT.value, _TINY.value, overrides)
+    if _REPLOT.value:
+        with open(os.path.join(driver.out, "results.json")) as f:
+            driver.results = json.load(f)
+        driver.save()
+        print(report.markdown(driver.results))
+        return
     # Seeds of one arm compile the same programs: a persistent cache (inside --out) skips
     # recompiling them.
     jax.config.update("jax_compilation_cache_dir", os.path.join(driver.work, "jax_cache"))

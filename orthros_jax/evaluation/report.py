@@ -50,6 +50,12 @@ def _label(arm: str) -> str:
     return ARM_LABELS.get(arm, arm)
 
 
+def _arms(arms: Mapping[str, Any]) -> list[str]:
+    """Arm names in the canonical order (results.json is written with sorted keys)."""
+    order = list(ARM_LABELS)
+    return sorted(arms, key=lambda a: order.index(a) if a in order else len(order))
+
+
 def markdown(results: Mapping[str, Any]) -> str:
     """The README-ready tables of whichever experiments are in results."""
     lines: list[str] = []
@@ -66,7 +72,8 @@ def markdown(results: Mapping[str, Any]) -> str:
             "| arm | accuracy (all lengths) | " + " | ".join(f"T={n}" for n in lengths) + " |",
             "|---|---|" + "---|" * len(lengths),
         ]
-        for arm, a in r["arms"].items():
+        for arm in _arms(r["arms"]):
+            a = r["arms"][arm]
             per_len = [
                 np.mean([run["accuracy_by_length"][str(n)] for run in a["runs"]]) for n in lengths
             ]
@@ -87,7 +94,8 @@ def markdown(results: Mapping[str, Any]) -> str:
             "| arm | NLL | bits/byte | per seed |",
             "|---|---|---|---|",
         ]
-        for arm, a in r["arms"].items():
+        for arm in _arms(r["arms"]):
+            a = r["arms"][arm]
             seeds = ", ".join(f"{run['nll']:.3f}" for run in a["runs"])
             lines.append(
                 f"| {_label(arm)} | {_pm(a['nll_mean'], a['nll_std'])} | {a['bpb_mean']:.3f} | {seeds} |"
@@ -104,7 +112,8 @@ def markdown(results: Mapping[str, Any]) -> str:
             "| arm | NLL right after conversion | NLL after continued training | per seed |",
             "|---|---|---|---|",
         ]
-        for stage, a in r["arms"].items():
+        for stage in _arms(r["arms"]):
+            a = r["arms"][stage]
             label = (
                 "Transformer (base CPT)"
                 if stage == "transformer"
@@ -135,7 +144,7 @@ def plot(results: Mapping[str, Any], path: str) -> None:
         r = results[exp]
         if exp == "recall":
             lengths = r["setup"]["eval"]["context_lengths"]
-            arms = list(r["arms"])
+            arms = _arms(r["arms"])
             width = 0.8 / max(len(arms), 1)
             for i, arm in enumerate(arms):
                 runs = r["arms"][arm]["runs"]
@@ -156,7 +165,7 @@ def plot(results: Mapping[str, Any], path: str) -> None:
             ax.set_title("1. recall beyond the window")
             ax.legend(fontsize=8)
         elif exp == "lm":
-            arms = list(r["arms"])
+            arms = _arms(r["arms"])
             means = [r["arms"][a]["nll_mean"] for a in arms]
             stds = [r["arms"][a]["nll_std"] for a in arms]
             ax.bar(
@@ -175,7 +184,8 @@ def plot(results: Mapping[str, Any], path: str) -> None:
             ax.set_ylabel("held-out NLL (nats/byte)")
             ax.set_title("2. byte-level LM, equal steps")
         else:
-            for stage, a in r["arms"].items():
+            for stage in _arms(r["arms"]):
+                a = r["arms"][stage]
                 curves = [c for c in a["curves"] if c]
                 label = (
                     "Transformer (base CPT)"
@@ -212,7 +222,7 @@ def plot_recall_heatmaps(results: Mapping[str, Any], path: str) -> bool:
 
     r = results["recall"]
     lengths, depths = r["setup"]["eval"]["context_lengths"], r["setup"]["eval"]["depths"]
-    arms = list(r["arms"])
+    arms = _arms(r["arms"])
     fig, axes = plt.subplots(
         1, len(arms), figsize=(0.9 + 2.6 * len(arms), 1.3 + 0.45 * len(depths)), squeeze=False
     )
@@ -227,6 +237,8 @@ def plot_recall_heatmaps(results: Mapping[str, Any], path: str) -> bool:
         ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
         ax.set_xlabel("context length")
         ax.set_title(_label(arm), fontsize=10)
+        if ax is not axes[0][0]:
+            ax.tick_params(labelleft=False)
     axes[0][0].set_ylabel("needle depth")
     fig.colorbar(im, ax=axes[0].tolist(), label="accuracy", shrink=0.9)
     fig.savefig(path, dpi=120, bbox_inches="tight")

@@ -43,20 +43,31 @@ def logits_of(params: Params, x_BD: jax.Array, cfg: ModelConfig) -> jax.Array:
     return L.lm_logits(h, head)[:, 0]
 
 
-def for_layers(body, carry, params: Params, cfg: ModelConfig, n_layers: int):
-    """carry = body(carry, layer_params, l) for l in 0..n_layers-1.
+def for_layers(body, carry, params: Params, cfg: ModelConfig, last_body=None):
+    """carry = body(carry, layer_params, l) for every layer l, with `last_body` (default: body)
+    for the last one.
 
-    A lax.scan (one traced layer: fast compiles) or, with cfg.scan_layers=False, a Python loop.
+    A lax.scan over the whole parameter stack (one traced layer: fast compiles; the last layer
+    picked by lax.cond) or, with cfg.scan_layers=False, a Python loop. The stack is never
+    sliced: a slice of it is a copy of the weights on every call (measured: it made the
+    orthros decode step several times slower and was most of prefill's temporary memory).
     """
-    if n_layers <= 0:
-        return carry
-    stack = jax.tree.map(lambda a: a[:n_layers], params["layers"])
+    n = cfg.n_layers
+    last_body = last_body or body
     if cfg.scan_layers:
-        idx = jnp.arange(n_layers, dtype=jnp.int32)
-        carry, _ = jax.lax.scan(lambda c, xs: (body(c, xs[0], xs[1]), None), carry, (stack, idx))
+
+        def step(c, xs):
+            p, li = xs
+            if last_body is body:
+                return body(c, p, li), None
+            return jax.lax.cond(li == n - 1, last_body, body, c, p, li), None
+
+        idx = jnp.arange(n, dtype=jnp.int32)
+        carry, _ = jax.lax.scan(step, carry, (params["layers"], idx))
         return carry
-    for i in range(n_layers):
-        carry = body(carry, jax.tree.map(lambda a, i=i: a[i], stack), i)
+    for i in range(n):
+        p = jax.tree.map(lambda a, i=i: a[i], params["layers"])
+        carry = (last_body if i == n - 1 else body)(carry, p, i)
     return carry
 
 
@@ -91,7 +102,7 @@ def output_stream(params: Params, cache: KVCache, tokens_B: jax.Array, cfg: Mode
         attn = attend_cached(q, k, v, visible)
         return layer_finish(p, x, attn, cfg)
 
-    return for_layers(body, embed(params, tokens_B[:, None], cfg), params, cfg, cfg.n_layers)[:, 0]
+    return for_layers(body, embed(params, tokens_B[:, None], cfg), params, cfg)[:, 0]
 
 
 # ---------------------------------------------------------------- prefill
@@ -154,16 +165,15 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
             return layer_finish(p, x, attn, cfg), ck, cv
 
         x = embed(params, jax.lax.dynamic_slice_in_dim(tokens, c * chunk, chunk, 1), cfg)
-        carry = for_layers(layer, (x, ck, cv), params, cfg, cfg.n_layers - 1)
-        x = carry[0]
+        # Every arm reads only the last token's output: the last layer writes K/V for the
+        # chunk and runs its attention/FFN for that one token after the scan.
+        kv_only = lambda carry, p, li: layer(carry, p, li, compute_base=False)
+        x, ck, cv = for_layers(layer, (x, ck, cv), params, cfg, last_body=kv_only)
         if not cfg.two_streams:  # keep each row's last prompt token at the last layer's input
             idx = lengths - 1 - c * chunk
             here = (idx >= 0) & (idx < chunk)
             got = jnp.take_along_axis(x, jnp.clip(idx, 0, chunk - 1)[:, None, None], axis=1)
             last_x = jnp.where(here[:, None], got[:, 0], last_x)
-        # Every arm reads only the last token's output: the last layer writes K/V for the
-        # chunk and runs its attention/FFN for that one token after the scan.
-        _, ck, cv = layer(carry, _last_layer(params, cfg), cfg.n_layers - 1, compute_base=False)
         return (ck, cv, last_x), None
 
     last_x = jnp.zeros((bsz, cfg.d_model), cfg.jnp_dtype)
@@ -240,10 +250,8 @@ def decode(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array,
 
     x = embed(params, tokens[:, None], cfg)
     carry = (x, x, cache.k, cache.v)  # the output copy starts from the same embedding
-    n_full = cfg.n_layers - 1 if cfg.two_streams else cfg.n_layers
-    carry = for_layers(layer, carry, params, cfg, n_full)
-    if cfg.two_streams:
-        carry = layer(carry, _last_layer(params, cfg), cfg.n_layers - 1, compute_base=False)
+    last = (lambda c, p, li: layer(c, p, li, compute_base=False)) if cfg.two_streams else None
+    carry = for_layers(layer, carry, params, cfg, last_body=last)
     x, x_out, ck, cv = carry
     final = x_out if cfg.two_streams else x
     return logits_of(params, final[:, 0], cfg), KVCache(ck, cv, pos + active.astype(jnp.int32))

@@ -71,6 +71,24 @@ def test_pt_loss_is_masked_mean_of_next_token_nll(params):
     )
 
 
+def test_packed_documents_do_not_see_each_other(params):
+    """The second document of every packed row gives the same logits when it is alone at the
+    start of a row (the rest padding): nothing attends across the boundary."""
+    packed = pt_batch(0)
+    alone = {k: np.zeros_like(v) for k, v in packed.items()}
+    spans = []
+    for r in range(packed["tokens"].shape[0]):
+        idx = np.nonzero(packed["segment_ids"][r] == 2)[0]
+        n = len(idx)
+        for k in ("tokens", "targets", "loss_mask", "positions"):
+            alone[k][r, :n] = packed[k][r, idx]
+        alone["segment_ids"][r, :n] = 1  # the rest stays segment 0 (padding)
+        spans.append((idx, n))
+    got, want = np.asarray(logits_of(params, packed)), np.asarray(logits_of(params, alone))
+    for r, (idx, n) in enumerate(spans):
+        np.testing.assert_allclose(got[r, idx], want[r, :n], atol=1e-5, rtol=0)
+
+
 def test_all_masked_batch_has_zero_loss_not_nan(params):
     batch = dict(pt_batch(0), loss_mask=np.zeros((8, 32), np.float32))
     assert float(pt_loss(params, batch)) == 0.0

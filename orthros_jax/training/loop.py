@@ -123,7 +123,6 @@ def train(
     if cfg.distributed.initialize and not jax.distributed.is_initialized():
         sharding.initialize_distributed(cfg.distributed)
     workdir = os.path.abspath(workdir)
-    os.makedirs(workdir, exist_ok=True)
     if train_iterator is None or eval_batches is None:
         from orthros_jax import data as data_lib
 
@@ -148,6 +147,7 @@ def train(
     abstract, params_sh = abstract_state(cfg, tx, mesh)
     state_sh = jax.tree.map(lambda a: a.sharding, abstract)
 
+    os.makedirs(workdir, exist_ok=True)  # only now: a config error leaves nothing behind
     ckpt = checkpoint.TrainCheckpointer(
         workdir, cfg.train.keep_checkpoints, cfg.train.async_checkpointing
     )
@@ -160,6 +160,8 @@ def train(
             state = fresh_state(cfg, tx, abstract, params_sh)
         _write_model_json(cfg, workdir)
         micro = int(state.step)
+        if micro >= total_updates * accum:
+            console(f"{workdir} already holds the final step {total_updates}; nothing to do")
         logger = MetricsLogger(workdir, total_updates, micro // accum, cfg.train.progress_bar)
         run = _Run(cfg, workdir, mesh, tx, state_sh, params_sh, ckpt, logger, data_state)
         return run.loop(state, micro, train_iterator, eval_batches)

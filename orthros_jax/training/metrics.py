@@ -63,7 +63,7 @@ class MetricsLogger:
         self.jsonl.flush()
         text = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
         line = f"[{prefix}] step {step}: {text}"
-        if not self.bar.disable:
+        if not self.bar.disable and prefix == "train":
             self.bar.set_postfix({k: _fmt(v) for k, v in values.items() if k in ("loss", "lr")})
         console(line)
 

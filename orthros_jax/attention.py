@@ -43,7 +43,7 @@ def _pad_axis1(x: jax.Array, length: int, value, front: bool = False) -> jax.Arr
 def _default_segments(segment_ids: jax.Array | None, like: jax.Array) -> jax.Array:
     if segment_ids is None:
         return jnp.ones(like.shape[:2], jnp.int32)
-    return segment_ids.astype(jnp.int32)
+    return jnp.asarray(segment_ids, jnp.int32)
 
 
 def local_attention(
@@ -82,9 +82,9 @@ def local_attention(
     q_seg = _default_segments(q_segment_ids, q)
     k_seg = _default_segments(k_segment_ids, k)
     q = _pad_axis1(q, t_pad, 0)
-    q_pos = _pad_axis1(q_positions.astype(jnp.int32), t_pad, 0)
+    q_pos = _pad_axis1(jnp.asarray(q_positions, jnp.int32), t_pad, 0)
     q_seg = _pad_axis1(q_seg, t_pad, QUERY_PAD_SEGMENT)
-    k_pos = _pad_axis1(k_positions.astype(jnp.int32), t_pad, _PAD_POS)
+    k_pos = _pad_axis1(jnp.asarray(k_positions, jnp.int32), t_pad, _PAD_POS)
     k_seg = _pad_axis1(k_seg, t_pad, KEY_PAD_SEGMENT)
     k = _pad_axis1(k, t_pad, 0)
     v = _pad_axis1(v, t_pad, 0)
@@ -174,8 +174,8 @@ def global_attention(
     scale = 1.0 / math.sqrt(h)
     q_seg = _default_segments(q_segment_ids, q)
     k_seg = _default_segments(k_segment_ids, k_positions)
-    q_pos = q_positions.astype(jnp.int32)
-    k_pos = k_positions.astype(jnp.int32)
+    q_pos = jnp.asarray(q_positions, jnp.int32)  # numpy inputs must not be indexed by tracers
+    k_pos = jnp.asarray(k_positions, jnp.int32)
 
     if lq == 1:
         qg = q.reshape(bsz, 1, kv, g, h)

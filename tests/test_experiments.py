@@ -126,7 +126,7 @@ def test_report_tables_and_plots(tmp_path):
     md = report.markdown(res)
     assert "| Orthros w/o SO | 0.50 ± 0.00 | 0.75 | 0.12 |" in md
     assert "| Transformer (base CPT) | 2.000 | 2.000 ± 0.000 | 2.000 |" in md
-    assert "Run time: 1.5 min" in md
+    assert "Run time: " not in md  # no per-experiment seconds in the fake results
     report.plot(res, str(tmp_path / "r.png"))
     assert report.plot_recall_heatmaps(res, str(tmp_path / "h.png"))
     assert (tmp_path / "r.png").stat().st_size > 0 and (tmp_path / "h.png").stat().st_size > 0

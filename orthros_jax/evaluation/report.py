@@ -22,6 +22,7 @@ ARM_LABELS = {
     "orthros": "Orthros",
     "orthros_noso": "Orthros w/o SO",
 }
+EXPERIMENTS = ("recall", "lm", "convert")
 COLORS = {"transformer": "C0", "swa": "C7", "orthros": "C3", "orthros_noso": "C1"}
 
 
@@ -124,8 +125,13 @@ def markdown(results: Mapping[str, Any]) -> str:
                 f"| {label} | {a['before']['nll']:.3f} | {_pm(a['nll_mean'], a['nll_std'])} | {seeds} |"
             )
         lines += [""]
-    if "seconds" in results:
-        lines.append(f"Run time: {results['seconds'] / 60:.1f} min ({results.get('devices', '')}).")
+    times = [
+        f"{e} {results[e]['seconds'] / 60:.1f} min"
+        for e in EXPERIMENTS
+        if "seconds" in results.get(e, {})
+    ]
+    if times:
+        lines.append(f"Run time: {', '.join(times)} ({results.get('devices', '')}).")
     return "\n".join(lines) + "\n"
 
 
@@ -150,9 +156,13 @@ def plot(results: Mapping[str, Any], path: str) -> None:
                 runs = r["arms"][arm]["runs"]
                 acc = [[run["accuracy_by_length"][str(n)] for run in runs] for n in lengths]
                 x = np.arange(len(lengths)) + (i - (len(arms) - 1) / 2) * width
+                means = [np.mean(a) for a in acc]
+                for xi, m in zip(x, means, strict=True):
+                    if m == 0:  # a zero-height bar is invisible: say so
+                        ax.text(xi, 0.01, "0", ha="center", va="bottom", fontsize=8)
                 ax.bar(
                     x,
-                    [np.mean(a) for a in acc],
+                    means,
                     width,
                     yerr=[np.std(a) for a in acc],
                     label=_label(arm),

@@ -47,6 +47,18 @@ def tiny(arch: str = "orthros", **kw) -> ModelConfig:
     return ModelConfig(**(base | kw))
 
 
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    """A small directory corpus (the embedded one takes seconds to tokenise)."""
+    root = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    words = ["def", "return", "value", "self", "import", "class", "None", "for", "in", "x"]
+    for i in range(60):
+        text = " ".join(rng.choice(words, 300)) + "\n"
+        (root / f"doc{i:02d}.txt").write_text(text)
+    return str(root)
+
+
 # ---------------------------------------------------------------- pure metrics
 
 
@@ -91,14 +103,16 @@ def test_summaries_and_grid_on_hand_records():
     assert agg["nll_mean"] == 2.0 and agg["nll_std"] == pytest.approx(math.sqrt(2.0))
 
 
-def test_lm_metrics_agree_with_the_training_eval_step():
+def test_lm_metrics_agree_with_the_training_eval_step(corpus):
     """Held-out NLL here is the training loop's eval loss on the same batches (PT batches)."""
     from orthros_jax.data import DataConfig, make_eval_batches
     from orthros_jax.training import make_eval_step
 
     cfg = tiny()
     params = init_params(cfg, jax.random.PRNGKey(1))
-    data = DataConfig(kind="pt", seq_len=64, batch_size=4)
+    data = DataConfig(
+        kind="pt", corpus=(corpus,), seq_len=64, batch_size=4, validation_fraction=0.2
+    )
     batches = make_eval_batches(data, 2, process_index=0, process_count=1)
     step = jax.jit(make_eval_step(cfg))
     sums = [jax.device_get(step(params, b)) for b in batches]
@@ -155,11 +169,13 @@ def test_greedy_first_token_equals_teacher_forced_argmax():
         np.testing.assert_array_equal(a[firsts], b[firsts])
 
 
-def test_evaluate_writes_metrics_and_heatmap(tmp_path):
+def test_evaluate_writes_metrics_and_heatmap(tmp_path, corpus):
     cfg = tiny()
     params = init_params(cfg, jax.random.PRNGKey(0))
     spec = EvalSpec(
         tasks=("lm", "passkey", "mqar"),
+        lm_corpus=(corpus,),
+        lm_validation_fraction=0.2,
         lm_seq_len=64,
         lm_batches=1,
         batch_size=4,
@@ -193,7 +209,7 @@ def test_spec_errors_are_value_errors():
 # ---------------------------------------------------------------- the CLI
 
 
-def test_evaluate_cli_on_saved_model_dir(tmp_path):
+def test_evaluate_cli_on_saved_model_dir(tmp_path, corpus):
     """launch/evaluate.py reads a model directory made here and writes only into --out."""
     cfg = tiny("swa")
     model_dir, out = tmp_path / "model", tmp_path / "out"
@@ -203,6 +219,7 @@ def test_evaluate_cli_on_saved_model_dir(tmp_path):
         sys.executable, os.path.join(REPO, "launch", "evaluate.py"), f"--model={model_dir}",
         f"--out={out}", "--tasks=lm,passkey", "--seq_len=64", "--lm_batches=1", "--batch_size=4",
         "--context_lengths=128", "--depths=0.5", "--samples=2", "--decode=greedy",
+        f"--corpus={corpus}", "--validation_fraction=0.2",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

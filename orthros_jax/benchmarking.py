@@ -22,14 +22,10 @@ import jax.numpy as jnp
 
 from orthros_jax import kv_cache as kvc
 from orthros_jax import layers as L
+from orthros_jax.cached_forward import logits_of
 from orthros_jax.config import ModelConfig
 from orthros_jax.kv_cache import KVCache
 from orthros_jax.model import Params, layer_finish, layer_kv, layer_query
-
-
-def _logits(params: Params, x_BD: jax.Array, cfg: ModelConfig) -> jax.Array:
-    head = params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
-    return L.lm_logits(L.rms_norm(x_BD[:, None], params["final_norm"], cfg.norm_eps), head)[:, 0]
 
 
 def _layer(params: Params, i: int) -> Params:
@@ -83,7 +79,7 @@ def _prefill_with(
         q = layer_query(p, x_last, pos, cfg, "base")
         x_last = layer_finish(p, x_last, _last_token_attend(attend, q, k_all, v_all), cfg)
         lengths = jnp.full((bsz,), t, jnp.int32)
-        return _logits(params, x_last[:, 0], cfg), KVCache(ck, cv, lengths)
+        return logits_of(params, x_last[:, 0], cfg), KVCache(ck, cv, lengths)
 
     return run
 

@@ -119,13 +119,5 @@ def time_call(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
     return {"median_s": statistics.median(times), "min_s": min(times), "repeats": repeats}
 
 
-def temp_bytes(jitted: Any, *args: Any) -> int | None:
-    """XLA's temporary-buffer size of the compiled function (None if the backend won't say)."""
-    analysis = jitted.lower(*args).compile().memory_analysis()
-    if analysis is None:
-        return None
-    return int(analysis.temp_size_in_bytes)
-
-
 def tree_bytes(tree: Any) -> int:
     return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(tree))

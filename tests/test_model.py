@@ -35,7 +35,7 @@ def _tokens(seed: int = 0, b: int = 2, t: int = T, vocab: int = 97) -> jax.Array
     return jax.random.randint(jax.random.PRNGKey(seed), (b, t), 0, vocab)
 
 
-def _single_stream(params, arch: str):
+def _single_stream(params):
     """Same shared weights without the SO vectors: the transformer/swa arms' layout."""
     layers = {k: v for k, v in params["layers"].items() if not k.startswith("so_")}
     return {**params, "layers": layers}
@@ -63,17 +63,15 @@ def test_identity_so_and_full_window_equals_transformer(params):
     wide = BASE.replace(window=T)
     transformer = BASE.replace(architecture="transformer", scale_offset=False)
     swa = BASE.replace(architecture="swa", scale_offset=False, window=T + 5)
-    want = _apply(transformer, _single_stream(params, "transformer"), tokens)
+    want = _apply(transformer, _single_stream(params), tokens)
     np.testing.assert_allclose(_apply(wide, params, tokens), want, atol=1e-5, rtol=0)
-    np.testing.assert_allclose(
-        _apply(swa, _single_stream(params, "swa"), tokens), want, atol=1e-5, rtol=0
-    )
+    np.testing.assert_allclose(_apply(swa, _single_stream(params), tokens), want, atol=1e-5, rtol=0)
     # A real window changes the base stream, hence the output stream's K/V: logits differ.
     narrow = _apply(BASE, params, tokens)
     assert np.abs(narrow - want).max() > 1e-3
     # And the output stream still differs from the SWA arm (it reads the whole history).
     swa_narrow = _apply(
-        BASE.replace(architecture="swa", scale_offset=False), _single_stream(params, "swa"), tokens
+        BASE.replace(architecture="swa", scale_offset=False), _single_stream(params), tokens
     )
     assert np.abs(narrow - swa_narrow).max() > 1e-3
 
@@ -121,7 +119,7 @@ def test_base_kv_independent_of_output_stream(params):
 @pytest.mark.parametrize("arch", ["orthros", "transformer", "swa"])
 def test_causal_and_packed_segments_isolated(params, arch):
     cfg = BASE if arch == "orthros" else BASE.replace(architecture=arch, scale_offset=False)
-    p = _randomize_so(params, 3) if arch == "orthros" else _single_stream(params, arch)
+    p = _randomize_so(params, 3) if arch == "orthros" else _single_stream(params)
     tokens = _tokens(2)
     t_cut = 17
     changed = tokens.at[:, t_cut + 1 :].set((tokens[:, t_cut + 1 :] + 5) % 97)
@@ -143,7 +141,7 @@ def test_causal_and_packed_segments_isolated(params, arch):
 @pytest.mark.parametrize("arch", ["orthros", "transformer"])
 def test_sft_logits_equal_pt_logits_at_output_positions(params, arch):
     cfg = BASE if arch == "orthros" else BASE.replace(architecture=arch, scale_offset=False)
-    p = _randomize_so(params, 4) if arch == "orthros" else _single_stream(params, arch)
+    p = _randomize_so(params, 4) if arch == "orthros" else _single_stream(params)
     tokens = _tokens(5)
     pt = _apply(cfg, p, tokens)
     idx = jnp.asarray([[3, 20, 28, 7], [0, 1, 13, 13]], jnp.int32)

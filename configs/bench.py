@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.decode_steps = 16
     c.train_len = 2048
     c.train_batch = 1
-    c.repeats = 3
+    c.repeats = 5
     c.batch_size = 1
     c.seed = 0
     return c

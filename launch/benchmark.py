@@ -57,8 +57,8 @@ def single_stream(params):
     return {**params, "layers": layers}
 
 
-def run_prefill(cfg, params, fn, t: int, c, *, library: bool) -> dict:
-    """Times one prefill variant on a full-length prompt of t tokens."""
+def prefill_call(cfg, params, fn, t: int, c, *, library: bool):
+    """A no-argument call of one prefill variant on a full-length prompt of t tokens."""
     tokens = jax.random.randint(jax.random.PRNGKey(c.seed), (c.batch_size, t), 0, cfg.vocab_size)
     lengths = jnp.full((c.batch_size,), t, jnp.int32)
     state = {"cache": init_cache(cfg, c.batch_size, t)}
@@ -74,29 +74,32 @@ def run_prefill(cfg, params, fn, t: int, c, *, library: bool) -> dict:
         state["cache"] = cache.replace(lengths=jnp.zeros_like(cache.lengths))
         return logits
 
-    return B.time_call(call, c.repeats)
+    return call
 
 
 def prefill_suite(c, cfgs, params, results) -> None:
     floor = B.floor_prefill(cfgs["transformer"])
     rows = []
     for t in c.prefill_lengths:
-        row = {"T": t}
+        calls = {
+            name: prefill_call(cfg, params[name], prefill, t, c, library=True)
+            for name, cfg in cfgs.items()
+            if name != "transformer" or t <= c.transformer_max_len
+        }
+        calls["floor"] = prefill_call(
+            cfgs["transformer"], params["transformer"], floor, t, c, library=False
+        )
+        row = {"T": t, **B.time_interleaved(calls, c.repeats)}
         for name, cfg in cfgs.items():
-            if name == "transformer" and t > c.transformer_max_len:
-                continue
-            timing = run_prefill(cfg, params[name], prefill, t, c, library=True)
-            row[name] = timing
             row[f"{name}_gflop"] = flops.prefill_flops(cfg, t) / 1e9
-        timing = run_prefill(cfgs["transformer"], params["transformer"], floor, t, c, library=False)
-        row["floor"] = timing
         row["floor_gflop"] = flops.floor_prefill_flops(cfgs["orthros"], t) / 1e9
-        o = row["orthros"]["median_s"]
-        row["orthros_over_floor"] = o / row["floor"]["median_s"]
+        row["orthros_over_floor"] = B.ratio(row["orthros"], row["floor"])
         if "transformer" in row:
-            row["speedup"] = row["transformer"]["median_s"] / o
+            row["speedup"] = B.ratio(row["transformer"], row["orthros"])
             row["flop_ideal_speedup"] = row["transformer_gflop"] / row["orthros_gflop"]
             row["speedup_fraction_of_ideal"] = row["speedup"] / row["flop_ideal_speedup"]
+        else:
+            del row["transformer_gflop"]
         rows.append(row)
         print(
             f"prefill T={t}: "
@@ -111,17 +114,16 @@ def honesty_suite(c, cfgs, params, results) -> None:
     dense = B.dense_prefill(cfg)
     rows = []
     for t in [t for t in c.prefill_lengths if t <= c.dense_max_len]:
-        ours = run_prefill(cfg, params["transformer"], prefill, t, c, library=True)
-        ref = run_prefill(cfg, params["transformer"], dense, t, c, library=False)
-        rows.append(
-            {
-                "T": t,
-                "transformer": ours,
-                "dense_dot_product_attention": ref,
-                "ours_over_dense": ours["median_s"] / ref["median_s"],
-            }
-        )
-        print(f"honesty T={t}: ours/dense = {rows[-1]['ours_over_dense']:.3f}", flush=True)
+        calls = {
+            "transformer": prefill_call(cfg, params["transformer"], prefill, t, c, library=True),
+            "dense_dot_product_attention": prefill_call(
+                cfg, params["transformer"], dense, t, c, library=False
+            ),
+        }
+        row = {"T": t, **B.time_interleaved(calls, c.repeats)}
+        row["ours_over_dense"] = B.ratio(row["transformer"], row["dense_dot_product_attention"])
+        rows.append(row)
+        print(f"honesty T={t}: ours/dense = {row['ours_over_dense']:.3f}", flush=True)
     results["honesty"] = rows
 
 
@@ -159,25 +161,26 @@ def filled_cache(cfg: ModelConfig, bsz: int, context: int, room: int) -> KVCache
 def decode_suite(c, cfgs, params, results) -> None:
     rows = []
     for ctx in c.decode_contexts:
-        row = {"context": ctx}
+        calls = {}
         for name, cfg in cfgs.items():
-            state = {
-                "cache": filled_cache(cfg, c.batch_size, ctx, c.decode_steps * (c.repeats + 2))
-            }
+            room = c.decode_steps * (c.repeats + 1)
+            state = {"cache": filled_cache(cfg, c.batch_size, ctx, room)}
             tok = jnp.zeros((c.batch_size,), jnp.int32)
 
-            def call(cfg=cfg, name=name, state=state, tok=tok):
-                logits, state["cache"] = decode_step(params[name], state["cache"], tok, cfg)
+            def steps(cfg=cfg, name=name, state=state, tok=tok):
+                for _ in range(c.decode_steps):
+                    logits, state["cache"] = decode_step(params[name], state["cache"], tok, cfg)
                 return logits
 
-            timing = B.time_call(
-                lambda call=call: [call() for _ in range(c.decode_steps)][-1], c.repeats
-            )
+            calls[name] = steps
+        timing = B.time_interleaved(calls, c.repeats)
+        row = {"context": ctx}
+        for name, cfg in cfgs.items():
             row[name] = {
-                "step_s": timing["median_s"] / c.decode_steps,
+                "step_s": timing[name]["median_s"] / c.decode_steps,
                 "gflop": flops.decode_flops(cfg, ctx) / 1e9,
             }
-        row["orthros_over_transformer"] = row["orthros"]["step_s"] / row["transformer"]["step_s"]
+        row["orthros_over_transformer"] = B.ratio(timing["orthros"], timing["transformer"])
         rows.append(row)
         print(f"decode ctx={ctx}: " + json.dumps(row), flush=True)
     results["decode"] = rows
@@ -186,7 +189,7 @@ def decode_suite(c, cfgs, params, results) -> None:
 def train_suite(c, cfgs, params, results) -> None:
     t = c.train_len
     tokens = jax.random.randint(jax.random.PRNGKey(2), (c.train_batch, t + 1), 0, 256)
-    row = {"T": t}
+    calls = {}
     for name, cfg in cfgs.items():
         model = OrthrosLM(cfg)
 
@@ -196,9 +199,11 @@ def train_suite(c, cfgs, params, results) -> None:
             return -jnp.take_along_axis(logp, tokens[:, 1:, None], -1).mean()
 
         step = jax.jit(jax.value_and_grad(loss))
-        timing = B.time_call(lambda step=step, name=name: step(params[name]), c.repeats)
-        row[name] = {**timing, "gflop": 3 * flops.pt_forward_flops(cfg, t) * c.train_batch / 1e9}
-    row["time_ratio"] = row["orthros"]["median_s"] / row["transformer"]["median_s"]
+        calls[name] = lambda step=step, name=name: step(params[name])
+    row = {"T": t, **B.time_interleaved(calls, c.repeats)}
+    for name, cfg in cfgs.items():
+        row[name]["gflop"] = 3 * flops.pt_forward_flops(cfg, t) * c.train_batch / 1e9
+    row["time_ratio"] = B.ratio(row["orthros"], row["transformer"])
     row["flop_ratio"] = row["orthros"]["gflop"] / row["transformer"]["gflop"]
     row["time_ratio_over_flop_ratio"] = row["time_ratio"] / row["flop_ratio"]
     print("train: " + json.dumps(row), flush=True)
@@ -226,6 +231,7 @@ def main(argv) -> None:
         "jax": jax.__version__,
         "model": cfgs["orthros"].to_dict(),
         "command": " ".join(["python"] + sys.argv),
+        "repeats": c.repeats,
     }
     t0 = time.time()
     suites = {

@@ -108,15 +108,28 @@ def dense_prefill(cfg: ModelConfig) -> Callable[..., tuple[jax.Array, KVCache]]:
     return jax.jit(_prefill_with(_dense_causal, 1 << 30, cfg), donate_argnums=(1,))
 
 
-def time_call(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
-    """Median/min wall time in seconds of fn() (one warm-up call first, which compiles)."""
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, dict]:
+    """Wall times in seconds of several calls measured side by side: one warm-up call each
+    (it compiles), then `repeats` rounds that call each in turn, so the slow drifts of a shared
+    machine hit every call alike. Returns, per name, {"median_s", "min_s", "repeats",
+    "times_s" (one per round)}; `ratio` compares two of them round by round."""
+    for fn in fns.values():
         jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return {"median_s": statistics.median(times), "min_s": min(times), "repeats": repeats}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - t0)
+    return {
+        name: {"median_s": statistics.median(t), "min_s": min(t), "repeats": repeats, "times_s": t}
+        for name, t in times.items()
+    }
+
+
+def ratio(a: dict, b: dict) -> float:
+    """Median over rounds of a's time / b's time, for two entries of one `time_interleaved`."""
+    return statistics.median(x / y for x, y in zip(a["times_s"], b["times_s"], strict=True))
 
 
 def tree_bytes(tree: Any) -> int:

@@ -49,6 +49,17 @@ def test_dense_prefill_equals_transformer_prefill():
     )
 
 
+def test_time_interleaved_alternates_calls_and_ratio_is_per_round():
+    order = []
+    calls = {name: (lambda name=name: order.append(name)) for name in ("a", "b")}
+    timing = B.time_interleaved(calls, repeats=3)
+    assert order == ["a", "b"] * 4  # one warm-up each, then 3 rounds of both
+    assert timing["a"]["repeats"] == 3 and len(timing["b"]["times_s"]) == 3
+    a = {"times_s": [1.0, 4.0, 2.0]}
+    b = {"times_s": [2.0, 1.0, 1.0]}  # per-round ratios 0.5, 4, 2
+    assert B.ratio(a, b) == 2.0
+
+
 def test_flop_model_hand_values():
     cfg = CFG.replace(architecture="orthros", scale_offset=True)
     # Window keys: positions 0..5 with w=4 read 1+2+3+4+4+4 keys.

@@ -52,7 +52,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         f"Benchmark of {results['date']} on {results['backend']} ({results['device']}, "
         f"{results['cpu_count']} CPUs), jax {results['jax']}: `{results['command']}` "
-        f"({results['wall_s']:.0f} s). Times are medians of {results['repeats']} rounds, each "
+        f"({results['wall_s']:.0f} s, XLA_FLAGS={results['xla_flags'] or '(none)'}). Times are medians of {results['repeats']} rounds, each "
         "running every compared call once; a ratio is the median of its per-round ratios.",
         "",
         "| figure | target | measured |",

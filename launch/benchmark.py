@@ -232,6 +232,7 @@ def main(argv) -> None:
         "model": cfgs["orthros"].to_dict(),
         "command": " ".join(["python"] + sys.argv),
         "repeats": c.repeats,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
     t0 = time.time()
     suites = {

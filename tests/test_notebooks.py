@@ -46,11 +46,19 @@ def _install_cell(path: str) -> str:
     return next(c for c in nb.cells if c.cell_type == "code").source
 
 
-def test_install_cell_installs_from_the_checkout(tmp_path):
-    """Where orthros_jax is not importable (a fresh Colab runtime), the first cell pip-installs
-    it: here from the checkout that holds the notebook (a copy, so the build writes nothing
-    into this one), into a private target directory, run by an interpreter that cannot see the
-    editable install (-S skips its .pth file)."""
+def _run_cell(cell: str, cwd, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Runs a cell's code in an interpreter that cannot see the editable install (-S skips
+    site-packages' .pth files; jax & co. come back through PYTHONPATH)."""
+    probe = "import importlib.util\nassert importlib.util.find_spec('orthros_jax') is None\n"
+    return subprocess.run(
+        [sys.executable, "-S", "-c", probe + cell], cwd=cwd, env=env, capture_output=True, text=True
+    )
+
+
+def test_install_cell_installs_when_the_package_is_missing(tmp_path):
+    """A fresh Colab runtime: the first cell pip-installs SOURCE and imports it. Here SOURCE is
+    a wheel built from a copy of this checkout (a copy, so the build writes nothing into this
+    one) and pip installs it into a private target directory."""
     checkout = tmp_path / "checkout"
     checkout.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -58,37 +66,45 @@ def test_install_cell_installs_from_the_checkout(tmp_path):
     for name in ("orthros_jax", "notebooks"):
         skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
         shutil.copytree(os.path.join(REPO, name), checkout / name, ignore=skip)
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(checkout)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = wheels.glob("orthros_jax-*.whl")
     target = tmp_path / "site"
     target.mkdir()
     site_packages = [p for p in sys.path if p.endswith("site-packages")]
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(target), *site_packages]),  # jax & co., not us
+        "PYTHONPATH": os.pathsep.join([str(target), *site_packages]),
         "PIP_TARGET": str(target),
         "PIP_NO_DEPS": "1",
+        "ORTHROS_JAX_SOURCE": str(wheel),
     }
-    env.pop("ORTHROS_JAX_SOURCE", None)
     cell = _install_cell(NOTEBOOKS[0])
-    probe = "import importlib.util\nassert importlib.util.find_spec('orthros_jax') is None\n"
-    run = subprocess.run(
-        [sys.executable, "-S", "-c", probe + cell],
-        cwd=checkout / "notebooks",
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    run = _run_cell(cell, tmp_path, env)
     assert run.returncode == 0, run.stderr[-3000:]
     assert f"orthros_jax from {target / 'orthros_jax'}" in run.stdout
     assert (target / "orthros_jax" / "cached_forward.py").is_file()
-    # Without a source and outside a checkout: a clear error, no pip call.
-    run = subprocess.run(
-        [sys.executable, "-S", "-c", cell],
-        cwd=tmp_path,
-        env={**env, "PYTHONPATH": os.pathsep.join(site_packages)},
-        capture_output=True,
-        text=True,
-    )
+
+    # Without SOURCE, opened from a checkout's notebooks/: the cell installs that checkout (pip
+    # is made to fail at once here; its error names what it was asked to install).
+    env_checkout = {
+        **env,
+        "PYTHONPATH": os.pathsep.join(site_packages),  # not the target installed above
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(tmp_path / "none"),
+    }
+    del env_checkout["ORTHROS_JAX_SOURCE"]
+    run = _run_cell(cell, checkout / "notebooks", env_checkout)
+    assert f"'pip', 'install', '-q', '{checkout}'" in run.stderr, run.stderr[-3000:]
+
+    # Without SOURCE and outside a checkout: a clear error, no pip call.
+    run = _run_cell(cell, tmp_path, env_checkout)
     assert run.returncode != 0 and "set SOURCE above" in run.stderr
+    assert "pip" not in run.stderr.replace("set SOURCE above", "")
 
 
 def test_notebooks_share_one_install_cell():

@@ -20,6 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
             dtype="float32",  # launch/benchmark.py switches to bfloat16 on accelerators
             param_dtype="float32",
             prefill_chunk=1024,
+            attention_block_local=128,  # multi-threaded under default XLA:CPU (suite "window")
             attention_block_q=512,
             attention_block_k=512,
         )
@@ -31,6 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.decode_steps = 16
     c.train_len = 2048
     c.train_batch = 1
+    c.window_blocks = (32, 64, 128)  # suite 'window': query block sizes of the window kernel
     c.repeats = 5
     c.batch_size = 1
     c.seed = 0

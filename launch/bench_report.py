@@ -88,6 +88,10 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {r['context']} | {1e3 * r['orthros']['step_s']:.2f} | "
                 f"{1e3 * r['transformer']['step_s']:.2f} | {r['orthros_over_transformer']:.3f} |"
             )
+    win = results.get("window", [])
+    if win:
+        lines += ["", "| window-attention query block | ms per chunk and layer |", "|---|---|"]
+        lines += [f"| {r['block']} | {r['ms_per_chunk_layer']:.2f} |" for r in win]
     return "\n".join(lines) + "\n"
 
 

@@ -39,7 +39,7 @@ _OUT = flags.DEFINE_string("out", None, "Directory for bench.json / bench.md / b
 _SUITES = flags.DEFINE_list(
     "suites", ["prefill", "honesty", "memory", "decode", "train"], "Suites to run."
 )
-SUITES = ("prefill", "honesty", "memory", "decode", "train")
+SUITES = ("prefill", "honesty", "memory", "decode", "train", "window")
 
 
 def arms(c) -> dict[str, ModelConfig]:
@@ -91,15 +91,14 @@ def prefill_suite(c, cfgs, params, results) -> None:
         )
         row = {"T": t, **B.time_interleaved(calls, c.repeats)}
         for name, cfg in cfgs.items():
-            row[f"{name}_gflop"] = flops.prefill_flops(cfg, t) / 1e9
+            if name in calls:
+                row[f"{name}_gflop"] = flops.prefill_flops(cfg, t) / 1e9
         row["floor_gflop"] = flops.floor_prefill_flops(cfgs["orthros"], t) / 1e9
         row["orthros_over_floor"] = B.ratio(row["orthros"], row["floor"])
         if "transformer" in row:
             row["speedup"] = B.ratio(row["transformer"], row["orthros"])
             row["flop_ideal_speedup"] = row["transformer_gflop"] / row["orthros_gflop"]
             row["speedup_fraction_of_ideal"] = row["speedup"] / row["flop_ideal_speedup"]
-        else:
-            del row["transformer_gflop"]
         rows.append(row)
         print(
             f"prefill T={t}: "
@@ -210,6 +209,22 @@ def train_suite(c, cfgs, params, results) -> None:
     results["train"] = row
 
 
+def window_suite(c, cfgs, params, results) -> None:
+    """The sliding-window attention kernel alone, per query block size (not in the default
+    suites: a diagnosis of the Orthros / floor gap; run it pinned to one core with taskset to
+    see whether the kernel uses more than one)."""
+    del params
+    cfg = cfgs["orthros"]
+    calls = {f"block_{b}": B.window_attention_layers(cfg, b, c.batch_size) for b in c.window_blocks}
+    timing = B.time_interleaved(calls, c.repeats)
+    rows = [
+        {"block": b, "ms_per_chunk_layer": 1e3 * timing[f"block_{b}"]["median_s"] / cfg.n_layers}
+        for b in c.window_blocks
+    ]
+    print("window: " + json.dumps(rows), flush=True)
+    results["window"] = rows
+
+
 def main(argv) -> None:
     del argv
     c = _CONFIG.value
@@ -241,6 +256,7 @@ def main(argv) -> None:
         "memory": memory_suite,
         "decode": decode_suite,
         "train": train_suite,
+        "window": window_suite,
     }
     for name in SUITES:
         if name in _SUITES.value:

@@ -8,6 +8,8 @@ the same per-layer functions and the same cache writes:
                  at once (T x T scores): the baseline's honesty check.
 Both return (logits [B, V], cache) like `prefill`; dense_prefill's logits equal the
 Transformer arm's (tested), so the comparison is of speed only.
+`window_attention_layers` isolates the base stream's sliding-window attention of one prefill
+chunk (what Orthros pays over the floor) to time its kernel on its own.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import jax.numpy as jnp
 
 from orthros_jax import kv_cache as kvc
 from orthros_jax import layers as L
+from orthros_jax.attention import local_attention
 from orthros_jax.cached_forward import logits_of
 from orthros_jax.config import ModelConfig
 from orthros_jax.kv_cache import KVCache
@@ -106,6 +109,33 @@ def floor_prefill(cfg: ModelConfig) -> Callable[..., tuple[jax.Array, KVCache]]:
 def dense_prefill(cfg: ModelConfig) -> Callable[..., tuple[jax.Array, KVCache]]:
     """Jitted Transformer prefill with dense `jax.nn.dot_product_attention` over the whole prompt."""
     return jax.jit(_prefill_with(_dense_causal, 1 << 30, cfg), donate_argnums=(1,))
+
+
+def window_attention_layers(cfg: ModelConfig, block: int, batch: int) -> Callable[[], jax.Array]:
+    """A no-argument call of `local_attention` over one prefill chunk (cfg.prefill_chunk
+    queries, the previous W-1 keys as prefix, query block `block`), repeated for cfg.n_layers
+    layers inside one jitted loop, as prefill runs it. Random inputs: timing only."""
+    c, w, h, n, kv = cfg.prefill_chunk, cfg.window, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    keys = jax.random.split(jax.random.PRNGKey(0), 5)
+    q = jax.random.normal(keys[0], (batch, c, n, h), cfg.jnp_dtype)
+    k, v = (jax.random.normal(x, (batch, c, kv, h), cfg.jnp_dtype) for x in keys[1:3])
+    pk, pv = (jax.random.normal(x, (batch, w - 1, kv, h), cfg.jnp_dtype) for x in keys[3:5])
+    pos = jnp.broadcast_to(w + jnp.arange(c, dtype=jnp.int32), (batch, c))
+    pre = jnp.broadcast_to(1 + jnp.arange(w - 1, dtype=jnp.int32), (batch, w - 1))
+    prefix = (pk, pv, pre, jnp.ones_like(pre))
+
+    @jax.jit
+    def run(q: jax.Array) -> jax.Array:
+        def layer(_, acc):  # acc feeds the next query: the layers cannot be merged or hoisted
+            o = local_attention(
+                acc, k, v, q_positions=pos, k_positions=pos, window=w, prefix=prefix,
+                block_size=block,
+            )  # fmt: skip
+            return acc + o.astype(acc.dtype)
+
+        return jax.lax.fori_loop(0, cfg.n_layers, layer, q)
+
+    return lambda: run(q)
 
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, dict]:

@@ -93,6 +93,8 @@ def test_benchmark_runs_end_to_end(tmp_path):
         "--config.decode_steps=2",
         "--config.train_len=32",
         "--config.repeats=1",
+        "--config.window_blocks=(4,8)",
+        "--suites=prefill,honesty,memory,decode,train,window",
     ]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
     results = json.loads((out / "bench.json").read_text())
@@ -103,3 +105,5 @@ def test_benchmark_runs_end_to_end(tmp_path):
     assert results["memory"][0]["orthros"]["cache_plus_params_bytes"] > 0
     assert (out / "bench.png").stat().st_size > 1000
     assert "| T |" in (out / "bench.md").read_text()
+    assert [r["block"] for r in results["window"]] == [4, 8]
+    assert all(r["ms_per_chunk_layer"] > 0 for r in results["window"])

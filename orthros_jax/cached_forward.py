@@ -246,9 +246,9 @@ def decode(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array,
 
     x = embed(params, tokens[:, None], cfg)
     # Every layer runs inside one loop, the last included although its base output is dead:
-    # a cache write after the layer loop made XLA copy the whole cache on every step
-    # (measured, bench config at 16K: a Transformer step 16.6 -> 30.2 ms with the last layer
-    # outside the loop), while the dead base costs one token's window attention and FFN.
+    # a cache write after the layer loop made XLA copy the whole cache on every step (bench
+    # config at 16K: Orthros decode 2.0x the Transformer's, now 1.1x; README "Performance"),
+    # while the dead base costs one token's window attention and FFN.
     x, x_out, ck, cv = for_layers(layer, (x, x, cache.k, cache.v), params, cfg)
     final = x_out if cfg.two_streams else x
     return logits_of(params, final[:, 0], cfg), KVCache(ck, cv, pos + active.astype(jnp.int32))

@@ -1,0 +1,298 @@
+"""Sequence-parallel attention: collective kernels meant to run inside `jax.shard_map`.
+
+The sequence axis (and a KV cache's slot axis) is split contiguously over the P shards of a
+mesh axis (`axis_name`, e.g. "sequence"): shard i holds rows [i * Ls, (i + 1) * Ls) of a
+length-T array, Ls = T / P. Arguments are per-shard blocks; masks come from positions and
+segment ids, exactly as in attention.py, so rows a shard receives as padding are masked by
+their segment (KEY_PAD_SEGMENT), never by array index.
+
+  halo                          the `halo_len` rows before this shard, by `lax.ppermute`
+                                (several hops when halo_len > Ls); bytes independent of T
+  sharded_window_attention      the base stream's sliding window: own keys + a (w-1)-row halo,
+                                through attention.local_attention's `prefix`
+  sharded_global_attention_partial, merge_partials
+                                split-K attention for a few replicated queries per row over
+                                sharded keys, merged across shards by log-sum-exp
+  allgather_causal_attention    the Transformer arm's baseline: K/V all-gathered, then the
+                                blocked attention.global_attention (skips invisible blocks)
+The ring variant of the baseline is in ring_attention.py; bytes per collective from compiled
+HLO in hlo_stats.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from orthros_jax.attention import KEY_PAD_SEGMENT, global_attention, local_attention
+
+_MASKED = -1e30  # finite, as in attention.py: a row with no visible key stays finite
+# Position given to halo rows that do not exist (before the sequence start): never <= a query's.
+FAR_POSITION = jnp.iinfo(jnp.int32).max // 2
+
+
+def check_sequence_split(length: int, n_shards: int, what: str = "sequence length") -> int:
+    """Validates that `length` rows split evenly over `n_shards`; returns the shard length."""
+    if not isinstance(n_shards, int) or n_shards < 1:
+        raise ValueError(f"the sequence axis size must be a positive int, got {n_shards!r}")
+    if not isinstance(length, int) or length < 1:
+        raise ValueError(f"{what} must be a positive int, got {length!r}")
+    if length % n_shards:
+        fit = -(-length // n_shards) * n_shards
+        raise ValueError(
+            f"{what} {length} is not divisible by the sequence axis size {n_shards}; "
+            f"use a multiple of {n_shards} (e.g. {fit}, padding the rest)"
+        )
+    return length // n_shards
+
+
+def _check_seq_shapes(name: str, shape: tuple[int, ...], batch: int, length: int) -> None:
+    if shape[:2] != (batch, length):
+        raise ValueError(
+            f"{name} has shape {shape}; expected [B={batch}, L={length}, ...] (per-shard block)"
+        )
+
+
+def halo(x_shard: jax.Array, halo_len: int, axis_name: str, *, axis: int = 1, fill=0) -> jax.Array:
+    """The `halo_len` rows (along `axis`) that precede this shard in the unsplit array.
+
+    x_shard: this shard's block, e.g. K/V [B, Ls, K, H], positions/segments [B, Ls], or a
+    head-major cache layer [B, K, Ls, H] with axis=2. Returns x_shard's shape with
+    shape[axis] = halo_len; the last row is the one right before this shard's first row.
+    Rows before the start of the sequence (shard 0, or near shards when the halo spans more
+    shards than exist before this one) are `fill`: give positions FAR_POSITION and segments
+    KEY_PAD_SEGMENT so that attention masks them. Hop j receives from shard i - j: every hop
+    but the farthest moves a whole shard, the farthest only the rows still needed, so each
+    shard receives exactly halo_len rows whatever T is.
+    """
+    if not isinstance(halo_len, int) or halo_len < 0:
+        raise ValueError(f"halo: halo_len must be an int >= 0, got {halo_len!r}")
+    if not -x_shard.ndim <= axis < x_shard.ndim:
+        raise ValueError(f"halo: axis {axis} is out of range for an array of shape {x_shard.shape}")
+    ls = x_shard.shape[axis]
+    if halo_len == 0 or ls == 0:
+        shape = list(x_shard.shape)
+        shape[axis] = halo_len
+        return jnp.full(shape, fill, x_shard.dtype)
+    n = jax.lax.axis_size(axis_name)
+    me = jax.lax.axis_index(axis_name)
+    hops = -(-halo_len // ls)
+    parts = []
+    for j in range(hops, 0, -1):  # farthest first: the result is in sequence order
+        rows = ls if j < hops else halo_len - (hops - 1) * ls
+        piece = jax.lax.slice_in_dim(x_shard, ls - rows, ls, axis=axis)
+        if j >= n:  # no shard that far back: all padding, nothing to send
+            parts.append(jnp.full_like(piece, fill))
+            continue
+        got = jax.lax.ppermute(piece, axis_name, [(i, i + j) for i in range(n - j)])
+        parts.append(jnp.where(me >= j, got, jnp.asarray(fill, got.dtype)))
+    return jnp.concatenate(parts, axis=axis)
+
+
+def sharded_window_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_positions: jax.Array,
+    k_positions: jax.Array,
+    q_segment_ids: jax.Array | None = None,
+    k_segment_ids: jax.Array | None = None,
+    *,
+    window: int,
+    axis_name: str,
+    block_size: int | None = None,
+) -> jax.Array:
+    """Sliding-window self-attention of this shard's tokens (inside shard_map).
+
+    q: [B, Ls, N, H]; k, v: [B, Ls, K, H] aligned with q; positions/segment ids: [B, Ls].
+    Each query sees its own shard's keys plus the previous `window - 1` keys of the unsplit
+    sequence, received as a halo (several hops when window - 1 > Ls). Equals
+    attention.local_attention on the unsplit arrays. Returns [B, Ls, N, H] in q's dtype.
+    """
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"sharded_window_attention: window must be an int >= 1, got {window!r}")
+    bsz, ls = q.shape[:2]
+    for name, a in (("k", k), ("v", v), ("q_positions", q_positions), ("k_positions", k_positions)):
+        _check_seq_shapes(name, a.shape, bsz, ls)
+    k_pos = jnp.asarray(k_positions, jnp.int32)
+    k_seg = (
+        jnp.ones((bsz, ls), jnp.int32)
+        if k_segment_ids is None
+        else jnp.asarray(k_segment_ids, jnp.int32)
+    )
+    prefix = None
+    if window > 1:
+        hl = window - 1
+        prefix = (
+            halo(k, hl, axis_name),
+            halo(v, hl, axis_name),
+            halo(k_pos, hl, axis_name, fill=FAR_POSITION),
+            halo(k_seg, hl, axis_name, fill=KEY_PAD_SEGMENT),
+        )
+    return local_attention(
+        q,
+        k,
+        v,
+        q_positions=q_positions,
+        k_positions=k_pos,
+        window=window,
+        q_segment_ids=q_segment_ids,
+        k_segment_ids=k_seg,
+        prefix=prefix,
+        block_size=block_size,
+    )
+
+
+class Partial(NamedTuple):
+    """One shard's share of an attention: out [B, Q, N, H] (normalised over this shard's
+    visible keys, 0 where it sees none), max and sum [B, Q, N] of its scores (float32)."""
+
+    out: jax.Array
+    max: jax.Array
+    sum: jax.Array
+
+
+def partial_scores(
+    qg: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Unnormalised attention of grouped queries over head-major keys, with its statistics.
+
+    qg: [B, Q, K, G, H]; k, v: [B, K, S, H]; visible: [B, Q, S] bool.
+    Returns acc [B, K, G, Q, H], max [B, K, G, Q], sum [B, K, G, Q], all float32: invisible
+    keys get weight exactly 0, so a query that sees nothing has acc = sum = 0, max = -1e30.
+    """
+    scale = 1.0 / math.sqrt(qg.shape[-1])
+    s = jnp.einsum("bqkgh,bksh->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale
+    mask = visible[:, None, None]
+    s = jnp.where(mask, s, _MASKED)
+    m = s.max(axis=-1)
+    p = jnp.where(mask, jnp.exp(s - m[..., None]), 0.0)
+    acc = jnp.einsum("bkgqs,bksh->bkgqh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return acc, m, p.sum(axis=-1)
+
+
+def combine(
+    a: tuple[jax.Array, jax.Array, jax.Array], b: tuple[jax.Array, jax.Array, jax.Array]
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Log-sum-exp combine of two unnormalised partials (acc [.., H], max [..], sum [..]) of
+    the same queries over disjoint keys. A side that saw no key (sum 0) contributes nothing."""
+    acc_a, m_a, l_a = a
+    acc_b, m_b, l_b = b
+    m = jnp.maximum(m_a, m_b)
+    c_a, c_b = jnp.exp(m_a - m), jnp.exp(m_b - m)
+    return acc_a * c_a[..., None] + acc_b * c_b[..., None], m, l_a * c_a + l_b * c_b
+
+
+def sharded_global_attention_partial(
+    q: jax.Array,
+    k_shard: jax.Array,
+    v_shard: jax.Array,
+    q_positions: jax.Array,
+    k_positions_shard: jax.Array,
+    q_segment_ids: jax.Array | None = None,
+    k_segment_ids_shard: jax.Array | None = None,
+    *,
+    kv_head_major: bool = False,
+) -> Partial:
+    """Causal attention of a few queries per row over this shard's keys (inside shard_map).
+
+    q: [B, Q, N, H] at q_positions [B, Q], the same on every shard (a prefill's last token, a
+    decode step); k_shard, v_shard: [B, Ls, K, H], or [B, K, Ls, H] with kv_head_major=True (a
+    sharded cache layer read in place); k_positions_shard [B, Ls]. A key is visible when its
+    position <= the query's and the segments match (default: all 1). Returns this shard's
+    Partial; `merge_partials` combines them across shards.
+    """
+    bsz, nq, n, h = q.shape
+    if kv_head_major:
+        k_hm, v_hm = k_shard, v_shard
+    else:
+        k_hm, v_hm = jnp.swapaxes(k_shard, 1, 2), jnp.swapaxes(v_shard, 1, 2)
+    kv, ls = k_hm.shape[1], k_hm.shape[2]
+    if k_hm.shape != (bsz, kv, ls, h) or v_hm.shape != k_hm.shape or n % kv:
+        layout = "[B, K, Ls, H]" if kv_head_major else "[B, Ls, K, H]"
+        raise ValueError(
+            f"sharded_global_attention_partial: q {q.shape} and k/v {k_shard.shape}/"
+            f"{v_shard.shape} do not fit: k and v must be {layout} with B={bsz}, H={h} and a "
+            f"number of kv heads dividing N={n}"
+        )
+    _check_seq_shapes("q_positions", q_positions.shape, bsz, nq)
+    _check_seq_shapes("k_positions_shard", k_positions_shard.shape, bsz, ls)
+    q_pos = jnp.asarray(q_positions, jnp.int32)
+    k_pos = jnp.asarray(k_positions_shard, jnp.int32)
+    visible = k_pos[:, None, :] <= q_pos[:, :, None]
+    if q_segment_ids is not None or k_segment_ids_shard is not None:
+        q_seg = jnp.ones((bsz, nq), jnp.int32) if q_segment_ids is None else q_segment_ids
+        k_seg = (
+            jnp.ones((bsz, ls), jnp.int32) if k_segment_ids_shard is None else k_segment_ids_shard
+        )
+        visible &= jnp.asarray(k_seg)[:, None, :] == jnp.asarray(q_seg)[:, :, None]
+    acc, m, total = partial_scores(q.reshape(bsz, nq, kv, n // kv, h), k_hm, v_hm, visible)
+    out = acc / jnp.where(total > 0, total, 1.0)[..., None]
+    to_bqn = lambda a: jnp.moveaxis(a, 3, 1).reshape(bsz, nq, n, *a.shape[4:])
+    return Partial(to_bqn(out), to_bqn(m), to_bqn(total))
+
+
+def merge_partials(
+    out: jax.Array, row_max: jax.Array, row_sum: jax.Array, axis_name: str
+) -> jax.Array:
+    """Combines every shard's Partial (inside shard_map) into the attention over all keys.
+
+    out: [B, Q, N, H], row_max, row_sum: [B, Q, N] (a Partial's fields, in order). One pmax of the maxima, then one psum
+    of the rescaled outputs with their rescaled sums appended as an extra column. Shards that
+    see no visible key have sum 0 and contribute nothing; a query no shard can see gets 0.
+    Returns float32 [B, Q, N, H], the same on every shard.
+    """
+    if out.shape[:-1] != row_max.shape or row_sum.shape != row_max.shape:
+        raise ValueError(
+            f"merge_partials: out {out.shape} must be [B, Q, N, H] with max/sum [B, Q, N]; "
+            f"got max {row_max.shape}, sum {row_sum.shape}"
+        )
+    m = jax.lax.pmax(row_max, axis_name)
+    w = row_sum * jnp.exp(row_max - m)
+    both = jax.lax.psum(jnp.concatenate([out * w[..., None], w[..., None]], axis=-1), axis_name)
+    den = both[..., -1:]
+    return both[..., :-1] / jnp.where(den > 0, den, 1.0)
+
+
+def allgather_causal_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_positions: jax.Array,
+    k_positions: jax.Array,
+    q_segment_ids: jax.Array | None = None,
+    k_segment_ids: jax.Array | None = None,
+    *,
+    axis_name: str,
+    block_q: int = 512,
+    block_k: int = 512,
+    kv_head_major: bool = False,
+) -> jax.Array:
+    """The Transformer arm's sequence-parallel causal attention (MaxText's default strategy).
+
+    q: [B, Ls, N, H] this shard's queries; k, v: this shard's keys [B, Ls, K, H] ([B, K, Ls, H]
+    with kv_head_major=True); positions/segment ids [B, Ls]. K/V, positions and segments are
+    all-gathered over `axis_name` (O(T) bytes per shard), then attention.global_attention runs
+    blocked, skipping key blocks no query of a block can see (the future shards' blocks).
+    Returns [B, Ls, N, H] in q's dtype.
+    """
+    seq_axis = 2 if kv_head_major else 1
+    gather = lambda a, ax: jax.lax.all_gather(a, axis_name, axis=ax, tiled=True)
+    kf, vf = gather(k, seq_axis), gather(v, seq_axis)
+    k_pos = gather(jnp.asarray(k_positions, jnp.int32), 1)
+    k_seg = None if k_segment_ids is None else gather(jnp.asarray(k_segment_ids, jnp.int32), 1)
+    return global_attention(
+        q,
+        kf,
+        vf,
+        q_positions=q_positions,
+        k_positions=k_pos,
+        q_segment_ids=q_segment_ids,
+        k_segment_ids=k_seg,
+        block_q=block_q,
+        block_k=block_k,
+        kv_head_major=kv_head_major,
+    )

@@ -1,0 +1,308 @@
+"""Sequence-parallel attention kernels on 8 simulated CPU devices against the single-device
+kernels. The 8-device part runs once, in a subprocess started with
+XLA_FLAGS=--xla_force_host_platform_device_count=8 (set before it imports jax), so this pytest
+process keeps its own device count; the tests compare what it saved."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from orthros_jax import sequence_parallel as sp
+from orthros_jax.attention import KEY_PAD_SEGMENT, QUERY_PAD_SEGMENT
+from orthros_jax.hlo_stats import collective_bytes
+from orthros_jax.ring_attention import ring_causal_attention
+
+SHARDS, B, N, KV, H = 8, 2, 4, 2, 8
+AXIS = "sequence"
+
+
+def _inputs(t: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """q, k, v [B, T, ., H] and masks: row 0 packs three documents (positions restart), row 1
+    is one document of 45 tokens followed by padding (key/query pad segments)."""
+    rng = np.random.RandomState(seed)
+    lens = [t * 5 // 16, t * 15 // 32]
+    lens.append(t - sum(lens))
+    seg0 = np.concatenate([np.full(n, i + 1) for i, n in enumerate(lens)])
+    pos0 = np.concatenate([np.arange(n) for n in lens])
+    valid1 = np.arange(t) < t * 45 // 64
+    return {
+        "q": rng.randn(B, t, N, H).astype(np.float32),
+        "k": rng.randn(B, t, KV, H).astype(np.float32),
+        "v": rng.randn(B, t, KV, H).astype(np.float32),
+        "pos": np.stack([pos0, np.arange(t)]).astype(np.int32),
+        "q_seg": np.stack([seg0, np.where(valid1, 1, QUERY_PAD_SEGMENT)]).astype(np.int32),
+        "k_seg": np.stack([seg0, np.where(valid1, 1, KEY_PAD_SEGMENT)]).astype(np.int32),
+    }
+
+
+def _worker(out_dir: str) -> None:
+    """Runs with 8 CPU devices: the sharded kernels and their single-device references."""
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    from orthros_jax.attention import global_attention, local_attention, reference_attention
+
+    assert jax.device_count() == SHARDS, jax.devices()
+    mesh = Mesh(np.array(jax.devices()), (AXIS,))
+    seq, rep = P(None, AXIS), P()
+    smap = lambda f, ins, out, check_vma=True: jax.jit(
+        jax.shard_map(f, mesh=mesh, in_specs=ins, out_specs=out, check_vma=check_vma)
+    )
+    res: dict[str, np.ndarray] = {}
+    stats: dict[str, object] = {}
+    x = _inputs(64)
+
+    # Halo: 1 hop, 3 hops (19 rows > 8 per shard), and farther back than shard 0 (70 rows).
+    for hl in (3, 19, 70):
+        f = smap(lambda a, hl=hl: sp.halo(a, hl, AXIS, fill=-7.0), seq, seq)
+        res[f"halo{hl}"] = np.asarray(f(x["k"])).reshape(B, SHARDS, hl, KV, H)
+    res["halo_hm"] = np.asarray(
+        smap(lambda a: sp.halo(a, 19, AXIS, axis=2), P(None, None, AXIS), P(None, None, AXIS))(
+            x["k"].swapaxes(1, 2)
+        )
+    ).reshape(B, KV, SHARDS, 19, H)
+
+    # Sliding window: the sharded kernel, single-device local_attention and the dense reference.
+    masks = dict(q_positions=x["pos"], k_positions=x["pos"])
+    masks.update(q_segment_ids=x["q_seg"], k_segment_ids=x["k_seg"])
+    for w in (5, 20):
+        f = smap(
+            lambda q, k, v, qp, kp, qs, ks, w=w: sp.sharded_window_attention(
+                q, k, v, qp, kp, qs, ks, window=w, axis_name=AXIS, block_size=4
+            ),
+            (seq,) * 7,
+            seq,
+        )
+        qkv = (x["q"], x["k"], x["v"])
+        res[f"win{w}"] = np.asarray(f(*qkv, x["pos"], x["pos"], x["q_seg"], x["k_seg"]))
+        res[f"win{w}_local"] = np.asarray(local_attention(*qkv, window=w, **masks))
+        res[f"win{w}_ref"] = np.asarray(reference_attention(*qkv, window=w, **masks))
+        stats[f"win{w}_bytes"] = collective_bytes(
+            f.lower(*qkv, x["pos"], x["pos"], x["q_seg"], x["k_seg"]).compile()
+        )
+    res["valid"] = x["q_seg"] != QUERY_PAD_SEGMENT
+
+    # Split-K: 3 replicated queries per row; keys (token- or head-major) sharded.
+    qpos = np.array([[5, 5, 3], [44, 6, 44]], np.int32)
+    qseg = np.array([[1, 3, 7], [1, 1, 1]], np.int32)  # row 0, query 3: segment 7 sees nothing
+    q1 = np.random.RandomState(2).randn(B, 3, N, H).astype(np.float32)
+
+    def split_k(q, k, v, qp, kp, qs, ks, head_major=False):
+        part = sp.sharded_global_attention_partial(
+            q, k, v, qp, kp, qs, ks, kv_head_major=head_major
+        )
+        return sp.merge_partials(*part, AXIS), part.sum
+
+    for name, hm in (("splitk", False), ("splitk_hm", True)):
+        kv_spec = P(None, None, AXIS) if hm else seq
+        k, v = (x["k"].swapaxes(1, 2), x["v"].swapaxes(1, 2)) if hm else (x["k"], x["v"])
+        f = smap(
+            lambda *a, hm=hm: split_k(*a, head_major=hm),
+            (rep, kv_spec, kv_spec, rep, seq, rep, seq),
+            (rep, P(AXIS)),
+        )
+        args = (q1, k, v, qpos, x["pos"], qseg, x["k_seg"])
+        merged, sums = f(*args)
+        res[name] = np.asarray(merged)
+        res[name + "_sums"] = np.asarray(sums).reshape(SHARDS, B, 3, N)
+        stats[name + "_bytes"] = collective_bytes(f.lower(*args).compile())
+    res["splitk_ref"] = np.asarray(
+        reference_attention(
+            q1, x["k"], x["v"], q_positions=qpos, k_positions=x["pos"],
+            q_segment_ids=qseg, k_segment_ids=x["k_seg"],
+        )
+    )  # fmt: skip
+
+    # Causal baselines: all-gather (token- and head-major) and ring, vs the references.
+    def allgather(q, k, v, qp, kp, qs, ks, head_major=False):
+        return sp.allgather_causal_attention(
+            q, k, v, qp, kp, qs, ks, axis_name=AXIS, block_q=8, block_k=16,
+            kv_head_major=head_major,
+        )  # fmt: skip
+
+    # check_vma=False: attention.global_attention starts its scan from constants, which
+    # shard_map's type check rejects next to varying queries.
+    ag = smap(allgather, (seq,) * 7, seq, check_vma=False)
+    args = (x["q"], x["k"], x["v"], x["pos"], x["pos"], x["q_seg"], x["k_seg"])
+    res["allgather"] = np.asarray(ag(*args))
+    stats["allgather_bytes"] = collective_bytes(ag.lower(*args).compile())
+    hm_spec = P(None, None, AXIS)
+    ag_hm = smap(
+        lambda *a: allgather(*a, head_major=True),
+        (seq, hm_spec, hm_spec, *(seq,) * 4),
+        seq,
+        check_vma=False,
+    )
+    res["allgather_hm"] = np.asarray(
+        ag_hm(x["q"], x["k"].swapaxes(1, 2), x["v"].swapaxes(1, 2), *args[3:])
+    )
+    ring = smap(
+        lambda *a: ring_causal_attention(*a, axis_name=AXIS, block_q=4, block_k=4),
+        (seq,) * 7,
+        seq,
+    )
+    res["ring"] = np.asarray(ring(*args))
+    res["causal_ref"] = np.asarray(reference_attention(*args[:3], **masks))
+    res["causal_global"] = np.asarray(global_attention(*args[:3], **masks, block_q=8, block_k=16))
+
+    # The same programs at 4x the length: halo bytes must not change, all-gather's must.
+    x4 = _inputs(256, seed=1)
+    args4 = (x4["q"], x4["k"], x4["v"], x4["pos"], x4["pos"], x4["q_seg"], x4["k_seg"])
+    win5 = smap(
+        lambda *a: sp.sharded_window_attention(*a, window=5, axis_name=AXIS, block_size=4),
+        (seq,) * 7,
+        seq,
+    )
+    stats["win5_bytes_4x"] = collective_bytes(win5.lower(*args4).compile())
+    stats["allgather_bytes_4x"] = collective_bytes(ag.lower(*args4).compile())
+    with open(os.path.join(out_dir, "stats.json"), "w") as fh:
+        json.dump(stats, fh)
+    np.savez(os.path.join(out_dir, "res.npz"), **res)
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> tuple[dict[str, np.ndarray], dict]:
+    from training_helpers import subprocess_env
+
+    out = tmp_path_factory.mktemp("sequence_parallel")
+    proc = subprocess.run(
+        [sys.executable, __file__, str(out)],
+        env=subprocess_env(SHARDS), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    stats = json.loads((out / "stats.json").read_text())
+    return dict(np.load(out / "res.npz")), stats
+
+
+def _expected_halo(x_BTKH: np.ndarray, hl: int, fill: float) -> np.ndarray:
+    """[B, shards, hl, K, H]: the hl rows before each shard's first row, `fill` before row 0."""
+    t = x_BTKH.shape[1]
+    ls = t // SHARDS
+    padded = np.concatenate([np.full((B, hl, *x_BTKH.shape[2:]), fill), x_BTKH], axis=1)
+    return np.stack([padded[:, i * ls : i * ls + hl] for i in range(SHARDS)], axis=1)
+
+
+@pytest.mark.parametrize("hl", [3, 19, 70])
+def test_halo_is_the_slice_before_each_shard(sharded, hl):
+    res, _ = sharded
+    k = _inputs(64)["k"]
+    np.testing.assert_allclose(res[f"halo{hl}"], _expected_halo(k, hl, -7.0), atol=0, rtol=0)
+
+
+def test_halo_of_a_head_major_cache_layer(sharded):
+    res, _ = sharded
+    want = _expected_halo(_inputs(64)["k"], 19, 0.0)  # [B, shards, 19, K, H]
+    np.testing.assert_allclose(res["halo_hm"], want.transpose(0, 3, 1, 2, 4), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("w", [5, 20])  # 20: w - 1 = 19 > 8 rows per shard, a 3-hop halo
+def test_sharded_window_matches_single_device(sharded, w):
+    res, _ = sharded
+    valid = res["valid"]
+    for ref in ("local", "ref"):
+        np.testing.assert_allclose(
+            res[f"win{w}"][valid], res[f"win{w}_{ref}"][valid], atol=1e-5, rtol=0, err_msg=ref
+        )
+
+
+@pytest.mark.parametrize("name", ["splitk", "splitk_hm"])
+def test_split_k_merge_matches_reference(sharded, name):
+    res, _ = sharded
+    got, ref = res[name], res["splitk_ref"]
+    assert np.isfinite(got).all()
+    # Row 0, query 3 is in a segment with no key: every shard contributes nothing -> 0.
+    np.testing.assert_allclose(got[0, 2], 0.0, atol=0, rtol=0)
+    np.testing.assert_allclose(got[0, :2], ref[0, :2], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got[1], ref[1], atol=1e-5, rtol=0)
+    # Row 0's first two queries see keys of one shard only (segment 1, position 5: rows 0..5 on
+    # shard 0; segment 3 starts at row 50, position 5: rows 50..55 on shard 6): every other
+    # shard's sum is exactly 0.
+    sums = res[name + "_sums"]
+    for query, shard in ((0, 0), (1, 6)):
+        others = np.delete(sums[:, 0, query], shard, axis=0)
+        np.testing.assert_allclose(others, 0.0, atol=0, rtol=0)
+        assert (sums[shard, 0, query] > 0).all()
+
+
+@pytest.mark.parametrize("name", ["allgather", "allgather_hm", "ring"])
+def test_causal_baselines_match_reference(sharded, name):
+    res, _ = sharded
+    valid = res["valid"]
+    np.testing.assert_allclose(res[name][valid], res["causal_ref"][valid], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(res[name][valid], res["causal_global"][valid], atol=1e-5, rtol=0)
+
+
+def test_collective_bytes_halo_constant_allgather_grows(sharded):
+    _, stats = sharded
+    f32 = 4
+    # Per shard: the halo of K and V (w-1 rows of [K, H]) and of positions and segments.
+    halo = lambda rows: 2 * B * rows * KV * H * f32 + 2 * B * rows * f32
+    for key in ("win5_bytes", "win5_bytes_4x"):
+        assert stats[key] == {**_zero(), "collective-permute": halo(4)}, key
+    assert stats["win20_bytes"] == {**_zero(), "collective-permute": halo(19)}
+    # All-gather: the whole K, V, positions and segments, so 4x the bytes at 4x the length.
+    for key, t in (("allgather_bytes", 64), ("allgather_bytes_4x", 256)):
+        assert stats[key] == {**_zero(), "all-gather": halo(t)}, key
+    # Split-K: one pmax of [B, Q, N] and one psum of [B, Q, N, H + 1], whatever the key count.
+    for key in ("splitk_bytes", "splitk_hm_bytes"):
+        assert stats[key] == {**_zero(), "all-reduce": B * 3 * N * (H + 2) * f32}, key
+
+
+def _zero() -> dict[str, int]:
+    return dict.fromkeys(
+        ("all-gather", "collective-permute", "all-reduce", "reduce-scatter", "all-to-all"), 0
+    )
+
+
+def test_collective_bytes_parses_async_and_tuple_results():
+    text = "\n".join(
+        [
+            "HloModule m, num_partitions=8",
+            "ENTRY %main (p: f32[4,8]) -> f32[32,8] {",
+            "  %ags = (f32[4,8]{1,0}, f32[32,8]{1,0}) all-gather-start(f32[4,8]{1,0} %p)",
+            "  %agd = f32[32,8]{1,0} all-gather-done((f32[4,8]{1,0}, f32[32,8]{1,0}) %ags)",
+            "  %ar = (bf16[3]{0}, s32[2,2]{1,0}) all-reduce(bf16[3]{0} %a, s32[2,2]{1,0} %b)",
+            "  %cp = pred[5]{0} collective-permute(pred[5]{0} %c), source_target_pairs={{0,1}}",
+            "  ROOT %rs = f32[1,8]{1,0} reduce-scatter(f32[8,8]{1,0} %d), dimensions={0}",
+            "}",
+        ]
+    )
+    got = collective_bytes(text)
+    want = {**_zero(), "all-gather": 32 * 8 * 4, "all-reduce": 3 * 2 + 4 * 4}
+    want.update({"collective-permute": 5, "reduce-scatter": 8 * 4})
+    assert got == want
+    with pytest.raises(ValueError, match="not an XLA HLO module"):
+        collective_bytes("module @jit_f { func.func public @main() }")
+
+
+def test_bad_input_raises_value_error_naming_the_numbers():
+    with pytest.raises(ValueError, match="100 is not divisible by the sequence axis size 8"):
+        sp.check_sequence_split(100, 8, "cache length")
+    assert sp.check_sequence_split(96, 8) == 12
+    x = jnp.zeros((B, 8, KV, H))
+    with pytest.raises(ValueError, match="halo_len must be an int >= 0, got -1"):
+        sp.halo(x, -1, AXIS)
+    pos = jnp.zeros((B, 8), jnp.int32)
+    with pytest.raises(ValueError, match="window must be an int >= 1, got 0"):
+        sp.sharded_window_attention(x, x, x, pos, pos, window=0, axis_name=AXIS)
+    with pytest.raises(ValueError, match=r"k_positions has shape \(2, 7\)"):
+        sp.sharded_window_attention(x, x, x, pos, pos[:, :7], window=4, axis_name=AXIS)
+    q = jnp.zeros((B, 1, N, H))
+    with pytest.raises(ValueError, match=r"\[B, K, Ls, H\]"):
+        sp.sharded_global_attention_partial(q, x, x, pos[:, :1], pos, kv_head_major=True)
+    with pytest.raises(ValueError, match="merge_partials"):
+        sp.merge_partials(jnp.zeros((B, 1, N, H)), jnp.zeros((B, 1, N)), jnp.zeros((B, 2)), AXIS)
+    with pytest.raises(ValueError, match="block_k must be a positive int, got 0"):
+        ring_causal_attention(x, x, x, pos, pos, axis_name=AXIS, block_k=0)
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])

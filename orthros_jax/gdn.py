@@ -1,0 +1,371 @@
+"""The gated DeltaNet (GDN) token mixer of Qwen3.5 (`transformers`' Qwen3_5GatedDeltaNet) as
+pure functions over one layer's parameter dict, with an optional Orthros-H cross stream.
+
+Base stream (every token), from the already-normed layer input h [B, L, D]:
+    q, k, v = silu(causal depthwise conv(h Wq | h Wk | h Wv))     (kernel gdn_conv_kernel)
+    q, k = l2norm(q, k) (eps 1e-6), q *= dk^-1/2; q/k heads repeated to the value heads
+           (value head j reads key head j // (Hv / Hk), torch's repeat_interleave)
+    beta = sigmoid(h Wb);  g = -exp(A_log) * softplus(h Wa + dt_bias)
+    o = gated delta rule (gdn_kernels);  y = out(rmsnorm(o) * w_norm * silu(h Wz))
+Cross stream (Orthros-H output copies), from its own normed hidden state h' at base token t:
+    q' = silu(h' Wq) without the conv (SiLU so its distribution matches the base query after
+         conv + SiLU; cross_silu=False drops it), then the optional scale-offset
+         alpha * q' + beta applied *before* the L2 norm (so it steers the direction of the
+         query, which the norm would otherwise undo for a pure scale), then normalised and scaled
+         like the base query; it reads the base state after token t: o'_t = q'_t S_t.
+    z' = h' Wz; the gated norm and out_proj are shared.
+
+Parameters (per layer, no layers axis; HF tensor in brackets, mapped by gdn_hf.hf_to_gdn):
+    gdn_wq, gdn_wk [D, Hk, dk]; gdn_wv, gdn_wz [D, Hv, dv]   [in_proj_qkv, in_proj_z]
+    gdn_wb, gdn_wa [D, Hv]                                    [in_proj_b, in_proj_a]
+    gdn_conv_q, gdn_conv_k [Kc, Hk, dk]; gdn_conv_v [Kc, Hv, dv]   [conv1d, no bias]
+    gdn_dt_bias, gdn_a_log [Hv]; gdn_norm [dv] (scale w, not 1 + w); gdn_out [Hv, dv, D]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from orthros_jax.gdn_kernels import (
+    causal_conv,
+    chunked_delta_rule,
+    conv_step,
+    delta_step,
+    l2_normalize,
+)
+
+# Logical axis names (sharding.py maps them); "embed" and "head_dim" are the model's.
+EMBED, HEAD_DIM = "embed", "head_dim"
+GDN_K_HEADS, GDN_V_HEADS, GDN_CONV_KERNEL = "gdn_k_heads", "gdn_v_heads", "gdn_conv_kernel"
+Params = dict[str, Any]
+CrossSO = tuple[jax.Array, jax.Array]
+
+
+def validate_gdn_cfg(cfg: Any) -> None:
+    """Raise ValueError when the GDN fields of cfg cannot describe a Qwen3.5 GDN layer."""
+    for name in (
+        "gdn_num_k_heads",
+        "gdn_num_v_heads",
+        "gdn_k_head_dim",
+        "gdn_v_head_dim",
+        "gdn_conv_kernel",
+        "gdn_chunk",
+    ):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if cfg.gdn_num_v_heads % cfg.gdn_num_k_heads:
+        raise ValueError(
+            f"gdn_num_v_heads={cfg.gdn_num_v_heads} must be a multiple of gdn_num_k_heads="
+            f"{cfg.gdn_num_k_heads} (each key head serves Hv/Hk consecutive value heads)"
+        )
+
+
+def gdn_dims(cfg: Any) -> tuple[int, int, int, int]:
+    """(Hk, Hv, dk, dv): key heads, value heads, key head dim, value head dim."""
+    return cfg.gdn_num_k_heads, cfg.gdn_num_v_heads, cfg.gdn_k_head_dim, cfg.gdn_v_head_dim
+
+
+def gdn_param_shapes(cfg: Any) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """Shape and logical axes of every per-layer GDN parameter (without a layers axis)."""
+    validate_gdn_cfg(cfg)
+    d, kc = cfg.d_model, cfg.gdn_conv_kernel
+    hk, hv, dk, dv = gdn_dims(cfg)
+    return {
+        "gdn_wq": ((d, hk, dk), (EMBED, GDN_K_HEADS, HEAD_DIM)),
+        "gdn_wk": ((d, hk, dk), (EMBED, GDN_K_HEADS, HEAD_DIM)),
+        "gdn_wv": ((d, hv, dv), (EMBED, GDN_V_HEADS, HEAD_DIM)),
+        "gdn_wz": ((d, hv, dv), (EMBED, GDN_V_HEADS, HEAD_DIM)),
+        "gdn_wb": ((d, hv), (EMBED, GDN_V_HEADS)),
+        "gdn_wa": ((d, hv), (EMBED, GDN_V_HEADS)),
+        "gdn_conv_q": ((kc, hk, dk), (GDN_CONV_KERNEL, GDN_K_HEADS, HEAD_DIM)),
+        "gdn_conv_k": ((kc, hk, dk), (GDN_CONV_KERNEL, GDN_K_HEADS, HEAD_DIM)),
+        "gdn_conv_v": ((kc, hv, dv), (GDN_CONV_KERNEL, GDN_V_HEADS, HEAD_DIM)),
+        "gdn_dt_bias": ((hv,), (GDN_V_HEADS,)),
+        "gdn_a_log": ((hv,), (GDN_V_HEADS,)),
+        "gdn_norm": ((dv,), (HEAD_DIM,)),
+        "gdn_out": ((hv, dv, d), (GDN_V_HEADS, HEAD_DIM, EMBED)),
+    }
+
+
+def gdn_init(name: str, cfg: Any) -> Callable[..., jax.Array]:
+    """Flax-style initializer (key, shape, dtype) for parameter `name`, as transformers'
+    Qwen3.5 initialises it: A = exp(A_log) ~ U(0.01, 16), dt_bias = 1, norm weight = 1,
+    projections and conv ~ N(0, init_std); gdn_out is depth-scaled like the model's wo."""
+    if name not in gdn_param_shapes(cfg):
+        raise ValueError(f"unknown GDN parameter {name!r}; known: {sorted(gdn_param_shapes(cfg))}")
+    if name in ("gdn_dt_bias", "gdn_norm"):
+        return jax.nn.initializers.ones
+    if name == "gdn_a_log":
+
+        def init_a_log(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32):
+            return jnp.log(jax.random.uniform(key, shape, jnp.float32, 0.01, 16.0)).astype(dtype)
+
+        return init_a_log
+    std = cfg.init_std
+    if name == "gdn_out":  # residual-branch output, GPT-2 style depth scaling as model.py's wo
+        std = std / (2 * cfg.n_layers) ** 0.5
+    return jax.nn.initializers.normal(std)
+
+
+# ------------------------------------------------------------------ state
+
+
+@flax.struct.dataclass
+class GDNState:
+    """One GDN layer's cache: the last Kc-1 valid pre-conv inputs of q, k, v (activation
+    dtype) and the recurrent state (float32)."""
+
+    conv_q: jax.Array  # [B, Kc-1, Hk, dk]
+    conv_k: jax.Array  # [B, Kc-1, Hk, dk]
+    conv_v: jax.Array  # [B, Kc-1, Hv, dv]
+    recurrent: jax.Array  # [B, Hv, dk, dv] float32
+
+
+def gdn_state_shapes(cfg: Any, batch: int) -> dict[str, tuple[int, ...]]:
+    """The shape of each GDNState field for a batch."""
+    validate_gdn_cfg(cfg)
+    j = cfg.gdn_conv_kernel - 1
+    hk, hv, dk, dv = gdn_dims(cfg)
+    return {
+        "conv_q": (batch, j, hk, dk),
+        "conv_k": (batch, j, hk, dk),
+        "conv_v": (batch, j, hv, dv),
+        "recurrent": (batch, hv, dk, dv),
+    }
+
+
+def init_gdn_state(cfg: Any, batch: int, dtype: Any = None) -> GDNState:
+    """An empty (all-zero) GDN state; dtype is the conv window's (default cfg.jnp_dtype)."""
+    dtype = cfg.jnp_dtype if dtype is None else dtype
+    shapes = gdn_state_shapes(cfg, batch)
+    conv = {n: jnp.zeros(shapes[n], dtype) for n in ("conv_q", "conv_k", "conv_v")}
+    return GDNState(**conv, recurrent=jnp.zeros(shapes["recurrent"], jnp.float32))
+
+
+# ------------------------------------------------------------------ the mixer
+
+
+def _check_inputs(
+    p: Params,
+    h: jax.Array,
+    cfg: Any,
+    state: GDNState | None,
+    masks: dict[str, tuple[jax.Array | None, tuple[int, ...]]],
+    cross_h: jax.Array | None,
+    cross_so: CrossSO | None,
+) -> None:
+    """Shape checks that would otherwise surface as XLA shape errors (raised while tracing,
+    before any compile). masks: name -> (array or None, expected shape)."""
+    validate_gdn_cfg(cfg)
+    for name, (shape, _) in gdn_param_shapes(cfg).items():
+        if name not in p or tuple(p[name].shape) != shape:
+            got = tuple(p[name].shape) if name in p else "missing"
+            raise ValueError(f"GDN parameter {name}: got {got}, expected shape {shape}")
+    if h.ndim != 3 or h.shape[-1] != cfg.d_model:
+        raise ValueError(f"h must be [B, L, D={cfg.d_model}], got shape {h.shape}")
+    for name, (m, shape) in masks.items():
+        if m is not None and tuple(m.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} to match h {h.shape}, got {m.shape}")
+    if cross_h is not None and cross_h.shape != h.shape:
+        raise ValueError(
+            f"cross_h must match h's shape {h.shape} (one output copy per base token), "
+            f"got {cross_h.shape}"
+        )
+    if cross_so is not None:
+        if cross_h is None:
+            raise ValueError("cross_so was given without cross_h (it scales the cross query)")
+        want = (cfg.gdn_num_k_heads, cfg.gdn_k_head_dim)
+        if len(cross_so) != 2 or any(tuple(x.shape) != want for x in cross_so):
+            got = [getattr(x, "shape", x) for x in cross_so]
+            raise ValueError(f"cross_so must be (scale, offset), each of shape {want}; got {got}")
+    if state is not None:
+        for name, shape in gdn_state_shapes(cfg, h.shape[0]).items():
+            if tuple(getattr(state, name).shape) != shape:
+                raise ValueError(
+                    f"GDNState.{name} has shape {getattr(state, name).shape}, expected {shape} "
+                    f"(batch {h.shape[0]})"
+                )
+
+
+def _proj(h: jax.Array, w: jax.Array) -> jax.Array:
+    """h [..., D] @ w [D, ...] -> [..., ...] in h's dtype."""
+    return jnp.tensordot(h, w.astype(h.dtype), axes=1)
+
+
+def _to_value_heads(x: jax.Array, cfg: Any) -> jax.Array:
+    """[..., Hk, dk] -> [..., Hv, dk]: value head j reads key head j // (Hv/Hk)."""
+    return jnp.repeat(x, cfg.gdn_num_v_heads // cfg.gdn_num_k_heads, axis=-2)
+
+
+def _query(q: jax.Array, cfg: Any) -> jax.Array:
+    """Raw query [..., Hk, dk] -> L2-normalised, scaled by dk^-1/2, value heads, float32."""
+    q = l2_normalize(q.astype(jnp.float32)) * cfg.gdn_k_head_dim**-0.5
+    return _to_value_heads(q, cfg)
+
+
+def _cross_query(
+    p: Params, cross_h: jax.Array, cfg: Any, cross_so: CrossSO | None, cross_silu: bool
+) -> jax.Array:
+    """The cross stream's query [..., Hv, dk] (float32): no conv, optional SiLU, optional SO
+    before the L2 norm, then normalised and scaled as the base query."""
+    q = _proj(cross_h, p["gdn_wq"]).astype(jnp.float32)
+    if cross_silu:
+        q = jax.nn.silu(q)
+    if cross_so is not None:
+        q = q * cross_so[0].astype(jnp.float32) + cross_so[1].astype(jnp.float32)
+    return _query(q, cfg)
+
+
+def _finish(p: Params, o: jax.Array, h: jax.Array, cfg: Any) -> jax.Array:
+    """Gated RMSNorm per value head with z = h Wz, then out_proj: o [..., Hv, dv] float32,
+    h [..., D] -> [..., D] in h's dtype, cast where transformers' Qwen3_5RMSNormGated casts."""
+    dt = h.dtype
+    z = _proj(h, p["gdn_wz"]).astype(jnp.float32)
+    o = o.astype(dt).astype(jnp.float32)
+    var = jnp.mean(jnp.square(o), axis=-1, keepdims=True)
+    normed = (o * jax.lax.rsqrt(var + cfg.norm_eps)).astype(dt) * p["gdn_norm"].astype(dt)
+    gated = (normed.astype(jnp.float32) * jax.nn.silu(z)).astype(dt)
+    return jnp.tensordot(gated, p["gdn_out"].astype(dt), axes=2)
+
+
+ConvFn = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+RuleFn = Callable[..., tuple[tuple[jax.Array, ...], jax.Array]]
+
+
+def _mix(
+    p: Params,
+    h: jax.Array,
+    cross_h: jax.Array | None,
+    valid: jax.Array,
+    cfg: Any,
+    state: GDNState,
+    conv: ConvFn,
+    rule: RuleFn,
+    cross_so: CrossSO | None,
+    cross_silu: bool,
+) -> tuple[jax.Array, jax.Array | None, GDNState]:
+    """The mixer around a conv (x_BLC, w_KC, hist_BJC) -> (y, hist) and a delta rule
+    (queries, k, v, beta, g, S) -> (outs, S); h, cross_h [B, L, D], valid [B, L]."""
+    b, seq, _ = h.shape
+    dt = cfg.jnp_dtype
+    keep = valid[..., None]
+    h = jnp.where(keep, h, 0).astype(dt)
+    kc = cfg.gdn_conv_kernel
+    hk, hv, dk, dv = gdn_dims(cfg)
+    # q, k, v share one depthwise conv over their concatenated channels.
+    w_conv = jnp.concatenate([p[f"gdn_conv_{k}"].reshape(kc, -1) for k in "qkv"], axis=1)
+    x = jnp.concatenate([_proj(h, p[f"gdn_w{k}"]).reshape(b, seq, -1) for k in "qkv"], axis=-1)
+    hist = jnp.concatenate(
+        [getattr(state, f"conv_{k}").reshape(b, kc - 1, -1) for k in "qkv"], axis=-1
+    )
+    x, hist = conv(x, w_conv, hist)
+    splits = [hk * dk, 2 * hk * dk]
+    q, k, v = (t for t in jnp.split(x, splits, axis=-1))
+    q, k = q.reshape(b, seq, hk, dk), k.reshape(b, seq, hk, dk)
+    v = v.reshape(b, seq, hv, dv)
+
+    beta = jnp.where(keep, jax.nn.sigmoid(_proj(h, p["gdn_wb"]).astype(jnp.float32)), 0.0)
+    a = _proj(h, p["gdn_wa"]).astype(jnp.float32) + p["gdn_dt_bias"].astype(jnp.float32)
+    g = -jnp.exp(p["gdn_a_log"].astype(jnp.float32)) * jax.nn.softplus(a)
+    g = jnp.where(keep, g, 0.0)  # padding: decay 1 and beta 0 leave the state unchanged
+
+    queries = (_query(q, cfg),)
+    if cross_h is not None:
+        cross_h = jnp.where(keep, cross_h, 0).astype(dt)
+        queries += (_cross_query(p, cross_h, cfg, cross_so, cross_silu),)
+    k = _to_value_heads(l2_normalize(k.astype(jnp.float32)), cfg)
+    outs, recurrent = rule(queries, k, v, beta, g, state.recurrent)
+
+    y = jnp.where(keep, _finish(p, outs[0], h, cfg), 0)
+    cross_y = None if cross_h is None else jnp.where(keep, _finish(p, outs[1], cross_h, cfg), 0)
+    cq, ck, cv = jnp.split(hist, splits, axis=-1)
+    new_state = GDNState(
+        conv_q=cq.reshape(b, kc - 1, hk, dk),
+        conv_k=ck.reshape(b, kc - 1, hk, dk),
+        conv_v=cv.reshape(b, kc - 1, hv, dv),
+        recurrent=recurrent,
+    )
+    return y, cross_y, new_state
+
+
+def gdn_mix(
+    p: Params,
+    h_BLD: jax.Array,
+    cfg: Any,
+    *,
+    state: GDNState | None = None,
+    valid_BL: jax.Array | None = None,
+    reset_BL: jax.Array | None = None,
+    cross_h_BLD: jax.Array | None = None,
+    cross_so: CrossSO | None = None,
+    cross_silu: bool = True,
+) -> tuple[jax.Array, jax.Array | None, GDNState]:
+    """The GDN mixer over a sequence (PT/SFT forward, a prefill chunk), chunked form.
+
+    h_BLD: the already-normed layer input. state: carried from the previous call (None = empty;
+    any split of a sequence into calls gives the one-call result). valid_BL (default all True):
+    False = padding, which changes neither the recurrent state nor the conv window, anywhere in
+    the row. reset_BL (default all False): True at the first token of a new packed document;
+    state and conv history are zeroed before it (ignored on padding). cross_h_BLD: the normed
+    hidden state of the output copy of each base token (Orthros-H), cross_so its optional
+    (scale, offset) [Hk, dk]. Returns (y_BLD before the residual, cross_y_BLD or None, new
+    state); y and cross_y are zero at padding.
+    """
+    b, seq = h_BLD.shape[:2]
+    masks = {"valid_BL": (valid_BL, (b, seq)), "reset_BL": (reset_BL, (b, seq))}
+    _check_inputs(p, h_BLD, cfg, state, masks, cross_h_BLD, cross_so)
+    state = init_gdn_state(cfg, b) if state is None else state
+    valid = jnp.ones((b, seq), bool) if valid_BL is None else valid_BL.astype(bool)
+    reset = jnp.zeros((b, seq), bool) if reset_BL is None else reset_BL.astype(bool)
+    reset = reset & valid
+    doc = jnp.cumsum(reset, axis=1)
+
+    def conv(x, w, hist):
+        return causal_conv(x, w, hist, valid, doc)
+
+    def rule(queries, k, v, beta, g, s):
+        return chunked_delta_rule(queries, k, v, beta, g, reset, s, cfg.gdn_chunk)
+
+    return _mix(p, h_BLD, cross_h_BLD, valid, cfg, state, conv, rule, cross_so, cross_silu)
+
+
+def gdn_decode(
+    p: Params,
+    h_B1D: jax.Array,
+    cfg: Any,
+    *,
+    state: GDNState,
+    active_B: jax.Array,
+    cross_h_B1D: jax.Array | None = None,
+    cross_so: CrossSO | None = None,
+    cross_silu: bool = True,
+) -> tuple[jax.Array, jax.Array | None, GDNState]:
+    """One decode token per row, recurrent form (no chunk padding): the same outputs as
+    gdn_mix on a length-1 call. active_B False = the row keeps its state and outputs zeros.
+    Returns (y_B1D, cross_y_B1D or None, new state)."""
+    b = h_B1D.shape[0]
+    if h_B1D.ndim != 3 or h_B1D.shape[1] != 1:
+        raise ValueError(f"gdn_decode takes one token per row: h [B, 1, D], got {h_B1D.shape}")
+    masks = {"active_B": (active_B, (b,))}
+    _check_inputs(p, h_B1D, cfg, state, masks, cross_h_B1D, cross_so)
+    active = active_B.astype(bool)
+
+    def conv(x, w, hist):
+        y, hist = conv_step(x[:, 0], w, hist, active)
+        return y[:, None], hist
+
+    def rule(queries, k, v, beta, g, s):
+        outs, s = delta_step(
+            tuple(q[:, 0] for q in queries), k[:, 0], v[:, 0], beta[:, 0], g[:, 0], active, s
+        )
+        return tuple(o[:, None] for o in outs), s
+
+    return _mix(
+        p, h_B1D, cross_h_B1D, active[:, None], cfg, state, conv, rule, cross_so, cross_silu
+    )

@@ -1,0 +1,332 @@
+"""The gated DeltaNet mixer: chunked form vs a float64 token-by-token reference, state carried
+across calls and into decode, padding and document resets, the Orthros-H cross stream, and
+parity with transformers' Qwen3_5GatedDeltaNet (torch fallback kernels, fp32, CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from orthros_jax.gdn import (
+    GDN_CONV_KERNEL,
+    GDN_K_HEADS,
+    GDN_V_HEADS,
+    GDNState,
+    gdn_decode,
+    gdn_init,
+    gdn_mix,
+    gdn_param_shapes,
+    init_gdn_state,
+)
+from orthros_jax.gdn_hf import HF_NAMES, gdn_to_hf, hf_to_gdn
+from orthros_jax.gdn_reference import gdn_mix_reference
+
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    """The ModelConfig fields the GDN functions read."""
+
+    d_model: int = 16
+    norm_eps: float = 1e-6
+    gdn_num_k_heads: int = 2
+    gdn_num_v_heads: int = 4
+    gdn_k_head_dim: int = 8
+    gdn_v_head_dim: int = 6
+    gdn_conv_kernel: int = 4
+    gdn_chunk: int = 8
+    dtype: str = "float32"
+    init_std: float = 0.02
+    n_layers: int = 2
+
+    @property
+    def jnp_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+
+CFG = Cfg()
+mix = jax.jit(gdn_mix, static_argnums=(2,), static_argnames=("cross_silu",))
+decode = jax.jit(gdn_decode, static_argnums=(2,), static_argnames=("cross_silu",))
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+
+
+def random_params(cfg: Cfg, seed: int) -> dict[str, np.ndarray]:
+    """Random weights large enough that every path matters (decays between ~0.02 and ~4)."""
+    rng = np.random.default_rng(seed)
+    p = {n: rng.normal(0, 0.3, s).astype(np.float32) for n, (s, _) in gdn_param_shapes(cfg).items()}
+    hv = cfg.gdn_num_v_heads
+    p["gdn_a_log"] = np.log(rng.uniform(0.05, 2.0, hv)).astype(np.float32)
+    p["gdn_dt_bias"] = rng.normal(0, 1, hv).astype(np.float32)
+    p["gdn_norm"] = (1 + 0.3 * rng.normal(size=cfg.gdn_v_head_dim)).astype(np.float32)
+    return p
+
+
+def random_state(cfg: Cfg, batch: int, seed: int) -> GDNState:
+    rng = np.random.default_rng(seed)
+    empty = init_gdn_state(cfg, batch)
+    return jax.tree.map(lambda x: jnp.asarray(0.5 * rng.normal(size=x.shape), jnp.float32), empty)
+
+
+def random_so(cfg: Cfg, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    shape = (cfg.gdn_num_k_heads, cfg.gdn_k_head_dim)
+    scale = rng.normal(1, 0.3, shape).astype(np.float32)
+    return scale, rng.normal(0, 0.3, shape).astype(np.float32)
+
+
+def assert_state_close(got: GDNState, want: GDNState | dict, **tol) -> None:
+    for name in ("conv_q", "conv_k", "conv_v", "recurrent"):
+        ref = want[name] if isinstance(want, dict) else getattr(want, name)
+        np.testing.assert_allclose(np.asarray(getattr(got, name)), ref, err_msg=name, **tol)
+
+
+def ragged_masks(b: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row 0 full, row 1 right-padded, row 2 with holes; resets inside rows 0 and 2."""
+    valid = np.ones((b, seq), bool)
+    valid[1, 20:] = False
+    valid[2, [3, 4, 10, 17, 18, 19, seq - 1]] = False
+    reset = np.zeros((b, seq), bool)
+    reset[0, [11, 16]] = True  # two documents start mid-row, 11 is not on a chunk boundary
+    reset[2, [5, 17]] = True  # 17 is padding: ignored
+    reset[1, 8] = True
+    return valid, reset
+
+
+@pytest.mark.parametrize(
+    "cross,so,cross_silu,with_state",
+    [(True, True, True, True), (True, False, False, False)],
+)
+def test_chunked_matches_reference(cross: bool, so: bool, cross_silu: bool, with_state: bool):
+    """Chunk 8 over 29 tokens (not a multiple), Hv = 2 Hk, dk != dv, ragged padding, resets."""
+    b, seq = 3, 29
+    rng = np.random.default_rng(1)
+    p = random_params(CFG, 0)
+    h = rng.normal(size=(b, seq, CFG.d_model)).astype(np.float32)
+    cross_h = rng.normal(size=h.shape).astype(np.float32) if cross else None
+    cross_so = random_so(CFG, 2) if so else None
+    state = random_state(CFG, b, 3) if with_state else None
+    valid, reset = ragged_masks(b, seq)
+    kw = dict(
+        state=state,
+        valid_BL=valid,
+        reset_BL=reset,
+        cross_h_BLD=cross_h,
+        cross_so=cross_so,
+        cross_silu=cross_silu,
+    )
+    y, cross_y, new_state = mix(p, h, CFG, **kw)
+    ref_y, ref_cross, ref_state = gdn_mix_reference(p, h, CFG, **kw)
+    assert np.abs(ref_y).max() > 1.0  # the comparison is on outputs of order one
+    np.testing.assert_allclose(np.asarray(y), ref_y, **TOL)
+    np.testing.assert_array_equal(np.asarray(y)[~valid], 0.0)
+    if cross:
+        np.testing.assert_allclose(np.asarray(cross_y), ref_cross, **TOL)
+        assert np.abs(ref_cross - ref_y).max() > 0.1  # the cross stream is its own stream
+    else:
+        assert cross_y is None
+    assert_state_close(new_state, ref_state, **TOL)
+
+
+def test_split_calls_and_decode_equal_one_call():
+    """[0:13] + [13:40] chunked, and [0:27] chunked + 13 decode steps, equal one call on [0:40]
+    with the state carried (chunk 8: no split is on a chunk boundary); padding in a row
+    (including across the split) and an inactive decode row leave its state untouched."""
+    b, seq = 2, 40
+    rng = np.random.default_rng(4)
+    p = random_params(CFG, 5)
+    h = rng.normal(size=(b, seq, CFG.d_model)).astype(np.float32)
+    cross_h = rng.normal(size=h.shape).astype(np.float32)
+    so = random_so(CFG, 6)
+    valid = np.ones((b, seq), bool)
+    valid[1, 10:15] = False  # a hole that straddles the first split
+    valid[1, 35] = False  # an inactive decode step
+    empty = init_gdn_state(CFG, b)
+
+    def call(lo: int, hi: int, state: GDNState):
+        sl = slice(lo, hi)
+        return mix(
+            p, h[:, sl], CFG, state=state, valid_BL=valid[:, sl], cross_h_BLD=cross_h[:, sl],
+            cross_so=so,
+        )  # fmt: skip
+
+    y, cy, full_state = call(0, seq, empty)
+    y_a, cy_a, state = call(0, 13, empty)
+    y_b, cy_b, state = call(13, seq, state)
+    np.testing.assert_allclose(np.concatenate([y_a, y_b], 1), np.asarray(y), **TOL)
+    np.testing.assert_allclose(np.concatenate([cy_a, cy_b], 1), np.asarray(cy), **TOL)
+    assert_state_close(state, full_state, **TOL)
+
+    pre = 27  # same length as the second split: one compile for both
+    y_p, cy_p, state = call(0, pre, empty)
+    np.testing.assert_allclose(np.asarray(y_p), np.asarray(y)[:, :pre], **TOL)
+    for t in range(pre, seq):
+        y_t, cy_t, state = decode(
+            p,
+            h[:, t : t + 1],
+            CFG,
+            state=state,
+            active_B=valid[:, t],
+            cross_h_B1D=cross_h[:, t : t + 1],
+            cross_so=so,
+        )
+        np.testing.assert_allclose(np.asarray(y_t), np.asarray(y)[:, t : t + 1], **TOL)
+        np.testing.assert_allclose(np.asarray(cy_t), np.asarray(cy)[:, t : t + 1], **TOL)
+    assert_state_close(state, full_state, **TOL)
+
+
+# The next two tests share one compiled signature: [1, 30] with state, masks, cross stream, SO.
+SEQ = 30
+
+
+def single_row_call(p, h, cross_h, state, valid=None, reset=None):
+    valid = np.ones((1, SEQ), bool) if valid is None else valid
+    reset = np.zeros((1, SEQ), bool) if reset is None else reset
+    shape = (CFG.gdn_num_k_heads, CFG.gdn_k_head_dim)
+    identity = (np.ones(shape, np.float32), np.zeros(shape, np.float32))
+    return mix(
+        p, h, CFG, state=state, valid_BL=valid, reset_BL=reset, cross_h_BLD=cross_h,
+        cross_so=identity,
+    )  # fmt: skip
+
+
+def test_reset_isolates_packed_documents():
+    """A row packing documents [0:11] and [11:30] (reset at 11, after a stale state) gives, on
+    the second document, what a fresh call on it alone gives (both streams) and ends in the
+    same state; without the reset it does not."""
+    rng = np.random.default_rng(7)
+    p = random_params(CFG, 8)
+    h = rng.normal(size=(1, SEQ, CFG.d_model)).astype(np.float32)
+    cross_h = rng.normal(size=h.shape).astype(np.float32)
+    reset = np.zeros((1, SEQ), bool)
+    reset[0, 11] = True
+    stale = random_state(CFG, 1, 9)  # a previous document's state must be wiped too
+    packed_y, packed_cy, packed_state = single_row_call(p, h, cross_h, stale, reset=reset)
+
+    n = SEQ - 11  # the second document alone, right-padded to the same length
+    alone_valid = np.arange(SEQ)[None] < n
+    shift = lambda x: np.concatenate([x[:, 11:], x[:, :11]], axis=1)
+    alone = single_row_call(p, shift(h), shift(cross_h), init_gdn_state(CFG, 1), alone_valid)
+    alone_y, alone_cy, alone_state = alone
+    np.testing.assert_allclose(np.asarray(packed_y)[:, 11:], np.asarray(alone_y)[:, :n], **TOL)
+    np.testing.assert_allclose(np.asarray(packed_cy)[:, 11:], np.asarray(alone_cy)[:, :n], **TOL)
+    assert_state_close(packed_state, alone_state, **TOL)
+    mixed_y, _, _ = single_row_call(p, h, cross_h, stale)
+    assert np.abs(np.asarray(mixed_y)[:, 11:] - np.asarray(alone_y)[:, :n]).max() > 1e-2
+
+
+def test_cross_query_equals_base_query_when_conv_is_identity():
+    """With the conv reduced to its current-token tap (weight 1), identity SO and SiLU on the
+    cross query, an output copy with the base token's hidden state reproduces the base
+    output: it reads the base state after its own token with the same normalisation."""
+    p = random_params(CFG, 10)
+    for key in "qkv":
+        w = np.zeros_like(p[f"gdn_conv_{key}"])
+        w[-1] = 1.0
+        p[f"gdn_conv_{key}"] = w
+    h = np.random.default_rng(11).normal(size=(1, SEQ, CFG.d_model)).astype(np.float32)
+    y, cross_y, _ = single_row_call(p, h, h, init_gdn_state(CFG, 1))
+    np.testing.assert_allclose(np.asarray(cross_y), np.asarray(y), atol=1e-6, rtol=1e-6)
+
+
+def test_param_shapes_axes_and_init():
+    shapes = gdn_param_shapes(CFG)
+    assert shapes["gdn_wq"] == ((16, 2, 8), ("embed", GDN_K_HEADS, "head_dim"))
+    assert shapes["gdn_wz"] == ((16, 4, 6), ("embed", GDN_V_HEADS, "head_dim"))
+    assert shapes["gdn_conv_v"] == ((4, 4, 6), (GDN_CONV_KERNEL, GDN_V_HEADS, "head_dim"))
+    assert shapes["gdn_out"] == ((4, 6, 16), (GDN_V_HEADS, "head_dim", "embed"))
+    key = jax.random.PRNGKey(0)
+    a = np.exp(np.asarray(gdn_init("gdn_a_log", CFG)(key, (4096,), jnp.float32)))
+    assert a.min() >= 0.01 and a.max() <= 16.0
+    np.testing.assert_allclose(a.mean(), (0.01 + 16.0) / 2, rtol=0.05)  # U(0.01, 16)
+    np.testing.assert_array_equal(np.asarray(gdn_init("gdn_dt_bias", CFG)(key, (4,))), 1.0)
+    np.testing.assert_array_equal(np.asarray(gdn_init("gdn_norm", CFG)(key, (6,))), 1.0)
+    wq = np.asarray(gdn_init("gdn_wq", CFG)(key, (64, 64)))
+    wo = np.asarray(gdn_init("gdn_out", CFG)(key, (64, 64)))
+    np.testing.assert_allclose(wq.std(), 0.02, rtol=0.05)
+    np.testing.assert_allclose(wo.std(), 0.02 / 2.0, rtol=0.05)  # / sqrt(2 * n_layers)
+
+
+def test_bad_inputs_raise():
+    p = random_params(CFG, 0)
+    h = np.zeros((2, 5, CFG.d_model), np.float32)
+    with pytest.raises(ValueError, match="must be a multiple of gdn_num_k_heads"):
+        gdn_param_shapes(dataclasses.replace(CFG, gdn_num_v_heads=3))
+    with pytest.raises(ValueError, match=r"h must be \[B, L, D=16\]"):
+        gdn_mix(p, h[..., :8], CFG)
+    with pytest.raises(ValueError, match="valid_BL must have shape"):
+        gdn_mix(p, h, CFG, valid_BL=np.ones((2, 4), bool))
+    with pytest.raises(ValueError, match="cross_so must be"):
+        gdn_mix(p, h, CFG, cross_h_BLD=h, cross_so=(np.ones((4, 8)), np.zeros((4, 8))))
+    with pytest.raises(
+        ValueError, match=r"GDNState.conv_q has shape \(3, 3, 2, 8\), expected \(2, 3, 2, 8\)"
+    ):
+        gdn_mix(p, h, CFG, state=init_gdn_state(CFG, 3))
+    with pytest.raises(ValueError, match="one token per row"):
+        gdn_decode(p, h, CFG, state=init_gdn_state(CFG, 2), active_B=np.ones(2, bool))
+    with pytest.raises(ValueError, match="gdn_norm"):
+        gdn_mix({**p, "gdn_norm": np.ones(7, np.float32)}, h, CFG)
+    hf = gdn_to_hf(p, CFG)
+    with pytest.raises(ValueError, match="in_proj_z.weight has shape"):
+        hf_to_gdn({**hf, "in_proj_z.weight": hf["in_proj_z.weight"][:-1]}, CFG)
+    with pytest.raises(ValueError, match="missing \\['A_log'\\]"):
+        hf_to_gdn({k: v for k, v in hf.items() if k != "A_log"}, CFG)
+
+
+@functools.cache
+def _hf_layer():
+    """A tiny random Qwen3_5GatedDeltaNet (Hv = 2 Hk, dk != dv) and its config."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+
+    hf_cfg = Qwen3_5TextConfig(
+        hidden_size=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=12,
+        linear_conv_kernel_dim=4,
+        num_hidden_layers=1,
+        layer_types=["linear_attention"],
+        rms_norm_eps=1e-6,
+        vocab_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+    )
+    torch.manual_seed(0)
+    layer = Qwen3_5GatedDeltaNet(hf_cfg, 0).float().eval()
+    with torch.no_grad():
+        for t in layer.parameters():
+            t.normal_(0, 0.3)
+        layer.out_proj.weight.normal_(0, 0.05)
+        layer.A_log.copy_(torch.empty(4).uniform_(0.01, 4.0).log())
+        layer.dt_bias.normal_(0, 1)
+        layer.norm.weight.copy_(1 + 0.3 * torch.randn(12))
+    cfg = Cfg(d_model=32, gdn_v_head_dim=12, gdn_chunk=64, n_layers=1)
+    return torch, layer, cfg
+
+
+def test_transformers_parity_and_roundtrip():
+    torch, layer, cfg = _hf_layer()
+    tensors = {k: v.detach().numpy() for k, v in layer.state_dict().items()}
+    assert sorted(tensors) == sorted(HF_NAMES)
+    p = hf_to_gdn(tensors, cfg)
+    back = gdn_to_hf(p, cfg)
+    assert sorted(back) == sorted(tensors)
+    for name, t in tensors.items():
+        assert back[name].dtype == t.dtype, name
+        np.testing.assert_array_equal(back[name], t, err_msg=name)
+
+    x = torch.from_numpy(np.random.default_rng(12).normal(size=(2, 70, 32)).astype(np.float32))
+    with torch.no_grad():
+        want = layer(x).numpy()  # no cache: transformers' torch chunked rule, chunk 64
+    got, _, _ = mix(p, x.numpy(), cfg)
+    assert np.abs(want).max() > 1.0
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=1e-5)

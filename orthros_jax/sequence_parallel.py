@@ -174,18 +174,6 @@ def partial_scores(
     return acc, m, p.sum(axis=-1)
 
 
-def combine(
-    a: tuple[jax.Array, jax.Array, jax.Array], b: tuple[jax.Array, jax.Array, jax.Array]
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Log-sum-exp combine of two unnormalised partials (acc [.., H], max [..], sum [..]) of
-    the same queries over disjoint keys. A side that saw no key (sum 0) contributes nothing."""
-    acc_a, m_a, l_a = a
-    acc_b, m_b, l_b = b
-    m = jnp.maximum(m_a, m_b)
-    c_a, c_b = jnp.exp(m_a - m), jnp.exp(m_b - m)
-    return acc_a * c_a[..., None] + acc_b * c_b[..., None], m, l_a * c_a + l_b * c_b
-
-
 def sharded_global_attention_partial(
     q: jax.Array,
     k_shard: jax.Array,
@@ -240,9 +228,10 @@ def merge_partials(
 ) -> jax.Array:
     """Combines every shard's Partial (inside shard_map) into the attention over all keys.
 
-    out: [B, Q, N, H], row_max, row_sum: [B, Q, N] (a Partial's fields, in order). One pmax of the maxima, then one psum
-    of the rescaled outputs with their rescaled sums appended as an extra column. Shards that
-    see no visible key have sum 0 and contribute nothing; a query no shard can see gets 0.
+    out: [B, Q, N, H], row_max, row_sum: [B, Q, N] (a Partial's fields, in order). One pmax
+    of the maxima, then one psum of the rescaled outputs with their rescaled sums appended as
+    an extra column. Shards that see no visible key have sum 0 and contribute nothing; a query
+    no shard can see gets 0.
     Returns float32 [B, Q, N, H], the same on every shard.
     """
     if out.shape[:-1] != row_max.shape or row_sum.shape != row_max.shape:

@@ -17,9 +17,11 @@ O(block_q * block_k) per step; with a single query per row it is one dot over th
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _MASKED = -1e30  # finite, so rows with no visible key stay finite (and are sliced away)
 _PAD_POS = jnp.iinfo(jnp.int32).max // 2
@@ -66,8 +68,11 @@ def local_attention(
     prefix: optional (k [B, P, K, H], v, positions [B, P], segment_ids [B, P]) of keys that come
       right before the T tokens (a chunk's previous window read from a KV cache); only its last
       `window - 1` entries can be visible.
+    Contract: inside a segment positions rise by at least one per index (checked with a
+    ValueError when positions are concrete; see `check_positions_contract`).
     Returns [B, T, N, H] in q's dtype.
     """
+    check_positions_contract(q_positions, q_segment_ids)
     bsz, t, n, h = q.shape
     kv = k.shape[2]
     g = n // kv
@@ -177,15 +182,11 @@ def global_attention(
     q_pos = jnp.asarray(q_positions, jnp.int32)  # numpy inputs must not be indexed by tracers
     k_pos = jnp.asarray(k_positions, jnp.int32)
 
-    if lq == 1:
-        qg = q.reshape(bsz, 1, kv, g, h)
-        s = jnp.einsum("bqkgh,bksh->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale
-        m = (k_pos[:, None, :] <= q_pos[:, :, None]) & (k_seg[:, None, :] == q_seg[:, :, None])
-        s = jnp.where(m[:, None, None], s, _MASKED)
-        p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-        # [B, K, G, 1, H] output order: XLA:CPU has a bf16 x bf16 -> f32 dot for this one.
-        out = jnp.einsum("bkgqs,bksh->bkgqh", p, v, preferred_element_type=jnp.float32)
-        return out.reshape(bsz, 1, n, h).astype(q.dtype)
+    if lq == 1:  # one query per row: a plain dot over the keys
+        visible = (k_pos[:, None, :] <= q_pos[:, :, None]) & (
+            k_seg[:, None, :] == q_seg[:, :, None]
+        )
+        return few_query_attention(q, k, v, visible)
 
     bq = min(block_q, _round_up(lq, 8))
     bk = min(block_k, _round_up(lk, 8))
@@ -270,6 +271,46 @@ def global_attention(
         one_query_block, (qb, jnp.moveaxis(qpos_b, 1, 0), jnp.moveaxis(qseg_b, 1, 0), kind)
     )  # [nq, B, bq, N, H]
     return jnp.moveaxis(blocks, 0, 1).reshape(bsz, lq_pad, n, h)[:, :lq]
+
+
+def few_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
+    """A few queries per row over head-major keys (decode, a prompt's last token, a window read
+    from a cache): q [B, Q, N, H]; k, v [B, K, S, H]; visible [B, Q, S] bool.
+    Returns [B, Q, N, H] in q's dtype. Scores and softmax in float32."""
+    bsz, nq, n, h = q.shape
+    kv = k.shape[1]
+    qg = q.reshape(bsz, nq, kv, n // kv, h)
+    s = jnp.einsum("bqkgh,bksh->bkgqs", qg, k, preferred_element_type=jnp.float32)
+    s = jnp.where(visible[:, None, None], s / math.sqrt(h), _MASKED)
+    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    # Output kept as [B, K, G, Q, H] then transposed (small): XLA:CPU has no bf16 x bf16 -> f32
+    # dot for the "bqkgh" output order.
+    out = jnp.einsum("bkgqs,bksh->bkgqh", p, v, preferred_element_type=jnp.float32)
+    return jnp.moveaxis(out, 3, 1).reshape(bsz, nq, n, h).astype(q.dtype)
+
+
+def check_positions_contract(positions: Any, segment_ids: Any | None = None) -> None:
+    """Raises ValueError unless positions rise by at least one per array index inside each
+    segment (the contract `local_attention` relies on: it finds a query's window among the
+    array's previous keys). Checked only for concrete (non-traced) arrays; traced callers
+    (jit) must uphold it: packed documents restart positions, output copies are never aligned
+    keys, and repeated positions (e.g. `arange(T) // 4`) are not supported."""
+    if isinstance(positions, jax.core.Tracer) or isinstance(segment_ids, jax.core.Tracer):
+        return
+    pos = np.asarray(positions)
+    if pos.ndim != 2 or pos.shape[1] < 2:
+        return
+    seg = np.ones_like(pos) if segment_ids is None else np.asarray(segment_ids)
+    same = seg[:, 1:] == seg[:, :-1]
+    bad = same & (pos[:, 1:] <= pos[:, :-1])
+    if bad.any():
+        row, col = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"positions must increase along the sequence inside a segment (sliding-window "
+            f"attention reads a token's window from the keys before it): row {row} has "
+            f"position {int(pos[row, col + 1])} at index {col + 1} after {int(pos[row, col])} "
+            f"at index {col} in the same segment {int(seg[row, col])}"
+        )
 
 
 def reference_attention(

@@ -1,7 +1,7 @@
 """Pieces of the prefill benchmark (launch/benchmark.py) that compare like with like.
 
-Besides the library's own `inference.prefill`, the benchmark times two references built from
-the same per-layer functions and the same cache writes:
+Besides the library's own `inference.prefill`, the benchmark times two references that are
+the same prefill driver with another attention implementation (attend.py):
   floor_prefill  the token-wise floor: attention replaced by identity (o = q), chunked like
                  `prefill`. No architecture can prefill faster than this.
   dense_prefill  the Transformer arm with `jax.nn.dot_product_attention` over the whole prompt
@@ -22,93 +22,31 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from orthros_jax import kv_cache as kvc
-from orthros_jax import layers as L
 from orthros_jax.attention import local_attention
-from orthros_jax.cached_forward import logits_of
+from orthros_jax.cached_forward import prefill
 from orthros_jax.config import ModelConfig
 from orthros_jax.kv_cache import KVCache
-from orthros_jax.model import Params, layer_finish, layer_kv, layer_query
+from orthros_jax.model import Params
 
 
-def _layer(params: Params, i: int) -> Params:
-    return jax.tree.map(lambda a: a[i], params["layers"])
-
-
-def _stack(params: Params, n: int) -> Params:
-    return jax.tree.map(lambda a: a[:n], params["layers"])
-
-
-def _prefill_with(
-    attend: Callable[[jax.Array, jax.Array, jax.Array], jax.Array], chunk: int, cfg: ModelConfig
-):
-    """A prefill of full-length prompts [B, T] whose layers use `attend(q, k, v)` per chunk."""
-
+def _full_prompt_prefill(cfg: ModelConfig, impl: str):
     def run(params: Params, cache: KVCache, tokens: jax.Array) -> tuple[jax.Array, KVCache]:
-        bsz, t = tokens.shape
-        c = min(chunk, t)
-        n = cfg.n_layers
+        lengths = jnp.full((tokens.shape[0],), tokens.shape[1], jnp.int32)
+        return prefill(params, cache, tokens, lengths, cfg=cfg, impl=impl)
 
-        def run_chunk(carry, ci):
-            ck, cv, _ = carry
-            pos = jnp.broadcast_to(ci * c + jnp.arange(c, dtype=jnp.int32), (bsz, c))
-            x = L.embed(
-                jax.lax.dynamic_slice_in_dim(tokens, ci * c, c, 1),
-                params["embedding"],
-                cfg.jnp_dtype,
-            )
-
-            def layer(carry, xs):
-                x, ck, cv = carry
-                p, li = xs
-                k, v = layer_kv(p, x, pos, cfg)
-                ck, cv = kvc.write(ck, li, pos, k), kvc.write(cv, li, pos, v)
-                q = layer_query(p, x, pos, cfg, "base")
-                return (layer_finish(p, x, attend(q, k, v), cfg), ck, cv), None
-
-            (x, ck, cv), _ = jax.lax.scan(
-                layer, (x, ck, cv), (_stack(params, n - 1), jnp.arange(n - 1))
-            )
-            k, v = layer_kv(_layer(params, n - 1), x, pos, cfg)
-            ck, cv = kvc.write(ck, n - 1, pos, k), kvc.write(cv, n - 1, pos, v)
-            return (ck, cv, x[:, -1:]), None
-
-        x0 = jnp.zeros((bsz, 1, cfg.d_model), cfg.jnp_dtype)
-        (ck, cv, x_last), _ = jax.lax.scan(run_chunk, (cache.k, cache.v, x0), jnp.arange(t // c))
-        # The last layer runs for the last token only (its K/V are already in the cache).
-        p = _layer(params, n - 1)
-        pos = jnp.full((bsz, 1), t - 1, jnp.int32)
-        k_all, v_all = (jnp.swapaxes(kvc.layer_view(a, n - 1)[:, :, :t], 1, 2) for a in (ck, cv))
-        q = layer_query(p, x_last, pos, cfg, "base")
-        x_last = layer_finish(p, x_last, _last_token_attend(attend, q, k_all, v_all), cfg)
-        lengths = jnp.full((bsz,), t, jnp.int32)
-        return logits_of(params, x_last[:, 0], cfg), KVCache(ck, cv, lengths)
-
-    return run
-
-
-def _last_token_attend(attend, q, k_all, v_all):
-    if attend is _identity:
-        return q
-    return jax.nn.dot_product_attention(q, k_all, v_all)  # one query sees every key
-
-
-def _identity(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    return q
-
-
-def _dense_causal(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    return jax.jit(run, donate_argnums=(1,))
 
 
 def floor_prefill(cfg: ModelConfig) -> Callable[..., tuple[jax.Array, KVCache]]:
-    """Jitted token-wise floor prefill(params, cache, tokens [B, T]) (T a multiple of the chunk)."""
-    return jax.jit(_prefill_with(_identity, cfg.prefill_chunk, cfg), donate_argnums=(1,))
+    """Jitted token-wise floor prefill(params, cache, tokens [B, T]) (T a multiple of the chunk):
+    the library's prefill driver with the attention implementation "floor" (o = q)."""
+    return _full_prompt_prefill(cfg, "floor")
 
 
 def dense_prefill(cfg: ModelConfig) -> Callable[..., tuple[jax.Array, KVCache]]:
-    """Jitted Transformer prefill with dense `jax.nn.dot_product_attention` over the whole prompt."""
-    return jax.jit(_prefill_with(_dense_causal, 1 << 30, cfg), donate_argnums=(1,))
+    """Jitted Transformer prefill with dense `jax.nn.dot_product_attention` over the whole prompt
+    (one chunk: T x T scores)."""
+    return _full_prompt_prefill(cfg.replace(prefill_chunk=1 << 30), "dot_product")
 
 
 def window_attention_layers(cfg: ModelConfig, block: int, batch: int) -> Callable[[], jax.Array]:

@@ -17,9 +17,9 @@ Architecture = Literal["orthros", "transformer", "swa"]
 ARCHITECTURES: tuple[str, ...] = ("orthros", "transformer", "swa")
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots")
 ROPE_TYPES: tuple[str, ...] = ("default", "llama3")
-# "cudnn" (jax.nn.dot_product_attention with local_window_size) is planned, not implemented:
-# accepting it would silently run the XLA path.
-ATTENTION_IMPLS: tuple[str, ...] = ("xla",)
+# How to attend (attend.py): blocked XLA kernels, or jax.nn.dot_product_attention (cuDNN on GPU).
+ATTENTION_IMPLS: tuple[str, ...] = ("xla", "dot_product")
+LAYER_KINDS: tuple[str, ...] = ("attention",)
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
 
@@ -40,7 +40,10 @@ class ModelConfig:
     d_ff: int = 384
     window: int = 128
     architecture: Architecture = "orthros"
-    scale_offset: bool = True
+    # Per-stream query scale-offset; None = the arm's default (on for the two-stream arms).
+    scale_offset: bool | None = None
+    # The repeating cycle of layer kinds (n_layers must be a multiple of its length).
+    layer_types: tuple[str, ...] = ("attention",)
     rope_theta: float = 10_000.0
     rope_type: str = "default"
     rope_factor: float = 1.0
@@ -49,6 +52,11 @@ class ModelConfig:
     rope_original_max_position: int = 8192
     norm_eps: float = 1e-6
     qk_norm: bool = False
+    # Qwen3.5 attention conventions: a sigmoid output gate (its own query-shaped projection),
+    # RoPE on a fraction of head_dim, RMSNorm weights stored zero-centred (scale 1 + w).
+    attn_output_gate: bool = False
+    partial_rotary_factor: float = 1.0
+    norm_zero_centered: bool = False
     tie_embeddings: bool = False
     dtype: str = "float32"
     param_dtype: str = "float32"
@@ -66,6 +74,10 @@ class ModelConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
+        if self.scale_offset is None:
+            object.__setattr__(self, "scale_offset", self.architecture == "orthros")
+        if isinstance(self.layer_types, list):
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
         positive = (
             "vocab_size",
             "d_model",
@@ -119,6 +131,21 @@ class ModelConfig:
         for name in ("rope_theta", "norm_eps", "rope_factor", "init_std"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"ModelConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        if not self.layer_types or any(k not in LAYER_KINDS for k in self.layer_types):
+            raise ValueError(
+                f"ModelConfig.layer_types={self.layer_types!r}: a non-empty cycle of kinds from "
+                f"{', '.join(LAYER_KINDS)}"
+            )
+        if self.n_layers % len(self.layer_types):
+            raise ValueError(
+                f"ModelConfig.n_layers={self.n_layers} must be a multiple of the layer_types "
+                f"cycle length {len(self.layer_types)}"
+            )
+        if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim % 2:
+            raise ValueError(
+                f"ModelConfig.partial_rotary_factor={self.partial_rotary_factor} must be in (0, 1] "
+                f"and give an even rotary dim (head_dim={self.head_dim})"
+            )
         if self.scale_offset and self.architecture != "orthros":
             raise ValueError(
                 f"ModelConfig.scale_offset=True needs architecture='orthros' (got "
@@ -129,6 +156,24 @@ class ModelConfig:
     def group_size(self) -> int:
         """Query heads per kv head (G)."""
         return self.n_heads // self.n_kv_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """Leading dims of each head that RoPE rotates."""
+        return int(round(self.head_dim * self.partial_rotary_factor))
+
+    @property
+    def base_window(self) -> int | None:
+        """The base stream's window (None: causal over every key, the Transformer arm)."""
+        return None if self.architecture == "transformer" else self.window
+
+    @property
+    def n_cycles(self) -> int:
+        return self.n_layers // len(self.layer_types)
+
+    def layers_of(self, kind: str) -> int:
+        """How many layers of a kind the stack has."""
+        return self.n_cycles * self.layer_types.count(kind)
 
     @property
     def jnp_dtype(self) -> jnp.dtype:
@@ -170,6 +215,8 @@ class ModelConfig:
             self.vocab_size,
         )
         per_layer = d * n * h + 2 * d * k * h + n * h * d + 3 * d * f + 2 * d
+        if self.attn_output_gate:
+            per_layer += d * n * h
         if self.qk_norm:
             per_layer += 2 * h
         if self.scale_offset:

@@ -19,6 +19,8 @@ a one-token write to an in-place dynamic-update-slice of one [K, H] entry.
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -30,9 +32,21 @@ from orthros_jax.config import ModelConfig
 class KVCache:
     """Per-layer base-stream K/V of a batch of sequences. See the module docstring."""
 
-    k: jax.Array  # [L, B, K, S, H]
-    v: jax.Array  # [L, B, K, S, H]
+    k: jax.Array  # [layers, B, K, S, H]: the attention layers' K
+    v: jax.Array  # [layers, B, K, S, H]
     lengths: jax.Array  # [B] int32
+    linear: Any = None  # the gated-DeltaNet layers' state, stacked per layer (None without them)
+
+    def states(self) -> dict[str, Any]:
+        """Each layer kind's state, by kind name (what the layer steps read and write)."""
+        out: dict[str, Any] = {"attention": (self.k, self.v)}
+        if self.linear is not None:
+            out["gdn"] = self.linear
+        return out
+
+    def with_states(self, states: dict[str, Any], lengths: jax.Array) -> KVCache:
+        k, v = states["attention"]
+        return KVCache(k, v, lengths, states.get("gdn", self.linear))
 
     @property
     def batch_size(self) -> int:
@@ -45,8 +59,8 @@ class KVCache:
 
 
 def cache_shape(cfg: ModelConfig, batch_size: int, max_len: int) -> tuple[int, ...]:
-    """Shape of KVCache.k / .v: [L, B, K, S, H]."""
-    return (cfg.n_layers, batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
+    """Shape of KVCache.k / .v: [attention layers, B, K, S, H]."""
+    return (cfg.layers_of("attention"), batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
 
 
 def init_cache(

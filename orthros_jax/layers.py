@@ -14,21 +14,25 @@ import jax.numpy as jnp
 from orthros_jax.config import ModelConfig
 
 
-def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float, zero_centered: bool = False) -> jax.Array:
     """RMSNorm over the last axis with the variance in float32 (Llama/Qwen convention).
 
-    x: [..., D], scale: [D]. Returns x's dtype.
+    x: [..., D], scale: [D]; zero_centered: the weight is stored as w with scale 1 + w, applied
+    in float32 (Qwen3.5). Returns x's dtype.
     """
     x32 = x.astype(jnp.float32)
     var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
     normed = x32 * jax.lax.rsqrt(var + eps)
+    if zero_centered:
+        return (normed * (1.0 + scale.astype(jnp.float32))).astype(x.dtype)
     # HF casts back to the activation dtype before multiplying by the weight.
     return scale.astype(x.dtype) * normed.astype(x.dtype)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
-    """Inverse frequencies [H/2] in float32, with Llama-3 style scaling when configured."""
-    h = cfg.head_dim
+    """Inverse frequencies [R/2] in float32 (R = the rotated part of the head: head_dim times
+    cfg.partial_rotary_factor), with Llama-3 style scaling when configured."""
+    h = cfg.rotary_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
     if cfg.rope_type == "llama3":
         low_wavelen = cfg.rope_original_max_position / cfg.rope_low_freq_factor
@@ -45,16 +49,22 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
 
 
 def apply_rope(x_BLNH: jax.Array, positions_BL: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """Rotary embedding in the HF rotate-half layout: pairs are (i, i + H/2).
+    """Rotary embedding in the HF rotate-half layout: pairs are (i, i + R/2) over the first
+    R = 2 * len(inv_freq) dims of the head; the rest passes through (partial rotary).
 
     Angles come from the tokens' original positions, never their array index.
     """
-    angles = positions_BL.astype(jnp.float32)[..., None] * inv_freq  # [B, L, H/2]
-    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, L, 1, H]
+    rot = 2 * inv_freq.shape[0]
+    angles = positions_BL.astype(jnp.float32)[..., None] * inv_freq  # [B, L, R/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, L, 1, R]
     x32 = x_BLNH.astype(jnp.float32)
-    half = x32.shape[-1] // 2
-    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-    return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x_BLNH.dtype)
+    xr, rest = x32[..., :rot], x32[..., rot:]
+    half = rot // 2
+    rotated = jnp.concatenate([-xr[..., half:], xr[..., :half]], axis=-1)
+    out = xr * jnp.cos(angles) + rotated * jnp.sin(angles)
+    if rest.shape[-1]:
+        out = jnp.concatenate([out, rest], axis=-1)
+    return out.astype(x_BLNH.dtype)
 
 
 def swiglu(

@@ -13,7 +13,11 @@ BAD = [
     ({"head_dim": 15}, "head_dim"),
     ({"window": 0}, "window"),
     ({"architecture": "mamba"}, "architecture"),
-    ({"architecture": "transformer"}, "scale_offset"),
+    ({"architecture": "transformer", "scale_offset": True}, "scale_offset"),
+    ({"n_layers": 3, "layer_types": ("attention", "attention")}, "layer_types"),
+    ({"layer_types": ("mamba",)}, "layer_types"),
+    ({"partial_rotary_factor": 0.3}, "partial_rotary_factor"),
+    ({"attention_impl": "cudnn"}, "attention_impl"),
     ({"remat": "some"}, "remat"),
     ({"dtype": "float8"}, "dtype"),
     ({"rope_type": "yarn"}, "rope_type"),
@@ -26,6 +30,13 @@ BAD = [
 def test_bad_config_names_the_field(changes, field):
     with pytest.raises(ValueError, match=field):
         ModelConfig(**changes)
+
+
+@pytest.mark.parametrize("arch", ["orthros", "transformer", "swa"])
+def test_defaults_are_valid_for_every_arm(arch):
+    cfg = ModelConfig(architecture=arch)
+    assert cfg.scale_offset == (arch == "orthros")
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
 
 
 def test_from_dict_rejects_unknown_keys():

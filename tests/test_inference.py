@@ -12,6 +12,7 @@ import pytest
 from orthros_jax import cached_forward as fwd
 from orthros_jax import inference as inf
 from orthros_jax import sampling
+from orthros_jax.attention import few_query_attention
 from orthros_jax.config import ModelConfig
 from orthros_jax.model import OrthrosLM, init_params
 
@@ -245,7 +246,7 @@ def test_cached_attention_kernel_matches_reference(dtype):
         True,
         True,
     )
-    got = jax.jit(fwd.attend_cached)(q, k, v, jnp.asarray(visible))
+    got = jax.jit(few_query_attention)(q, k, v, jnp.asarray(visible))
     qf, kf, vf = (np.asarray(a, np.float32) for a in (q, k, v))
     kf, vf = np.repeat(kf, 2, axis=1), np.repeat(vf, 2, axis=1)  # GQA: K=2 -> N=4
     s = np.einsum("bqnh,bnsh->bnqs", qf, kf) / np.sqrt(8)

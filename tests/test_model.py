@@ -8,13 +8,9 @@ import numpy as np
 import pytest
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.model import (
-    OrthrosLM,
-    Stream,
-    block,
-    init_params,
-    training_attention,
-)
+from orthros_jax.attention_layer import layer_kv, step
+from orthros_jax.layer_kind import SEQUENCE, StepContext
+from orthros_jax.model import OrthrosLM, Stream, init_params
 
 BASE = ModelConfig(
     vocab_size=97,
@@ -77,21 +73,19 @@ def test_identity_so_and_full_window_equals_transformer(params):
 
 
 def _layer_kvs(cfg, params, tokens, with_out: bool):
-    """Every layer's base K/V, running the real block() layer by layer."""
+    """Every layer's base K/V, running the real layer step in sequence mode layer by layer."""
     model = OrthrosLM(cfg)
     x = model.apply({"params": params}, tokens, method=OrthrosLM.embed)
     b, t = tokens.shape
     pos = jnp.broadcast_to(jnp.arange(t), (b, t))
     base = Stream(x, pos, jnp.ones((b, t), jnp.int32))
     out = base if with_out else None
-    attend_base, attend_out = training_attention(cfg, base, out)
+    ctx = StepContext(mode=SEQUENCE, impl="xla")
     kvs = []
     for i in range(cfg.n_layers):
         p = jax.tree.map(lambda a, i=i: a[i], params["layers"])
-        base, out, kv = block(
-            p, cfg, base, out, attend_base=attend_base, attend_out=attend_out if with_out else None
-        )
-        kvs.append(kv)
+        kvs.append(layer_kv(p, base.x, base.positions, cfg))
+        base, out, _ = step(p, cfg, base, out, None, i, ctx)
     return kvs
 
 

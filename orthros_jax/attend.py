@@ -1,0 +1,171 @@
+"""How to attend: the seam between a layer's math and the attention kernels.
+
+A layer step builds its queries and a `Keys` set (what they may read, with positions and
+segment ids) and calls `attend(impl, ...)`; the implementation is chosen by name:
+  xla          the blocked kernels of attention.py (sliding window O(T*w); causal blocked online
+               softmax that skips invisible key blocks; a plain dot for a few queries per row).
+  dot_product  `jax.nn.dot_product_attention` (cuDNN flash attention on GPUs for bf16/fp16).
+               Aligned self-attention with default positions uses its own `is_causal` /
+               `local_window_size=(w-1, 0)`; anything else gets an explicit mask built from
+               positions and segment ids (its causal mask is aligned top-left, so a chunk
+               attending prefix + chunk or a cache cannot use it).
+  floor        o = q: no attention at all. Not a model; the benchmark's token-wise floor.
+The sequence-parallel implementations plug in here too. Every mask is "same segment, key
+position <= query position (and > query position - window)".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from orthros_jax.attention import (
+    few_query_attention,
+    global_attention,
+    local_attention,
+)
+from orthros_jax.config import ModelConfig
+
+# A query count up to which a plain dot over the keys beats the blocked kernels.
+FEW_QUERIES = 8
+
+
+@flax.struct.dataclass
+class Keys:
+    """The keys and values a set of queries may read.
+
+    k, v: [B, Lk, K, H], or [B, K, Lk, H] with head_major=True (a cache layer read in place);
+    positions, segment_ids: [B, Lk]. aligned=True: key t belongs to query t (self-attention of a
+    sequence or a prefill chunk; `prefix` then holds (k [B, P, K, H], v, positions [B, P],
+    segment_ids [B, P]) of the keys right before, e.g. a chunk's window read from the cache).
+    default_positions=True: positions are arange(Lk) in one segment (no packing), which lets
+    `dot_product` use its built-in causal/window masks.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    positions: jax.Array
+    segment_ids: jax.Array
+    prefix: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None = None
+    head_major: bool = flax.struct.field(pytree_node=False, default=False)
+    aligned: bool = flax.struct.field(pytree_node=False, default=False)
+    default_positions: bool = flax.struct.field(pytree_node=False, default=False)
+
+    def seq_major(self) -> tuple[jax.Array, jax.Array]:
+        """(k, v) as [B, Lk, K, H]."""
+        if self.head_major:
+            return jnp.swapaxes(self.k, 1, 2), jnp.swapaxes(self.v, 1, 2)
+        return self.k, self.v
+
+    def head_major_kv(self) -> tuple[jax.Array, jax.Array]:
+        """(k, v) as [B, K, Lk, H]."""
+        if self.head_major:
+            return self.k, self.v
+        return jnp.swapaxes(self.k, 1, 2), jnp.swapaxes(self.v, 1, 2)
+
+    def with_prefix(self) -> Keys:
+        """The prefix keys concatenated in front (sequence-major); aligned is dropped."""
+        if self.prefix is None:
+            return self.replace(aligned=False)
+        k, v = self.seq_major()
+        pk, pv, ppos, pseg = self.prefix
+        return Keys(
+            jnp.concatenate([pk.astype(k.dtype), k], 1),
+            jnp.concatenate([pv.astype(v.dtype), v], 1),
+            jnp.concatenate([ppos, self.positions], 1),
+            jnp.concatenate([pseg, self.segment_ids], 1),
+        )
+
+
+def visibility(
+    q_positions: jax.Array,
+    q_segment_ids: jax.Array,
+    k_positions: jax.Array,
+    k_segment_ids: jax.Array,
+    window: int | None,
+) -> jax.Array:
+    """[B, Lq, Lk] bool: same segment, key at or before the query, within the window if any."""
+    qp, kp = q_positions[:, :, None], k_positions[:, None, :]
+    mask = (kp <= qp) & (q_segment_ids[:, :, None] == k_segment_ids[:, None, :])
+    if window is not None:
+        mask &= qp - kp < window
+    return mask
+
+
+def _few(q, q_pos, q_seg, keys: Keys, window: int | None) -> jax.Array:
+    keys = keys.with_prefix() if keys.prefix is not None else keys
+    k, v = keys.head_major_kv()
+    mask = visibility(q_pos, q_seg, keys.positions, keys.segment_ids, window)
+    return few_query_attention(q, k, v, mask)
+
+
+def _xla(q, q_pos, q_seg, keys: Keys, window: int | None, cfg: ModelConfig) -> jax.Array:
+    if keys.aligned and window is not None:
+        k, v = keys.seq_major()
+        return local_attention(
+            q, k, v, q_positions=q_pos, k_positions=keys.positions, window=window,
+            q_segment_ids=q_seg, k_segment_ids=keys.segment_ids, prefix=keys.prefix,
+            block_size=cfg.attention_block_local,
+        )  # fmt: skip
+    if q.shape[1] <= FEW_QUERIES:
+        return _few(q, q_pos, q_seg, keys, window)
+    if window is not None:
+        raise ValueError(
+            f"window attention of {q.shape[1]} queries needs keys aligned with them "
+            "(a sequence or a prefill chunk)"
+        )
+    keys = keys.with_prefix() if keys.prefix is not None else keys
+    return global_attention(
+        q, keys.k, keys.v, q_positions=q_pos, k_positions=keys.positions,
+        q_segment_ids=q_seg, k_segment_ids=keys.segment_ids,
+        block_q=cfg.attention_block_q, block_k=cfg.attention_block_k,
+        kv_head_major=keys.head_major,
+    )  # fmt: skip
+
+
+def _dot_product(q, q_pos, q_seg, keys: Keys, window: int | None, cfg: ModelConfig):
+    if keys.aligned and keys.default_positions and keys.prefix is None:
+        k, v = keys.seq_major()
+        local = None if window is None else (window - 1, 0)
+        out = jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=local)
+        return out.astype(q.dtype)
+    full = keys.with_prefix()
+    k, v = full.seq_major()
+    mask = visibility(q_pos, q_seg, full.positions, full.segment_ids, window)
+    out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask[:, None])
+    # A query with no visible key (padding) gets a uniform average: finite garbage, as in xla.
+    return out.astype(q.dtype)
+
+
+def _floor(q, q_pos, q_seg, keys: Keys, window: int | None, cfg: ModelConfig) -> jax.Array:
+    return q
+
+
+AttendFn = Callable[..., jax.Array]
+IMPLEMENTATIONS: dict[str, AttendFn] = {
+    "xla": _xla,
+    "dot_product": _dot_product,
+    "floor": _floor,
+}
+
+
+def attend(
+    impl: str,
+    q: jax.Array,
+    q_positions: jax.Array,
+    q_segment_ids: jax.Array,
+    keys: Keys,
+    window: int | None,
+    cfg: ModelConfig,
+) -> jax.Array:
+    """Attention of queries q [B, Lq, N, H] at (positions, segment ids) [B, Lq] over `keys`:
+    a sliding window of `window` keys (itself included), or causal over every key if None.
+    Returns [B, Lq, N, H] in q's dtype; scores and softmax in float32."""
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"attention implementation {impl!r} is unknown; allowed: {IMPLEMENTATIONS}"
+        )
+    return IMPLEMENTATIONS[impl](q, q_positions, q_segment_ids, keys, window, cfg)

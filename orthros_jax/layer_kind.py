@@ -1,0 +1,136 @@
+"""What every layer kind shares: streams, the step context, the kind interface, the FFN half.
+
+A **layer kind** (attention; gated DeltaNet next) owns its parameter shapes with logical axes,
+its per-layer state in the cache, and one `step` that every mode drives:
+  sequence  the full-sequence forward (PT/SFT): no cache; keys are the sequence itself.
+  chunk     one prefill chunk: reads the state the earlier chunks left and writes its own.
+  decode    one token per row: writes the token's state and reads the history.
+  read      queries only, over a filled cache (prefill's output stream; a single-stream arm's
+            last prompt token at the last layer): nothing is written.
+The drivers (model.py: training forward; cached_forward.py: chunked prefill and decode;
+the benchmark floor as an attention implementation) and the layer loop (stack.py) are
+written once over this interface.
+
+Shapes: B batch, T/L tokens, C chunk, S cache slots, D d_model, W window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from orthros_jax import layers as nnl
+from orthros_jax.axes import EMBED, MLP
+from orthros_jax.config import ModelConfig
+
+Params = dict[str, Any]
+SEQUENCE, CHUNK, DECODE, READ = "sequence", "chunk", "decode", "read"
+MODES = (SEQUENCE, CHUNK, DECODE, READ)
+
+
+@flax.struct.dataclass
+class Stream:
+    """One token stream: activations and the original positions/segments of its tokens."""
+
+    x: jax.Array  # [B, L, D]
+    positions: jax.Array  # [B, L] int32, original positions (output copies keep their token's)
+    segment_ids: jax.Array  # [B, L] int32, document id (packing); padding never matches
+
+
+@flax.struct.dataclass
+class StepContext:
+    """What a mode tells a layer step. Cached modes address the cache by slot: slot s of a row
+    holds the token at position s, so every mask compares slots (see kv_cache.py).
+
+    slots [B, Lb]: where the base tokens' state goes (chunk/decode; S = dropped).
+    window_slots: chunk [B, W-1] (the slots right before the chunk), decode/read [B, W] (the
+      window ending at the query, itself last); negative or beyond the end = not visible.
+    slot_segments [B, S]: 1 for slots a global query may read, padding otherwise.
+    valid [B, Lb]: base tokens that exist (not padding, row active).
+    reset [B, Lb]: a token that starts a new document (recurrent kinds zero their state).
+    default_positions: sequence mode with positions = arange and one segment.
+    """
+
+    mode: str = flax.struct.field(pytree_node=False)
+    impl: str = flax.struct.field(pytree_node=False)
+    slots: jax.Array | None = None
+    window_slots: jax.Array | None = None
+    slot_segments: jax.Array | None = None
+    valid: jax.Array | None = None
+    reset: jax.Array | None = None
+    default_positions: bool = flax.struct.field(pytree_node=False, default=False)
+
+
+# step(p, cfg, base, out, state, li, ctx, compute_base) -> (base, out, state)
+#   p: this layer's parameters; base/out: Stream | None (out: the output stream's copies);
+#   state: the kind's whole cache stack (None in sequence mode), written at layer index li;
+#   compute_base=False skips the base stream's mixing and FFN (dead in the last layer).
+StepFn = Callable[..., tuple[Stream | None, Stream | None, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerKind:
+    """A kind of layer. `params_key` names its parameter stack in the model's tree
+    (stacked on a leading axis over the layers of that kind)."""
+
+    name: str
+    params_key: str
+    param_shapes: Callable[[ModelConfig], dict[str, tuple[tuple[int, ...], tuple[str, ...]]]]
+    init_for: Callable[[str, ModelConfig], Callable[..., jax.Array]]
+    init_state: Callable[[ModelConfig, int, int, int, Any], Any]  # (cfg, layers, B, S, dtype)
+    state_axes: Callable[[ModelConfig], Any]  # logical axes of the state (pytree like it)
+    step: StepFn
+    # Can `read` mode run a base token alone (a single-stream arm's last prompt token)?
+    reads_last_token: bool = True
+
+
+def block_param_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """The parts of a layer every kind shares: the two pre-norms and the SwiGLU FFN."""
+    d, f = cfg.d_model, cfg.d_ff
+    return {
+        "attn_norm": ((d,), (EMBED,)),
+        "mlp_norm": ((d,), (EMBED,)),
+        "w_gate": ((d, f), (EMBED, MLP)),
+        "w_up": ((d, f), (EMBED, MLP)),
+        "w_down": ((f, d), (MLP, EMBED)),
+    }
+
+
+def norm(p: Params, x: jax.Array, name: str, cfg: ModelConfig) -> jax.Array:
+    """A pre-norm of the layer (RMSNorm; scale 1 + w with cfg.norm_zero_centered)."""
+    return nnl.rms_norm(x, p[name], cfg.norm_eps, zero_centered=cfg.norm_zero_centered)
+
+
+def ffn_residual(p: Params, x: jax.Array, mixed: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """x + mixed (the token mixer's output after its projection), then the SwiGLU FFN with its
+    residual. x, mixed: [B, L, D]."""
+    x = x + mixed
+    return x + nnl.swiglu(norm(p, x, "mlp_norm", cfg), p["w_gate"], p["w_up"], p["w_down"])
+
+
+def default_init(name: str, cfg: ModelConfig) -> Callable[..., jax.Array]:
+    """Norm scales 1 (0 when zero-centred), SO offsets 0, other weights normal(init_std); the
+    residual-branch outputs scaled by 1/sqrt(2 * layers) (GPT-2)."""
+    import flax.linen as nn
+
+    if name.endswith("norm"):
+        return nn.initializers.zeros if cfg.norm_zero_centered else nn.initializers.ones
+    if name.endswith("_scale"):
+        return nn.initializers.ones
+    if name.endswith("_offset"):
+        return nn.initializers.zeros
+    std = cfg.init_std
+    if name in ("wo", "w_down", "gdn_out"):
+        std = std / (2 * cfg.n_layers) ** 0.5
+    return nn.initializers.normal(std)
+
+
+def merge_streams(a: jax.Array, b: jax.Array) -> tuple[jax.Array, Callable]:
+    """Concatenates two [B, 1, D] token batches along L so token-wise work runs once; returns
+    the merged array and the function splitting a result back."""
+    return jnp.concatenate([a, b], 1), lambda y: (y[:, : a.shape[1]], y[:, a.shape[1] :])

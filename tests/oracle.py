@@ -51,8 +51,6 @@ class Spec:
 
     architecture: str
     window: int
-    n_heads: int
-    n_kv_heads: int
     norm_eps: float
     rope_theta: float
     qk_norm: bool
@@ -83,8 +81,6 @@ class Spec:
         return cls(
             architecture=cfg.architecture,
             window=cfg.window,
-            n_heads=cfg.n_heads,
-            n_kv_heads=cfg.n_kv_heads,
             norm_eps=cfg.norm_eps,
             rope_theta=cfg.rope_theta,
             qk_norm=cfg.qk_norm,

@@ -1,4 +1,4 @@
-"""Benchmark config (launch/benchmark.py): the model of issue 6 and the suites' sizes."""
+"""Benchmark config (launch/benchmark.py): the model of issue 6 and the sizes of its suites."""
 
 import ml_collections
 
@@ -33,6 +33,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.train_len = 2048
     c.train_batch = 1
     c.window_blocks = (32, 64, 128)  # suite 'window': query block sizes of the window kernel
+    c.inference_len = 8192  # suite 'inference': TTFT prompt tokens
+    c.inference_new_tokens = 32  # suite 'inference': decode tokens per timed run
     c.repeats = 5
     c.batch_size = 1
     c.seed = 0

@@ -1,9 +1,13 @@
-"""Prefill / decode / train benchmark: Orthros vs the Transformer arm vs the token-wise floor.
+"""The benchmark: Orthros vs the Transformer arm vs the token-wise floor, one suite per figure.
 
     python launch/benchmark.py --config=configs/bench.py --out=runs/bench
     python launch/benchmark.py --config=configs/bench.py --config.prefill_lengths='(1024,2048)' \
         --suites=prefill,memory --out=runs/bench_small
 
+Suites: prefill (library prefill vs the floor), honesty (Transformer arm vs dense attention),
+memory (compiled prefill temp bytes), decode (decode_step per context), train (a PT step),
+inference (TTFT and decode tokens/s through the serving API: prefill, decode_step, generate),
+window (the window-attention kernel alone; not run by default).
 Everything is measured side by side in one process (the machine is shared and noisy, so only
 ratios from one run mean anything). Writes bench.json, bench.md and bench.png into --out.
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -22,24 +27,21 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench_report import write_report  # noqa: E402  (launch/ is the script's directory)
-
-from orthros_jax import benchmarking as B  # noqa: E402
-from orthros_jax import flops  # noqa: E402
-from orthros_jax.cached_forward import prefill_jit  # noqa: E402
-from orthros_jax.config import ModelConfig  # noqa: E402
-from orthros_jax.inference import decode_step, prefill  # noqa: E402
-from orthros_jax.kv_cache import KVCache, init_cache  # noqa: E402
-from orthros_jax.model import OrthrosLM, init_params  # noqa: E402
+from orthros_jax import benchmarking as bench
+from orthros_jax import flops
+from orthros_jax.bench_report import write_report
+from orthros_jax.cached_forward import prefill_jit
+from orthros_jax.config import ModelConfig
+from orthros_jax.inference import decode_step, generate, prefill
+from orthros_jax.kv_cache import KVCache, init_cache
+from orthros_jax.model import OrthrosLM, init_params
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/bench.py", "Benchmark config.")
 _OUT = flags.DEFINE_string("out", None, "Directory for bench.json / bench.md / bench.png.")
 _SUITES = flags.DEFINE_list(
-    "suites", ["prefill", "honesty", "memory", "decode", "train"], "Suites to run."
+    "suites", ["prefill", "honesty", "memory", "decode", "train", "inference"], "Suites to run."
 )
-SUITES = ("prefill", "honesty", "memory", "decode", "train", "window")
+SUITES = ("prefill", "honesty", "memory", "decode", "train", "inference", "window")
 
 
 def arms(c) -> dict[str, ModelConfig]:
@@ -78,7 +80,7 @@ def prefill_call(cfg, params, fn, t: int, c, *, library: bool):
 
 
 def prefill_suite(c, cfgs, params, results) -> None:
-    floor = B.floor_prefill(cfgs["transformer"])
+    floor = bench.floor_prefill(cfgs["transformer"])
     rows = []
     for t in c.prefill_lengths:
         calls = {
@@ -89,14 +91,14 @@ def prefill_suite(c, cfgs, params, results) -> None:
         calls["floor"] = prefill_call(
             cfgs["transformer"], params["transformer"], floor, t, c, library=False
         )
-        row = {"T": t, **B.time_interleaved(calls, c.repeats)}
+        row = {"T": t, **bench.time_interleaved(calls, c.repeats)}
         for name, cfg in cfgs.items():
             if name in calls:
                 row[f"{name}_gflop"] = flops.prefill_flops(cfg, t) / 1e9
         row["floor_gflop"] = flops.floor_prefill_flops(cfgs["orthros"], t) / 1e9
-        row["orthros_over_floor"] = B.ratio(row["orthros"], row["floor"])
+        row["orthros_over_floor"] = bench.ratio(row["orthros"], row["floor"])
         if "transformer" in row:
-            row["speedup"] = B.ratio(row["transformer"], row["orthros"])
+            row["speedup"] = bench.ratio(row["transformer"], row["orthros"])
             row["flop_ideal_speedup"] = row["transformer_gflop"] / row["orthros_gflop"]
             row["speedup_fraction_of_ideal"] = row["speedup"] / row["flop_ideal_speedup"]
         rows.append(row)
@@ -110,7 +112,7 @@ def prefill_suite(c, cfgs, params, results) -> None:
 
 def honesty_suite(c, cfgs, params, results) -> None:
     cfg = cfgs["transformer"]
-    dense = B.dense_prefill(cfg)
+    dense = bench.dense_prefill(cfg)
     rows = []
     for t in [t for t in c.prefill_lengths if t <= c.dense_max_len]:
         calls = {
@@ -119,8 +121,8 @@ def honesty_suite(c, cfgs, params, results) -> None:
                 cfg, params["transformer"], dense, t, c, library=False
             ),
         }
-        row = {"T": t, **B.time_interleaved(calls, c.repeats)}
-        row["ours_over_dense"] = B.ratio(row["transformer"], row["dense_dot_product_attention"])
+        row = {"T": t, **bench.time_interleaved(calls, c.repeats)}
+        row["ours_over_dense"] = bench.ratio(row["transformer"], row["dense_dot_product_attention"])
         rows.append(row)
         print(f"honesty T={t}: ours/dense = {row['ours_over_dense']:.3f}", flush=True)
     results["honesty"] = rows
@@ -137,7 +139,7 @@ def memory_suite(c, cfgs, params, results) -> None:
             lengths = jax.ShapeDtypeStruct((c.batch_size,), jnp.int32)
             temp = prefill_jit.lower(params[name], cache, tokens, lengths, cfg=cfg).compile()
             analysis = temp.memory_analysis()
-            resident = B.tree_bytes(cache) + B.tree_bytes(params[name])
+            resident = bench.tree_bytes(cache) + bench.tree_bytes(params[name])
             row[name] = {
                 "temp_bytes": int(analysis.temp_size_in_bytes) if analysis else None,
                 "cache_plus_params_bytes": resident,
@@ -172,14 +174,14 @@ def decode_suite(c, cfgs, params, results) -> None:
                 return logits
 
             calls[name] = steps
-        timing = B.time_interleaved(calls, c.repeats)
+        timing = bench.time_interleaved(calls, c.repeats)
         row = {"context": ctx}
         for name, cfg in cfgs.items():
             row[name] = {
                 "step_s": timing[name]["median_s"] / c.decode_steps,
                 "gflop": flops.decode_flops(cfg, ctx) / 1e9,
             }
-        row["orthros_over_transformer"] = B.ratio(timing["orthros"], timing["transformer"])
+        row["orthros_over_transformer"] = bench.ratio(timing["orthros"], timing["transformer"])
         rows.append(row)
         print(f"decode ctx={ctx}: " + json.dumps(row), flush=True)
     results["decode"] = rows
@@ -199,14 +201,84 @@ def train_suite(c, cfgs, params, results) -> None:
 
         step = jax.jit(jax.value_and_grad(loss))
         calls[name] = lambda step=step, name=name: step(params[name])
-    row = {"T": t, **B.time_interleaved(calls, c.repeats)}
+    row = {"T": t, **bench.time_interleaved(calls, c.repeats)}
     for name, cfg in cfgs.items():
         row[name]["gflop"] = 3 * flops.pt_forward_flops(cfg, t) * c.train_batch / 1e9
-    row["time_ratio"] = B.ratio(row["orthros"], row["transformer"])
+    row["time_ratio"] = bench.ratio(row["orthros"], row["transformer"])
     row["flop_ratio"] = row["orthros"]["gflop"] / row["transformer"]["gflop"]
     row["time_ratio_over_flop_ratio"] = row["time_ratio"] / row["flop_ratio"]
     print("train: " + json.dumps(row), flush=True)
     results["train"] = row
+
+
+def _generate_call(cfg: ModelConfig, p, prompts: list, new_tokens: int, slots: int):
+    return lambda: generate(p, prompts, cfg, max_new_tokens=new_tokens, cache_size=slots).tokens
+
+
+def inference_suite(c, cfgs, params, results) -> None:
+    """What a user of the serving API sees, per arm. TTFT: `prefill` of a c.inference_len-token
+    prompt (host tokens in, padded to its bucket) until the first token id is on the host.
+    Decode tokens/s two ways: `decode_step` one token at a time with a host round trip per
+    token (as launch/generate.py streams), and `generate`'s on-device loop, whose per-token time
+    is that of c.inference_new_tokens + 1 tokens minus that of 1 (an 8-token prompt, so its
+    prefill is small). Both decode in caches of the same S slots; a decode step reads every
+    slot (masked), so its cost is set by S, not by how many slots are filled."""
+    t, n, bsz = c.inference_len, c.inference_new_tokens, c.batch_size
+    slots = t + n * (c.repeats + 1)
+    vocab = cfgs["orthros"].vocab_size
+    prompts = np.asarray(jax.random.randint(jax.random.PRNGKey(c.seed), (bsz, t), 0, vocab))
+    lengths = np.full((bsz,), t, np.int32)
+    first_token = jax.jit(lambda logits: jnp.argmax(logits, -1))
+    calls = {}
+    for name, cfg in cfgs.items():
+        state = {
+            "cache": init_cache(cfg, bsz, slots),
+            "stream": filled_cache(cfg, bsz, t, slots - t),
+        }
+
+        def ttft(cfg=cfg, name=name, state=state):
+            logits, cache = prefill(params[name], state["cache"], prompts, lengths, cfg)
+            token = np.asarray(first_token(logits))
+            state["cache"] = cache.replace(lengths=jnp.zeros_like(cache.lengths))
+            return token
+
+        def stream(cfg=cfg, name=name, state=state):
+            token = np.zeros((bsz,), np.int32)
+            for _ in range(n):
+                logits, state["stream"] = decode_step(params[name], state["stream"], token, cfg)
+                token = np.asarray(first_token(logits))
+            return token
+
+        short = [list(row[:8]) for row in prompts]
+        calls[f"{name}_ttft"] = ttft
+        calls[f"{name}_decode_step"] = stream
+        calls[f"{name}_generate_1"] = _generate_call(cfg, params[name], short, 1, slots)
+        calls[f"{name}_generate_n"] = _generate_call(cfg, params[name], short, n + 1, slots)
+    timing = bench.time_interleaved(calls, c.repeats)
+    row = {"prompt_len": t, "new_tokens": n, "cache_slots": slots}
+    for name in cfgs:
+        loop = [
+            (a - b) / n
+            for a, b in zip(
+                timing[f"{name}_generate_n"]["times_s"],
+                timing[f"{name}_generate_1"]["times_s"],
+                strict=True,
+            )
+        ]
+        row[name] = {
+            "ttft_s": timing[f"{name}_ttft"]["median_s"],
+            "decode_step_tok_s": bsz * n / timing[f"{name}_decode_step"]["median_s"],
+            # None if noise swamped the loop's time (too few new tokens for this machine).
+            "generate_tok_s": bsz / step_s if (step_s := statistics.median(loop)) > 0 else None,
+            "timing": {
+                k.removeprefix(f"{name}_"): v for k, v in timing.items() if k.startswith(name)
+            },
+        }
+    row["ttft_speedup"] = bench.ratio(timing["transformer_ttft"], timing["orthros_ttft"])
+    brief = {k: {m: x for m, x in v.items() if m != "timing"} if isinstance(v, dict) else v
+             for k, v in row.items()}  # fmt: skip
+    print("inference: " + json.dumps(brief), flush=True)
+    results["inference"] = row
 
 
 def window_suite(c, cfgs, params, results) -> None:
@@ -215,8 +287,10 @@ def window_suite(c, cfgs, params, results) -> None:
     see whether the kernel uses more than one)."""
     del params
     cfg = cfgs["orthros"]
-    calls = {f"block_{b}": B.window_attention_layers(cfg, b, c.batch_size) for b in c.window_blocks}
-    timing = B.time_interleaved(calls, c.repeats)
+    calls = {
+        f"block_{b}": bench.window_attention_layers(cfg, b, c.batch_size) for b in c.window_blocks
+    }
+    timing = bench.time_interleaved(calls, c.repeats)
     rows = [
         {"block": b, "ms_per_chunk_layer": 1e3 * timing[f"block_{b}"]["median_s"] / cfg.n_layers}
         for b in c.window_blocks
@@ -256,6 +330,7 @@ def main(argv) -> None:
         "memory": memory_suite,
         "decode": decode_suite,
         "train": train_suite,
+        "inference": inference_suite,
         "window": window_suite,
     }
     for name in SUITES:

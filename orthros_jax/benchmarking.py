@@ -1,4 +1,5 @@
-"""Pieces of the prefill benchmark (launch/benchmark.py) that compare like with like.
+"""Pieces of the benchmark (launch/benchmark.py; its report: bench_report.py) that compare like
+with like.
 
 Besides the library's own `inference.prefill`, the benchmark times two references that are
 the same prefill driver with another attention implementation (attend.py):
@@ -101,4 +102,5 @@ def ratio(a: dict, b: dict) -> float:
 
 
 def tree_bytes(tree: Any) -> int:
+    """Bytes held by every array leaf of a pytree (arrays or ShapeDtypeStructs)."""
     return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(tree))

@@ -10,27 +10,15 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+from conftest import tiny_config
 
-from orthros_jax import benchmarking as B
-from orthros_jax import flops
-from orthros_jax.config import ModelConfig
+from orthros_jax import bench_report, flops
+from orthros_jax import benchmarking as bench
 from orthros_jax.inference import init_cache, prefill
 from orthros_jax.model import init_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CFG = ModelConfig(
-    vocab_size=64,
-    d_model=32,
-    n_layers=3,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=8,
-    d_ff=64,
-    window=4,
-    architecture="transformer",
-    scale_offset=False,
-    prefill_chunk=8,
-)
+CFG = tiny_config(vocab_size=64, n_layers=3, window=4, architecture="transformer", prefill_chunk=8)
 
 
 def test_dense_prefill_equals_transformer_prefill():
@@ -38,10 +26,10 @@ def test_dense_prefill_equals_transformer_prefill():
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 24), 0, 64)
     lengths = jnp.full((2,), 24, jnp.int32)
     want, cache_a = prefill(params, init_cache(CFG, 2, 24), tokens, lengths, CFG)
-    got, cache_b = B.dense_prefill(CFG)(params, init_cache(CFG, 2, 24), tokens)
+    got, cache_b = bench.dense_prefill(CFG)(params, init_cache(CFG, 2, 24), tokens)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
     np.testing.assert_allclose(np.asarray(cache_b.k), np.asarray(cache_a.k), atol=1e-5, rtol=0)
-    floor_logits, floor_cache = B.floor_prefill(CFG)(params, init_cache(CFG, 2, 24), tokens)
+    floor_logits, floor_cache = bench.floor_prefill(CFG)(params, init_cache(CFG, 2, 24), tokens)
     assert floor_logits.shape == want.shape
     # The floor writes the cache of the first layer exactly (attention only changes later ones).
     np.testing.assert_allclose(
@@ -52,12 +40,12 @@ def test_dense_prefill_equals_transformer_prefill():
 def test_time_interleaved_alternates_calls_and_ratio_is_per_round():
     order = []
     calls = {name: (lambda name=name: order.append(name)) for name in ("a", "b")}
-    timing = B.time_interleaved(calls, repeats=3)
+    timing = bench.time_interleaved(calls, repeats=3)
     assert order == ["a", "b"] * 4  # one warm-up each, then 3 rounds of both
     assert timing["a"]["repeats"] == 3 and len(timing["b"]["times_s"]) == 3
     a = {"times_s": [1.0, 4.0, 2.0]}
     b = {"times_s": [2.0, 1.0, 1.0]}  # per-round ratios 0.5, 4, 2
-    assert B.ratio(a, b) == 2.0
+    assert bench.ratio(a, b) == 2.0
 
 
 def test_flop_model_hand_values():
@@ -94,7 +82,9 @@ def test_benchmark_runs_end_to_end(tmp_path):
         "--config.train_len=32",
         "--config.repeats=1",
         "--config.window_blocks=(4,8)",
-        "--suites=prefill,honesty,memory,decode,train,window",
+        "--config.inference_len=24",
+        "--config.inference_new_tokens=2",
+        "--suites=prefill,honesty,memory,decode,train,inference,window",
     ]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
     results = json.loads((out / "bench.json").read_text())
@@ -107,3 +97,49 @@ def test_benchmark_runs_end_to_end(tmp_path):
     assert "| T |" in (out / "bench.md").read_text()
     assert [r["block"] for r in results["window"]] == [4, 8]
     assert all(r["ms_per_chunk_layer"] > 0 for r in results["window"])
+    inf = results["inference"]
+    assert (inf["prompt_len"], inf["new_tokens"], inf["cache_slots"]) == (24, 2, 24 + 2 * 2)
+    for arm in ("orthros", "transformer"):
+        assert inf[arm]["ttft_s"] > 0 and inf[arm]["decode_step_tok_s"] > 0
+        assert sorted(inf[arm]["timing"]) == ["decode_step", "generate_1", "generate_n", "ttft"]
+    assert "| orthros | " in (out / "bench.md").read_text()
+
+
+def test_headline_reads_each_target_from_its_suite():
+    def timed(s: float) -> dict:
+        return {"median_s": s}
+
+    results = {
+        "prefill": [
+            {"T": 8192, "orthros": timed(1.0), "orthros_over_floor": 1.5},  # not a target length
+            {
+                "T": 16384,
+                "orthros": timed(2.0),
+                "orthros_over_floor": 1.1,
+                "speedup_fraction_of_ideal": 1.3,
+            },
+            {"T": 32768, "orthros": timed(4.2), "orthros_over_floor": 1.15},
+        ],  # fmt: skip
+        "honesty": [{"T": 1024, "ours_over_dense": 0.7}, {"T": 8192, "ours_over_dense": 0.8}],
+        "decode": [
+            {"context": 8192, "orthros_over_transformer": 1.3},
+            {"context": 16384, "orthros_over_transformer": 1.09},
+        ],
+        "memory": [{"T": 32768, "orthros": {"temp_over_resident": 0.24}}],
+        "train": {"time_ratio_over_flop_ratio": 0.79},
+    }
+    got = bench_report.headline(results)
+    want = {
+        "speedup_fraction_of_ideal": 1.3,
+        "ours_over_dense": 0.8,
+        "orthros_over_floor": 1.15,
+        "scaling_32k_16k": 2.1,
+        "decode_ratio": 1.09,
+        "temp_memory": 0.24,
+        "train_ratio": 0.79,
+    }
+    assert list(got) == list(bench_report.TARGETS)
+    np.testing.assert_allclose([got[k] for k in want], [want[k] for k in want], rtol=1e-12)
+    # A run without the long lengths or suites leaves those figures empty.
+    short = bench_report.headline({"prefill": results["prefill"][:1]})
+    assert all(value is None for value in short.values())

@@ -1,4 +1,5 @@
-"""Turns launch/benchmark.py's results into bench.json, a markdown table and a log-log plot."""
+"""The benchmark's report (launch/benchmark.py): headline figures against their targets, and
+bench.json, bench.md and bench.png written from one results dict."""
 
 from __future__ import annotations
 
@@ -6,11 +7,7 @@ import json
 import os
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
+# key -> (figure, target): the README's "Performance" table, in its order.
 TARGETS = {
     "speedup_fraction_of_ideal": ("Orthros prefill speedup / FLOP-ideal speedup at 16K", ">= 0.85"),
     "ours_over_dense": ("Transformer arm / dense dot_product_attention (<= 8K, worst)", "<= 1.0"),
@@ -48,54 +45,83 @@ def headline(results: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
+def _fmt(value: float | None, spec: str = ".3f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def _prefill_table(pre: list[dict]) -> list[str]:
+    lines = [
+        "| T | Orthros s | Transformer s | floor s | speedup | FLOP-ideal | Orthros/floor |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in pre:
+        lines.append(
+            f"| {r['T']} | {r['orthros']['median_s']:.3f} | "
+            f"{_fmt(r.get('transformer', {}).get('median_s'))} | {r['floor']['median_s']:.3f} | "
+            f"{_fmt(r.get('speedup'), '.2f')} | {_fmt(r.get('flop_ideal_speedup'), '.2f')} | "
+            f"{r['orthros_over_floor']:.3f} |"
+        )
+    return lines
+
+
+def _inference_table(inf: dict) -> list[str]:
+    lines = [
+        f"Serving API, prompt {inf['prompt_len']} tokens, decode in a cache of "
+        f"{inf['cache_slots']} slots, {inf['new_tokens']} tokens per timed run:",
+        "",
+        "| arm | TTFT s | decode_step tok/s (host round trip) | generate loop tok/s |",
+        "|---|---|---|---|",
+    ]
+    for name in ("orthros", "transformer"):
+        r = inf[name]
+        lines.append(
+            f"| {name} | {r['ttft_s']:.3f} | {r['decode_step_tok_s']:.1f} | "
+            f"{_fmt(r['generate_tok_s'], '.1f')} |"
+        )
+    lines += ["", f"TTFT Transformer / Orthros: {inf['ttft_speedup']:.2f}"]
+    return lines
+
+
 def markdown(results: dict[str, Any]) -> str:
+    """bench.md: the headline table, then one table per suite that ran."""
     lines = [
         f"Benchmark of {results['date']} on {results['backend']} ({results['device']}, "
         f"{results['cpu_count']} CPUs), jax {results['jax']}: `{results['command']}` "
-        f"({results['wall_s']:.0f} s, XLA_FLAGS={results['xla_flags'] or '(none)'}). Times are medians of {results['repeats']} rounds, each "
-        "running every compared call once; a ratio is the median of its per-round ratios.",
+        f"({results['wall_s']:.0f} s, XLA_FLAGS={results['xla_flags'] or '(none)'}). "
+        f"Times are medians of {results['repeats']} rounds, each running every compared call "
+        "once; a ratio is the median of its per-round ratios.",
         "",
         "| figure | target | measured |",
         "|---|---|---|",
     ]
     for key, value in headline(results).items():
         name, target = TARGETS[key]
-        lines.append(f"| {name} | {target} | {'—' if value is None else f'{value:.3f}'} |")
-    pre = results.get("prefill", [])
-    if pre:
-        lines += [
-            "",
-            "| T | Orthros s | Transformer s | floor s | speedup | FLOP-ideal | Orthros/floor |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for r in pre:
-            tr = r.get("transformer", {}).get("median_s")
-            lines.append(
-                f"| {r['T']} | {r['orthros']['median_s']:.3f} | "
-                f"{'—' if tr is None else f'{tr:.3f}'} | {r['floor']['median_s']:.3f} | "
-                f"{r.get('speedup', float('nan')):.2f} | {r.get('flop_ideal_speedup', float('nan')):.2f} | "
-                f"{r['orthros_over_floor']:.3f} |"
-            )
-    dec = results.get("decode", [])
-    if dec:
-        lines += [
-            "",
-            "| context | Orthros ms/step | Transformer ms/step | ratio |",
-            "|---|---|---|---|",
-        ]
-        for r in dec:
+        lines.append(f"| {name} | {target} | {_fmt(value)} |")
+    if results.get("prefill"):
+        lines += ["", *_prefill_table(results["prefill"])]
+    if results.get("decode"):
+        lines += ["", "| context | Orthros ms/step | Transformer ms/step | ratio |"]
+        lines.append("|---|---|---|---|")
+        for r in results["decode"]:
             lines.append(
                 f"| {r['context']} | {1e3 * r['orthros']['step_s']:.2f} | "
                 f"{1e3 * r['transformer']['step_s']:.2f} | {r['orthros_over_transformer']:.3f} |"
             )
-    win = results.get("window", [])
-    if win:
+    if results.get("inference"):
+        lines += ["", *_inference_table(results["inference"])]
+    if results.get("window"):
         lines += ["", "| window-attention query block | ms per chunk and layer |", "|---|---|"]
-        lines += [f"| {r['block']} | {r['ms_per_chunk_layer']:.2f} |" for r in win]
+        lines += [f"| {r['block']} | {r['ms_per_chunk_layer']:.2f} |" for r in results["window"]]
     return "\n".join(lines) + "\n"
 
 
 def plot(results: dict[str, Any], path: str) -> None:
+    """Log-log prefill time against T for Orthros, the Transformer arm and the floor."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
     pre = results.get("prefill", [])
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for name, style in (("orthros", "o-"), ("transformer", "s-"), ("floor", "^--")):
@@ -113,6 +139,7 @@ def plot(results: dict[str, Any], path: str) -> None:
 
 
 def write_report(results: dict[str, Any], out_dir: str) -> None:
+    """Adds results["headline"], then writes bench.json, bench.md and bench.png into out_dir."""
     results["headline"] = headline(results)
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
         json.dump(results, f, indent=2)

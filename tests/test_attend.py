@@ -1,0 +1,165 @@
+"""The attention seam: every implementation against the dense reference, in every key layout a
+mode produces; the position contract; the model's modes under `dot_product`."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from orthros_jax import inference as inf
+from orthros_jax.attend import Keys, attend
+from orthros_jax.attention import local_attention, reference_attention
+from orthros_jax.config import ModelConfig
+from orthros_jax.model import OrthrosLM, init_params
+
+CFG = ModelConfig(attention_block_q=8, attention_block_k=8, attention_block_local=4)
+
+
+def _qkv(seed: int, b: int, t: int, n: int = 4, k: int = 2, h: int = 8):
+    keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+    return (
+        jax.random.normal(keys[0], (b, t, n, h)),
+        jax.random.normal(keys[1], (b, t, k, h)),
+        jax.random.normal(keys[2], (b, t, k, h)),
+    )
+
+
+def _packed(b: int, t: int, start: int):
+    pos = np.tile(np.arange(t), (b, 1))
+    seg = np.ones((b, t), np.int32)
+    pos[:, start:] -= start
+    seg[:, start:] = 2
+    return jnp.asarray(pos, jnp.int32), jnp.asarray(seg)
+
+
+@pytest.mark.parametrize("impl", ["xla", "dot_product"])
+@pytest.mark.parametrize("window", [5, None])
+@pytest.mark.parametrize("packed", [False, True])
+def test_aligned_sequence_matches_reference(impl, window, packed):
+    t = 21
+    q, k, v = _qkv(1, 2, t)
+    if packed:
+        pos, seg = _packed(2, t, 9)
+    else:
+        pos, seg = jnp.broadcast_to(jnp.arange(t), (2, t)), jnp.ones((2, t), jnp.int32)
+    keys = Keys(k, v, pos, seg, aligned=True, default_positions=not packed)
+    got = attend(impl, q, pos, seg, keys, window, CFG)
+    want = reference_attention(
+        q, k, v, q_positions=pos, k_positions=pos, q_segment_ids=seg, k_segment_ids=seg,
+        window=window,
+    )  # fmt: skip
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("impl", ["xla", "dot_product"])
+def test_chunk_with_cache_prefix_matches_reference(impl):
+    # A prefill chunk's window: its own keys plus the W-1 slots before it, some before slot 0.
+    t, w, start = 16, 6, 3
+    q, k, v = _qkv(2, 2, t)
+    pos = jnp.broadcast_to(jnp.arange(t), (2, t))
+    pre = jnp.broadcast_to(jnp.arange(start - (w - 1), start), (2, w - 1))
+    pre_seg = jnp.where(pre >= 0, 1, -1)
+    take = jnp.clip(pre, 0)
+    prefix = (k[:, take[0]], v[:, take[0]], pre, pre_seg)
+    ones = jnp.ones((2, t - start), jnp.int32)
+    keys = Keys(k[:, start:], v[:, start:], pos[:, start:], ones, prefix=prefix, aligned=True)
+    got = attend(impl, q[:, start:], pos[:, start:], ones, keys, w, CFG)
+    want = reference_attention(q, k, v, q_positions=pos, k_positions=pos, window=w)[:, start:]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("impl", ["xla", "dot_product"])
+@pytest.mark.parametrize("window", [4, None])
+def test_few_queries_over_head_major_cache(impl, window):
+    # Decode: one query per row at its own position over a head-major cache with unused slots.
+    s = 19
+    q, k, v = _qkv(3, 2, s)
+    qpos = jnp.asarray([[7], [18]], jnp.int32)
+    slots = jnp.broadcast_to(jnp.arange(s), (2, s))
+    slot_seg = jnp.where(slots <= qpos, 1, -1)
+    keys = Keys(jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), slots, slot_seg, head_major=True)
+    ones = jnp.ones((2, 1), jnp.int32)
+    rows = jnp.arange(2)
+    got = attend(impl, q[rows, qpos[:, 0]][:, None], qpos, ones, keys, window, CFG)
+    want = reference_attention(
+        q, k, v, q_positions=slots, k_positions=slots, window=window
+    )[rows, qpos[:, 0]][:, None]  # fmt: skip
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+
+def test_floor_is_identity():
+    q, k, v = _qkv(4, 1, 8)
+    pos = jnp.broadcast_to(jnp.arange(8), (1, 8))
+    keys = Keys(k, v, pos, jnp.ones_like(pos), aligned=True)
+    np.testing.assert_array_equal(np.asarray(attend("floor", q, pos, pos, keys, 3, CFG)), q)
+    with pytest.raises(ValueError, match="cudnn"):
+        attend("cudnn", q, pos, pos, keys, 3, CFG)
+
+
+def test_local_attention_rejects_positions_that_break_the_contract():
+    # Repeated positions (arange(T) // 4) once differed from the reference by 1.1 silently.
+    t = 16
+    q, k, v = _qkv(5, 1, t)
+    pos = jnp.asarray(np.arange(t)[None] // 4, jnp.int32)
+    with pytest.raises(ValueError, match="positions must increase"):
+        local_attention(q, k, v, q_positions=np.asarray(pos), k_positions=pos, window=4)
+    # A position reset at a document boundary is fine (new segment).
+    pos2, seg2 = _packed(1, t, 6)
+    local_attention(
+        q, k, v, q_positions=np.asarray(pos2), k_positions=pos2, window=4,
+        q_segment_ids=np.asarray(seg2), k_segment_ids=seg2,
+    )  # fmt: skip
+    # Traced positions are not checked (documented contract).
+    jax.jit(
+        lambda p: local_attention(q, k, v, q_positions=p, k_positions=p, window=4)
+    )(pos)  # fmt: skip
+
+
+MODEL = ModelConfig(
+    vocab_size=53, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
+    window=5, prefill_chunk=8, attention_block_q=8, attention_block_k=8, init_std=0.1,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ["orthros", "transformer", "swa"])
+def test_model_modes_under_dot_product(arch):
+    cfg = MODEL.replace(architecture=arch, scale_offset=None)
+    dp = cfg.replace(attention_impl="dot_product")
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 19), 0, cfg.vocab_size)
+    want = np.asarray(OrthrosLM(cfg).apply({"params": params}, tokens))
+    got = np.asarray(OrthrosLM(dp).apply({"params": params}, tokens))
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    # Packed documents (explicit mask path) and SFT at unsorted output positions.
+    pos, seg = _packed(2, 19, 7)
+    idx = jnp.asarray([[12, 3, 18], [0, 9, 6]])
+    kw = dict(positions=pos, segment_ids=seg, output_positions=idx)
+    np.testing.assert_allclose(
+        np.asarray(OrthrosLM(dp).apply({"params": params}, tokens, **kw)),
+        np.asarray(OrthrosLM(cfg).apply({"params": params}, tokens, **kw)),
+        atol=1e-5, rtol=0,
+    )  # fmt: skip
+    # Chunked prefill (3 chunks, ragged) then two decode steps equal the PT forward.
+    lengths = np.array([17, 6])
+    cache = inf.init_cache(dp, 2, 24)
+    logits, cache = inf.prefill(params, cache, np.asarray(tokens), lengths, dp)
+    np.testing.assert_allclose(np.asarray(logits), want[[0, 1], lengths - 1], atol=1e-5, rtol=0)
+    nxt = np.asarray(tokens)[[0, 1], lengths]
+    logits, cache = inf.decode_step(params, cache, nxt, dp)
+    np.testing.assert_allclose(np.asarray(logits), want[[0, 1], lengths], atol=1e-5, rtol=0)
+
+
+def test_layer_types_cycle_equals_uniform_stack():
+    # A two-kind-slot cycle of attention layers is the same model as the uniform stack.
+    cfg = MODEL.replace(n_layers=4)
+    cyc = cfg.replace(layer_types=("attention", "attention"))
+    params = init_params(cfg, jax.random.PRNGKey(2))
+    tokens = jax.random.randint(jax.random.PRNGKey(3), (1, 13), 0, cfg.vocab_size)
+    for c in (cyc, cyc.replace(scan_layers=False), cyc.replace(remat="full")):
+        np.testing.assert_allclose(
+            np.asarray(OrthrosLM(c).apply({"params": params}, tokens)),
+            np.asarray(OrthrosLM(cfg).apply({"params": params}, tokens)),
+            atol=1e-6, rtol=0,
+        )  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -206,29 +207,83 @@ def test_spec_errors_are_value_errors():
         evaluate(tiny(), None, EvalSpec(tasks=("passkey",), context_lengths=(32,)))
 
 
+# ---------------------------------------------------------------- the job config
+
+
+def _job(**overrides):
+    """EvalJob of configs/eval.py (or `config=`) with dotted overrides, as the CLI builds it."""
+    from orthros_jax.configlib import load_config_file
+    from orthros_jax.evaluation.job import EvalJob
+
+    c = load_config_file(os.path.join(REPO, "configs", overrides.pop("config", "eval.py")))
+    c.update_from_flattened_dict(overrides)
+    return EvalJob.from_config(c)
+
+
+def test_eval_configs_become_frozen_jobs():
+    job = _job()
+    assert job.suite == EvalSpec() and job.harness.tasks == ()
+    job = _job(**{"tasks": ("lm,mqar",), "harness.tasks": ("piqa, arc_easy",), "samples": 2})
+    assert job.suite.tasks == ("lm", "mqar") and job.suite.samples == 2
+    assert job.harness.tasks == ("piqa", "arc_easy")  # a comma list from the command line
+    job = _job(config="eval_paper.py")
+    assert job.suite is None and job.harness.num_fewshot == 0
+    assert job.harness.tasks == (
+        "arc_easy", "arc_challenge", "hellaswag", "piqa", "openbookqa", "social_iqa", "winogrande"
+    )  # fmt: skip
+    assert _job(config="eval_paper.py:table2").harness.tasks[-1] == "mmlu"
+    with pytest.raises(ValueError, match="nothing to evaluate"):
+        _job(tasks=())
+    with pytest.raises(ValueError, match="decode"):
+        _job(decode="beam")
+    with pytest.raises(ValueError, match="harness.max_length must be >= 1"):
+        _job(**{"harness.max_length": 0})
+    with pytest.raises(ValueError, match="unknown key.*'sample'.*valid keys"):
+        from orthros_jax.evaluation.job import EvalJob
+
+        EvalJob.from_config({"tasks": ("lm",), "harness": {}, "sample": 3})
+
+
 # ---------------------------------------------------------------- the CLI
 
 
 def test_evaluate_cli_on_saved_model_dir(tmp_path, corpus):
-    """launch/evaluate.py reads a model directory made here and writes only into --out."""
+    """launch/evaluate.py reads a model directory made here and writes only into --out; with
+    lm-eval installed it also runs a local harness task through the same command."""
     cfg = tiny("swa")
     model_dir, out = tmp_path / "model", tmp_path / "out"
     checkpoint.save_model(str(model_dir), cfg, init_params(cfg, jax.random.PRNGKey(0)))
     before = sorted(os.listdir(model_dir))
     cmd = [
         sys.executable, os.path.join(REPO, "launch", "evaluate.py"), f"--model={model_dir}",
-        f"--out={out}", "--tasks=lm,passkey", "--seq_len=64", "--lm_batches=1", "--batch_size=4",
-        "--context_lengths=128", "--depths=0.5", "--samples=2", "--decode=greedy",
-        f"--corpus={corpus}", "--validation_fraction=0.2",
+        f"--out={out}", "--config.tasks=lm,passkey", "--config.lm_seq_len=64",
+        "--config.lm_batches=1", "--config.batch_size=4", "--config.context_lengths=128",
+        "--config.depths=0.5", "--config.samples=2", "--config.decode=greedy",
+        f"--config.lm_corpus={corpus}", "--config.lm_validation_fraction=0.2",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+    harness = importlib.util.find_spec("lm_eval") is not None
+    if harness:
+        cmd += [
+            "--config.harness.tasks=orthros_tiny_mc", "--config.harness.include_defaults=false",
+            "--config.harness.include_path=tests/harness_tasks", "--config.harness.batch_size=4",
+            "--config.harness.max_length=64", "--config.harness.bootstrap_iters=0",
+        ]  # fmt: skip
+    env = os.environ | {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.load(open(out / "metrics.json"))
     assert res["model"]["architecture"] == "swa" and res["passkey"]["decode"] == "greedy"
     assert res["passkey"]["examples"] == 2 and res["lm"]["nll"] > 0
     assert (out / "niah_passkey.png").stat().st_size > 0
     assert sorted(os.listdir(model_dir)) == before
+    if harness:
+        full = json.load(open(out / "harness_results.json"))
+        acc = full["results"]["orthros_tiny_mc"]["acc,none"]
+        assert res["harness"]["tasks"]["orthros_tiny_mc"]["acc"] == acc
+        assert full["n-samples"]["orthros_tiny_mc"]["effective"] == 7  # every local example
     bad = subprocess.run(
         [*cmd[:2], f"--model={tmp_path}", f"--out={out}"], capture_output=True, text=True
     )
     assert bad.returncode != 0 and "model.json" in bad.stderr
+    typo = subprocess.run([*cmd[:4], "--config.sample=2"], capture_output=True, text=True)
+    assert typo.returncode != 0 and "unknown config key(s) ['sample']" in typo.stderr

@@ -155,22 +155,26 @@ class Partial(NamedTuple):
     sum: jax.Array
 
 
-def partial_scores(
-    qg: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array
+def _partial_scores(
+    qg: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, *, kv_head_major: bool = True
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Unnormalised attention of grouped queries over head-major keys, with its statistics.
+    """Unnormalised attention of grouped queries over keys, with its statistics.
 
-    qg: [B, Q, K, G, H]; k, v: [B, K, S, H]; visible: [B, Q, S] bool.
+    qg: [B, Q, K, G, H]; k, v: [B, K, S, H] ([B, S, K, H] with kv_head_major=False, read as
+    they are: no transposed copy); visible: [B, Q, S] bool.
     Returns acc [B, K, G, Q, H], max [B, K, G, Q], sum [B, K, G, Q], all float32: invisible
     keys get weight exactly 0, so a query that sees nothing has acc = sum = 0, max = -1e30.
     """
     scale = 1.0 / math.sqrt(qg.shape[-1])
-    s = jnp.einsum("bqkgh,bksh->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale
+    kv_sub = "bksh" if kv_head_major else "bskh"
+    s = jnp.einsum(f"bqkgh,{kv_sub}->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale
     mask = visible[:, None, None]
     s = jnp.where(mask, s, _MASKED)
     m = s.max(axis=-1)
     p = jnp.where(mask, jnp.exp(s - m[..., None]), 0.0)
-    acc = jnp.einsum("bkgqs,bksh->bkgqh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    acc = jnp.einsum(
+        f"bkgqs,{kv_sub}->bkgqh", p.astype(v.dtype), v, preferred_element_type=jnp.float32
+    )
     return acc, m, p.sum(axis=-1)
 
 
@@ -184,40 +188,48 @@ def sharded_global_attention_partial(
     k_segment_ids_shard: jax.Array | None = None,
     *,
     kv_head_major: bool = False,
+    window: int | None = None,
 ) -> Partial:
     """Causal attention of a few queries per row over this shard's keys (inside shard_map).
 
     q: [B, Q, N, H] at q_positions [B, Q], the same on every shard (a prefill's last token, a
     decode step); k_shard, v_shard: [B, Ls, K, H], or [B, K, Ls, H] with kv_head_major=True (a
     sharded cache layer read in place); k_positions_shard [B, Ls]. A key is visible when its
-    position <= the query's and the segments match (default: all 1). Returns this shard's
-    Partial; `merge_partials` combines them across shards.
+    position <= the query's and the segments match (default: all 1) and, given a `window`,
+    the query's position - the key's < window (a decode step's sliding-window read, wherever
+    it straddles shards). Returns this shard's Partial; `merge_partials` combines them.
     """
     bsz, nq, n, h = q.shape
-    if kv_head_major:
-        k_hm, v_hm = k_shard, v_shard
-    else:
-        k_hm, v_hm = jnp.swapaxes(k_shard, 1, 2), jnp.swapaxes(v_shard, 1, 2)
-    kv, ls = k_hm.shape[1], k_hm.shape[2]
-    if k_hm.shape != (bsz, kv, ls, h) or v_hm.shape != k_hm.shape or n % kv:
+    kv_axis, seq_axis = (1, 2) if kv_head_major else (2, 1)
+    kv = k_shard.shape[kv_axis] if k_shard.ndim == 4 else 0
+    ls = k_shard.shape[seq_axis] if k_shard.ndim == 4 else 0
+    want = (bsz, kv, ls, h) if kv_head_major else (bsz, ls, kv, h)
+    if kv == 0 or k_shard.shape != want or v_shard.shape != want or n % kv:
         layout = "[B, K, Ls, H]" if kv_head_major else "[B, Ls, K, H]"
         raise ValueError(
             f"sharded_global_attention_partial: q {q.shape} and k/v {k_shard.shape}/"
             f"{v_shard.shape} do not fit: k and v must be {layout} with B={bsz}, H={h} and a "
             f"number of kv heads dividing N={n}"
         )
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(
+            f"sharded_global_attention_partial: window must be None or an int >= 1, got {window!r}"
+        )
     _check_seq_shapes("q_positions", q_positions.shape, bsz, nq)
     _check_seq_shapes("k_positions_shard", k_positions_shard.shape, bsz, ls)
     q_pos = jnp.asarray(q_positions, jnp.int32)
     k_pos = jnp.asarray(k_positions_shard, jnp.int32)
     visible = k_pos[:, None, :] <= q_pos[:, :, None]
+    if window is not None:
+        visible &= q_pos[:, :, None] - k_pos[:, None, :] < window
     if q_segment_ids is not None or k_segment_ids_shard is not None:
         q_seg = jnp.ones((bsz, nq), jnp.int32) if q_segment_ids is None else q_segment_ids
         k_seg = (
             jnp.ones((bsz, ls), jnp.int32) if k_segment_ids_shard is None else k_segment_ids_shard
         )
         visible &= jnp.asarray(k_seg)[:, None, :] == jnp.asarray(q_seg)[:, :, None]
-    acc, m, total = partial_scores(q.reshape(bsz, nq, kv, n // kv, h), k_hm, v_hm, visible)
+    qg = q.reshape(bsz, nq, kv, n // kv, h)
+    acc, m, total = _partial_scores(qg, k_shard, v_shard, visible, kv_head_major=kv_head_major)
     out = acc / jnp.where(total > 0, total, 1.0)[..., None]
     to_bqn = lambda a: jnp.moveaxis(a, 3, 1).reshape(bsz, nq, n, *a.shape[4:])
     return Partial(to_bqn(out), to_bqn(m), to_bqn(total))

@@ -26,7 +26,7 @@ AXIS = "sequence"
 
 def _inputs(t: int, seed: int = 0) -> dict[str, np.ndarray]:
     """q, k, v [B, T, ., H] and masks: row 0 packs three documents (positions restart), row 1
-    is one document of 45 tokens followed by padding (key/query pad segments)."""
+    is one document over its first 45/64 (45 tokens at T = 64), then padding."""
     rng = np.random.RandomState(seed)
     lens = [t * 5 // 16, t * 15 // 32]
     lens.append(t - sum(lens))
@@ -95,17 +95,23 @@ def _worker(out_dir: str) -> None:
     qseg = np.array([[1, 3, 7], [1, 1, 1]], np.int32)  # row 0, query 3: segment 7 sees nothing
     q1 = np.random.RandomState(2).randn(B, 3, N, H).astype(np.float32)
 
-    def split_k(q, k, v, qp, kp, qs, ks, head_major=False):
+    def split_k(q, k, v, qp, kp, qs, ks, head_major=False, window=None):
         part = sp.sharded_global_attention_partial(
-            q, k, v, qp, kp, qs, ks, kv_head_major=head_major
+            q, k, v, qp, kp, qs, ks, kv_head_major=head_major, window=window
         )
         return sp.merge_partials(*part, AXIS), part.sum
 
-    for name, hm in (("splitk", False), ("splitk_hm", True)):
+    # The window variant (a decode step's base stream): row 1's query at 44 reads keys 25..44,
+    # which straddle shards 3, 4 and 5.
+    for name, hm, win in (
+        ("splitk", False, None),
+        ("splitk_hm", True, None),
+        ("splitk_w", True, 20),
+    ):
         kv_spec = P(None, None, AXIS) if hm else seq
         k, v = (x["k"].swapaxes(1, 2), x["v"].swapaxes(1, 2)) if hm else (x["k"], x["v"])
         f = smap(
-            lambda *a, hm=hm: split_k(*a, head_major=hm),
+            lambda *a, hm=hm, win=win: split_k(*a, head_major=hm, window=win),
             (rep, kv_spec, kv_spec, rep, seq, rep, seq),
             (rep, P(AXIS)),
         )
@@ -114,12 +120,13 @@ def _worker(out_dir: str) -> None:
         res[name] = np.asarray(merged)
         res[name + "_sums"] = np.asarray(sums).reshape(SHARDS, B, 3, N)
         stats[name + "_bytes"] = collective_bytes(f.lower(*args).compile())
-    res["splitk_ref"] = np.asarray(
-        reference_attention(
-            q1, x["k"], x["v"], q_positions=qpos, k_positions=x["pos"],
-            q_segment_ids=qseg, k_segment_ids=x["k_seg"],
-        )
-    )  # fmt: skip
+    for name, win in (("splitk_ref", None), ("splitk_w_ref", 20)):
+        res[name] = np.asarray(
+            reference_attention(
+                q1, x["k"], x["v"], q_positions=qpos, k_positions=x["pos"],
+                q_segment_ids=qseg, k_segment_ids=x["k_seg"], window=win,
+            )
+        )  # fmt: skip
 
     # Causal baselines: all-gather (token- and head-major) and ring, vs the references.
     def allgather(q, k, v, qp, kp, qs, ks, head_major=False):
@@ -213,10 +220,10 @@ def test_sharded_window_matches_single_device(sharded, w):
         )
 
 
-@pytest.mark.parametrize("name", ["splitk", "splitk_hm"])
+@pytest.mark.parametrize("name", ["splitk", "splitk_hm", "splitk_w"])
 def test_split_k_merge_matches_reference(sharded, name):
     res, _ = sharded
-    got, ref = res[name], res["splitk_ref"]
+    got, ref = res[name], res[name.replace("_hm", "") + "_ref"]
     assert np.isfinite(got).all()
     # Row 0, query 3 is in a segment with no key: every shard contributes nothing -> 0.
     np.testing.assert_allclose(got[0, 2], 0.0, atol=0, rtol=0)
@@ -230,6 +237,9 @@ def test_split_k_merge_matches_reference(sharded, name):
         others = np.delete(sums[:, 0, query], shard, axis=0)
         np.testing.assert_allclose(others, 0.0, atol=0, rtol=0)
         assert (sums[shard, 0, query] > 0).all()
+    if name == "splitk_w":  # row 1, query 0: the window 25..44 lies on shards 3, 4 and 5 only
+        np.testing.assert_allclose(np.delete(sums[:, 1, 0], [3, 4, 5], axis=0), 0.0, atol=0)
+        assert (sums[[3, 4, 5], 1, 0] > 0).all()
 
 
 @pytest.mark.parametrize("name", ["allgather", "allgather_hm", "ring"])
@@ -252,7 +262,7 @@ def test_collective_bytes_halo_constant_allgather_grows(sharded):
     for key, t in (("allgather_bytes", 64), ("allgather_bytes_4x", 256)):
         assert stats[key] == {**_zero(), "all-gather": halo(t)}, key
     # Split-K: one pmax of [B, Q, N] and one psum of [B, Q, N, H + 1], whatever the key count.
-    for key in ("splitk_bytes", "splitk_hm_bytes"):
+    for key in ("splitk_bytes", "splitk_hm_bytes", "splitk_w_bytes"):
         assert stats[key] == {**_zero(), "all-reduce": B * 3 * N * (H + 2) * f32}, key
 
 

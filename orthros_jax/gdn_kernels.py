@@ -81,6 +81,31 @@ def conv_step(
     return jax.nn.silu(acc).astype(x_BC.dtype), new_hist
 
 
+def unit_lower_inverse(a: jax.Array) -> jax.Array:
+    """(I + a)^-1 for strictly lower-triangular a [..., C, C], by doubling: the inverse of
+    [[M11, 0], [M21, M22]] is [[T11, 0], [-T22 M21 T11, T22]] with T = inverse of the diagonal
+    blocks, so log2(C) levels of batched matmuls (blocked forward substitution). XLA:CPU's
+    triangular_solve took 0.4-4 s for the 512 64x64 systems of a 4096-token layer; this, 20 ms.
+    """
+    c = a.shape[-1]
+    p = 1 << (c - 1).bit_length()  # pad to a power of two with identity rows
+    if p != c:
+        a = jnp.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, p - c), (0, p - c)])
+    lead = a.shape[:-2]
+    t = jnp.ones((*lead, p, 1, 1), a.dtype)  # inverses of the 1x1 diagonal blocks
+    s = 1
+    while s < p:
+        m = p // (2 * s)
+        blocks = jnp.diagonal(a.reshape(*lead, m, 2, s, m, 2, s), axis1=-6, axis2=-3)
+        a21 = jnp.moveaxis(blocks[..., 1, :, 0, :, :], -1, -3)  # [..., m, s, s]
+        t11, t22 = t[..., 0::2, :, :], t[..., 1::2, :, :]
+        lower = jnp.concatenate([-t22 @ a21 @ t11, t22], axis=-1)
+        upper = jnp.concatenate([t11, jnp.zeros_like(t11)], axis=-1)
+        t = jnp.concatenate([upper, lower], axis=-2)
+        s *= 2
+    return t[..., 0, :c, :c]
+
+
 def _to_chunks(x: jax.Array, n: int, c: int) -> jax.Array:
     """[B, L, H, ...] -> [n, B, H, C, ...]: chunk-major so a scan walks the chunks."""
     b, _, h = x.shape[:3]
@@ -139,11 +164,8 @@ def chunked_delta_rule(
     gamma = jnp.where(from_state, jnp.exp(cum), 0.0)
 
     a = beta[..., :, None] * jnp.einsum("nbhik,nbhjk->nbhij", k, k) * decay_strict
-    eye = jnp.eye(c, dtype=f32)
     rhs = jnp.concatenate([beta[..., None] * v, (beta * gamma)[..., None] * k], axis=-1)
-    solved = jax.lax.linalg.triangular_solve(
-        eye + a, rhs, left_side=True, lower=True, unit_diagonal=True
-    )
+    solved = unit_lower_inverse(a) @ rhs
     u, w = solved[..., :dv], solved[..., dv:]
 
     q_gamma = [q * gamma[..., None] for q in qs]

@@ -258,11 +258,10 @@ def global_attention(
             ]
             return jax.lax.switch(kind_i[j], branches, carry), None
 
-        init = (
-            jnp.full((bsz, kv, g, bq), _MASKED, jnp.float32),
-            jnp.zeros((bsz, kv, g, bq), jnp.float32),
-            jnp.zeros((bsz, kv, g, bq, h), jnp.float32),
-        )
+        # *_like the query block: under shard_map the carry then varies over the same mesh
+        # axes as the queries (a constant carry fails shard_map's check_vma).
+        acc0 = jnp.zeros_like(q_i, jnp.float32).reshape(bsz, kv, g, bq, h)
+        init = (jnp.full_like(acc0[..., 0], _MASKED), jnp.zeros_like(acc0[..., 0]), acc0)
         (_, l_fin, acc), _ = jax.lax.scan(visit, init, jnp.arange(nk))
         out = acc / l_fin[..., None]  # [B, K, G, bq, H]
         return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(bsz, bq, n, h).astype(q.dtype)

@@ -187,13 +187,12 @@ def test_local_attention_never_builds_t_by_t():
 
 
 def test_orthros_prefill_shaped_forward_never_builds_t_by_t():
-    from orthros_jax.config import ModelConfig
+    from conftest import tiny_config
+
     from orthros_jax.model import OrthrosLM, init_params
 
     t = 8192
-    cfg = ModelConfig(
-        d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128, window=128
-    )
+    cfg = tiny_config(d_model=64, head_dim=16, d_ff=128, window=128)
     params = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
     tokens = jax.ShapeDtypeStruct((1, t), jnp.int32)
     last = jnp.full((1, 1), t - 1, jnp.int32)

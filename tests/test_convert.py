@@ -19,6 +19,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from conftest import tiny_config  # noqa: E402
+
 from orthros_jax.config import ModelConfig  # noqa: E402
 from orthros_jax.convert import (  # noqa: E402
     SafetensorsCheckpoint,
@@ -241,9 +243,9 @@ def test_reading_needs_no_torch(hf_dirs):
 
 # ------------------------------------------------------------------------------ errors
 
-SMALL = ModelConfig(
-    vocab_size=32, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32,
-    architecture="transformer", scale_offset=False,
+SMALL = tiny_config(
+    vocab_size=32, d_model=16, n_heads=2, n_kv_heads=1, d_ff=32, window=128,
+    architecture="transformer",
 )  # fmt: skip
 
 

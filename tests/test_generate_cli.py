@@ -8,9 +8,9 @@ import sys
 
 import jax
 import pytest
+from conftest import tiny_config
 
 from orthros_jax import checkpoint, inference
-from orthros_jax.config import ModelConfig
 from orthros_jax.data.tokenizers import ByteTokenizer
 from orthros_jax.model import init_params
 
@@ -21,10 +21,7 @@ PROMPT = "def main("
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    cfg = ModelConfig(
-        vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
-        window=4, prefill_chunk=8, init_std=0.2,
-    )  # fmt: skip
+    cfg = tiny_config(window=4, prefill_chunk=8, init_std=0.2)
     params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0))
     directory = str(tmp_path_factory.mktemp("model"))
     checkpoint.save_model(directory, cfg, params)

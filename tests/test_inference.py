@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import randomize_so, single_stream, tiny_config
 
 from orthros_jax import cached_forward as fwd
 from orthros_jax import inference as inf
@@ -26,22 +27,10 @@ ATOL = 1e-5
 
 def _cfg(arch: str, **kw) -> ModelConfig:
     base = dict(
-        vocab_size=61,
-        d_model=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        head_dim=8,
-        d_ff=64,
-        window=WINDOW,
-        architecture=arch,
-        scale_offset=arch == "orthros",
-        prefill_chunk=CHUNK,
-        attention_block_q=8,
-        attention_block_k=8,
-        init_std=0.1,
-    )
-    return ModelConfig(**{**base, **kw})
+        vocab_size=61, window=WINDOW, architecture=arch, prefill_chunk=CHUNK,
+        attention_block_q=8, attention_block_k=8, init_std=0.1,
+    )  # fmt: skip
+    return tiny_config(**(base | kw))
 
 
 @functools.cache
@@ -49,16 +38,10 @@ def _model(arch: str, **kw):
     """(cfg, params, jitted PT forward). Orthros gets non-identity SO so the streams differ."""
     cfg = _cfg(arch, **kw)
     if arch != "orthros":  # one parameter layout: the orthros params minus the SO vectors
-        params = _model("orthros", **kw)[1]
-        layers = {n: a for n, a in params["layers"].items() if not n.startswith("so_")}
-        return cfg, {**params, "layers": layers}, _forward(cfg)
+        return cfg, single_stream(_model("orthros", **kw)[1]), _forward(cfg)
     params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(1))
     if cfg.two_streams:
-        layers = dict(params["layers"])
-        for i, name in enumerate(sorted(n for n in layers if n.startswith("so_"))):
-            noise = jax.random.normal(jax.random.PRNGKey(10 + i), layers[name].shape)
-            layers[name] = layers[name] + 0.3 * noise
-        params = {**params, "layers": layers}
+        params = randomize_so(params, 10, 0.3)
     return cfg, params, _forward(cfg)
 
 

@@ -6,43 +6,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import randomize_so, single_stream, tiny_config
 
-from orthros_jax.config import ModelConfig
 from orthros_jax.attention_layer import layer_kv, step
 from orthros_jax.layer_kind import SEQUENCE, StepContext
 from orthros_jax.model import OrthrosLM, Stream, init_params
 
-BASE = ModelConfig(
-    vocab_size=97,
-    d_model=48,
-    n_layers=3,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=12,
-    d_ff=96,
-    window=6,
-    attention_block_q=8,
-    attention_block_k=8,
-)
+BASE = tiny_config(
+    vocab_size=97, d_model=48, n_layers=3, head_dim=12, d_ff=96, window=6,
+    attention_block_q=8, attention_block_k=8,
+)  # fmt: skip
 T = 29
 
 
 def _tokens(seed: int = 0, b: int = 2, t: int = T, vocab: int = 97) -> jax.Array:
     return jax.random.randint(jax.random.PRNGKey(seed), (b, t), 0, vocab)
-
-
-def _single_stream(params):
-    """Same shared weights without the SO vectors: the transformer/swa arms' layout."""
-    layers = {k: v for k, v in params["layers"].items() if not k.startswith("so_")}
-    return {**params, "layers": layers}
-
-
-def _randomize_so(params, seed: int):
-    keys = iter(jax.random.split(jax.random.PRNGKey(seed), 8))
-    layers = dict(params["layers"])
-    for name in [k for k in layers if k.startswith("so_")]:
-        layers[name] = layers[name] + 0.3 * jax.random.normal(next(keys), layers[name].shape)
-    return {**params, "layers": layers}
 
 
 def _apply(cfg, params, tokens, **kw):
@@ -59,15 +37,15 @@ def test_identity_so_and_full_window_equals_transformer(params):
     wide = BASE.replace(window=T)
     transformer = BASE.replace(architecture="transformer", scale_offset=False)
     swa = BASE.replace(architecture="swa", scale_offset=False, window=T + 5)
-    want = _apply(transformer, _single_stream(params), tokens)
+    want = _apply(transformer, single_stream(params), tokens)
     np.testing.assert_allclose(_apply(wide, params, tokens), want, atol=1e-5, rtol=0)
-    np.testing.assert_allclose(_apply(swa, _single_stream(params), tokens), want, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(_apply(swa, single_stream(params), tokens), want, atol=1e-5, rtol=0)
     # A real window changes the base stream, hence the output stream's K/V: logits differ.
     narrow = _apply(BASE, params, tokens)
     assert np.abs(narrow - want).max() > 1e-3
     # And the output stream still differs from the SWA arm (it reads the whole history).
     swa_narrow = _apply(
-        BASE.replace(architecture="swa", scale_offset=False), _single_stream(params), tokens
+        BASE.replace(architecture="swa", scale_offset=False), single_stream(params), tokens
     )
     assert np.abs(narrow - swa_narrow).max() > 1e-3
 
@@ -113,7 +91,7 @@ def test_base_kv_independent_of_output_stream(params):
 @pytest.mark.parametrize("arch", ["orthros", "transformer", "swa"])
 def test_causal_and_packed_segments_isolated(params, arch):
     cfg = BASE if arch == "orthros" else BASE.replace(architecture=arch, scale_offset=False)
-    p = _randomize_so(params, 3) if arch == "orthros" else _single_stream(params)
+    p = randomize_so(params, 3, 0.3) if arch == "orthros" else single_stream(params)
     tokens = _tokens(2)
     t_cut = 17
     changed = tokens.at[:, t_cut + 1 :].set((tokens[:, t_cut + 1 :] + 5) % 97)
@@ -135,7 +113,7 @@ def test_causal_and_packed_segments_isolated(params, arch):
 @pytest.mark.parametrize("arch", ["orthros", "transformer"])
 def test_sft_logits_equal_pt_logits_at_output_positions(params, arch):
     cfg = BASE if arch == "orthros" else BASE.replace(architecture=arch, scale_offset=False)
-    p = _randomize_so(params, 4) if arch == "orthros" else _single_stream(params)
+    p = randomize_so(params, 4, 0.3) if arch == "orthros" else single_stream(params)
     tokens = _tokens(5)
     pt = _apply(cfg, p, tokens)
     idx = jnp.asarray([[3, 20, 28, 7], [0, 1, 13, 13]], jnp.int32)
@@ -154,7 +132,7 @@ def test_gradients_reach_shared_weights_and_both_so_sets(params):
         logits = model.apply({"params": p}, tokens)
         return -jnp.mean(jax.nn.log_softmax(logits)[:, :-1].max(-1))
 
-    grads = jax.grad(loss)(_randomize_so(params, 7))
+    grads = jax.grad(loss)(randomize_so(params, 7, 0.3))
     flat = jax.tree_util.tree_flatten_with_path(grads)[0]
     for path, g in flat:
         g = np.asarray(g)

@@ -8,6 +8,7 @@ import sys
 
 import grain
 import numpy as np
+from conftest import tiny_config
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.training import LoopConfig, MeshConfig, OptimizerConfig, TrainConfig
@@ -16,12 +17,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tiny_model(**changes) -> ModelConfig:
-    """2 layers, d=32, 4 query / 2 kv heads, window 8 (< T): a real two-stream Orthros."""
-    base = dict(
-        vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
-        window=8, attention_block_q=16, attention_block_k=16,
-    )  # fmt: skip
-    return ModelConfig(**(base | changes))
+    """The tests' tiny config (conftest.TINY: window 8 < T, a real two-stream Orthros) with
+    16-token attention blocks."""
+    return tiny_config(**({"attention_block_q": 16, "attention_block_k": 16} | changes))
 
 
 def pt_batch(seed: int, batch: int = 8, seq: int = 32) -> dict[str, np.ndarray]:

@@ -389,11 +389,3 @@ def test_missing_corpus_path_is_a_clear_error(tmp_path):
     cfg = DataConfig(corpus=(str(tmp_path / "nope*.txt"),))
     with pytest.raises(ValueError, match="matches no file"):
         pipeline.make_train_iterator(cfg, **HOST)
-
-
-def test_batch_shapes_match_batches(random_corpus):
-    path, _ = random_corpus
-    cfg = _cfg(path, seq_len=16, batch_size=4)
-    batch = next(pipeline.make_train_iterator(cfg, process_index=1, process_count=2))
-    shapes = pipeline.batch_shapes(cfg, process_count=2)
-    assert {k: (v.shape, v.dtype) for k, v in batch.items()} == shapes

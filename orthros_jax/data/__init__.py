@@ -6,15 +6,12 @@ Public API (the training and evaluation code call these):
     make_train_iterator(cfg, process_index=, process_count=) -> grain.DatasetIterator
     make_train_dataset(cfg, ...) -> grain.IterDataset
     make_eval_batches(cfg, max_batches, process_index=, process_count=) -> list[dict]
-    batch_shapes(cfg, process_count) -> {name: (shape, dtype)}
     RecallTask, RecallExample, recall_task(cfg), examples_to_batch(...)
 """
 
 from orthros_jax.data.config import DataConfig
 from orthros_jax.data.corpus import Document, embedded_documents, load_documents, split_documents
 from orthros_jax.data.pipeline import (
-    batch_shapes,
-    corpus_stats,
     make_eval_batches,
     make_train_dataset,
     make_train_iterator,
@@ -32,8 +29,6 @@ __all__ = [
     "RecallExample",
     "RecallTask",
     "SFTExample",
-    "batch_shapes",
-    "corpus_stats",
     "embedded_documents",
     "examples_to_batch",
     "load_documents",

@@ -57,10 +57,6 @@ class TokenChunks:
             "targets": self.ids[s + 1 : s + n + 1].astype(np.int32),
         }
 
-    @property
-    def num_pairs(self) -> int:
-        return int(self.lengths.sum())
-
 
 def _encode_all(tok: Tokenizer, texts: list[str]) -> list[np.ndarray]:
     if isinstance(tok, ByteTokenizer):
@@ -239,33 +235,6 @@ def make_eval_batches(
     return out
 
 
-def batch_shapes(
-    cfg: DataConfig, process_count: int = 1
-) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """name -> (shape, dtype) of one host's batch."""
-    return packing.batch_shapes(
-        cfg.kind, cfg.per_host_batch(process_count), cfg.seq_len, cfg.out_len
-    )
-
-
 def tokenizer_for(cfg: DataConfig) -> Tokenizer:
     """The tokenizer the pipeline uses (its vocab_size must be <= the model's)."""
     return load_tokenizer(cfg.tokenizer)
-
-
-def corpus_stats(cfg: DataConfig) -> dict[str, int]:
-    """Sizes of the PT splits: chunks and target tokens, for logging tokens/epoch."""
-    train, val = pt_chunks(
-        cfg.corpus,
-        cfg.embedded_tests,
-        cfg.text_field,
-        cfg.tokenizer,
-        cfg.validation_fraction,
-        cfg.seq_len,
-    )
-    return {
-        "train_chunks": len(train),
-        "train_tokens": train.num_pairs,
-        "validation_chunks": len(val),
-        "validation_tokens": val.num_pairs,
-    }

@@ -3,11 +3,13 @@
     python launch/train.py --config=configs/pt_1p3b.py --workdir=gs://.../orthros_1p3b \
         --config.data.corpus=/data/fineweb-edu/*.jsonl --config.data.tokenizer=/data/tokenizer.json
 
-Argument after ':': "100b" (default, Table 1: 100B FineWeb-Edu tokens) or "10b" (Table 5's
-ablation budget). Recipe: AdamW, lr 3e-4, cosine, 1500 warmup steps, weight decay 0.05,
-sequence length 2048, 0.25M-token batches (128 x 2048 = 262,144), seed 42, window 128.
-The paper does not state min-lr ratio, betas, eps or clipping; we use the common 0.1,
-(0.9, 0.95), 1e-8 and 1.0. Model: Llama-style 2048 x 24 layers, 16 heads of 128, SwiGLU 5632,
+Argument after ':': "100b" (default, Table 1: 100B FineWeb-Edu tokens in 2M-token batches,
+1024 x 2048 = 2,097,152: 47,683 steps) or "10b" (Table 5's ablation budget: 0.25M-token
+batches, 128 x 2048 = 262,144: 38,146 steps). configs/pt_1p3b_swa.py is Table 1's SWA
+baseline. Recipe: AdamW, lr 3e-4, cosine, 1500 warmup steps, weight decay 0.05, sequence
+length 2048, seed 42, window 128. The paper does not state min-lr ratio, betas, eps or
+clipping, nor whether Table 1 changes lr or warmup with its larger batch; we use the common
+0.1, (0.9, 0.95), 1e-8 and 1.0, and Table 5's lr and warmup for both budgets. Model: Llama-style 2048 x 24 layers, 16 heads of 128, SwiGLU 5632,
 32000 vocab (a Llama-2 style tokenizer.json), untied: 1.36B parameters.
 Sharding: fully sharded data parallel over all devices (fsdp=-1); bf16 activations, fp32
 params and optimizer state, dots-saveable rematerialisation.
@@ -20,13 +22,15 @@ from orthros_jax.configlib import section
 from orthros_jax.data import DataConfig
 from orthros_jax.training import DistributedConfig, LoopConfig, MeshConfig, OptimizerConfig
 
-SEQ_LEN, BATCH = 2048, 128  # 262,144 tokens per update
-TOKENS = {"100b": 100e9, "10b": 10e9}
+SEQ_LEN = 2048
+# budget -> (tokens, sequences per update): Table 1's 2M-token batch, Table 5's 0.25M.
+BUDGETS = {"100b": (100e9, 1024), "10b": (10e9, 128)}
 
 
 def get_config(budget: str = "100b") -> ml_collections.ConfigDict:
-    if budget not in TOKENS:
-        raise ValueError(f"unknown budget {budget!r}; allowed: {', '.join(TOKENS)}")
+    if budget not in BUDGETS:
+        raise ValueError(f"unknown budget {budget!r}; allowed: {', '.join(BUDGETS)}")
+    tokens, batch = BUDGETS[budget]
     c = ml_collections.ConfigDict()
     c.model = section(
         ModelConfig(
@@ -57,7 +61,7 @@ def get_config(budget: str = "100b") -> ml_collections.ConfigDict:
             kind="pt",
             tokenizer=None,
             seq_len=SEQ_LEN,
-            batch_size=BATCH,
+            batch_size=batch,
             validation_fraction=0.001,
             seed=42,
         )
@@ -79,7 +83,7 @@ def get_config(budget: str = "100b") -> ml_collections.ConfigDict:
     )
     c.train = section(
         LoopConfig(
-            steps=int(TOKENS[budget] // (SEQ_LEN * BATCH)),  # 381,469 (100B) / 38,146 (10B)
+            steps=int(tokens // (SEQ_LEN * batch)),  # 47,683 (100B) / 38,146 (10B)
             seed=42,
             log_every=50,
             eval_every=2000,

@@ -37,14 +37,31 @@ def test_tiny_configs_build_fully(spec):
     assert cfg.model.window < cfg.data.seq_len and cfg.model.architecture == "orthros"
 
 
-def test_pt_1p3b_is_the_papers_recipe():
-    for budget, steps in (("100b", 381_469), ("10b", 38_146)):
-        model, data, opt, loop = _sections(_load(f"pt_1p3b.py:{budget}"))
-        assert loop.steps == steps and loop.seed == data.seed == 42
+@pytest.mark.parametrize(
+    "budget, tokens_per_step, steps",
+    [("100b", 2_097_152, 47_683), ("10b", 262_144, 38_146)],  # Table 1: 2M; Table 5: 0.25M
+)
+def test_pt_1p3b_is_the_papers_recipe(budget, tokens_per_step, steps):
+    model, data, opt, loop = _sections(_load(f"pt_1p3b.py:{budget}"))
+    assert data.seq_len * data.batch_size * opt.grad_accum_steps == tokens_per_step
+    assert loop.steps == steps == int(float(budget[:-1]) * 1e9 // tokens_per_step)
+    assert loop.seed == data.seed == 42
     assert 1.3e9 < model.num_params() < 1.4e9
-    assert data.seq_len * data.batch_size * opt.grad_accum_steps == 262_144  # 0.25M tokens
     assert (opt.lr, opt.warmup_steps, opt.weight_decay) == (3e-4, 1500, 0.05)
-    assert model.window == 128
+    assert (model.architecture, model.window, model.scale_offset) == ("orthros", 128, True)
+
+
+@pytest.mark.parametrize("budget", ["100b", "10b"])
+def test_pt_1p3b_swa_is_table_1_baseline(budget):
+    """SWA with w = 512, one stream, no scale-offset; every other field equals Orthros's."""
+    swa, orthros = _load(f"pt_1p3b_swa.py:{budget}"), _load(f"pt_1p3b.py:{budget}")
+    model, _, _, _ = _sections(swa)
+    assert (model.architecture, model.window, model.scale_offset) == ("swa", 512, False)
+    orthros_model = ModelConfig.from_dict(orthros.model)
+    assert model == orthros_model.replace(architecture="swa", window=512, scale_offset=False)
+    assert orthros_model.num_params() - model.num_params() == 4 * 24 * 16 * 128  # the SO vectors
+    for name in ("data", "optimizer", "train", "mesh", "distributed"):
+        assert configlib.to_plain(swa[name]) == configlib.to_plain(orthros[name]), name
 
 
 @pytest.mark.parametrize(

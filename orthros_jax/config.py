@@ -27,8 +27,8 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 class ModelConfig:
     """Everything that fixes an Orthros / Transformer / SWA model's shapes and math.
 
-    Shapes use the letters of the README: V vocab, D d_model, L layers, N query heads,
-    K kv heads, H head_dim, F d_ff, W window.
+    Shapes use the letters of the README: V vocab, D d_model, N query heads, K kv heads,
+    H head_dim, F d_ff, W window; the stacked layers axis is written `layers`.
     """
 
     vocab_size: int = 256
@@ -66,7 +66,9 @@ class ModelConfig:
     attention_block_q: int = 512
     attention_block_k: int = 512
     # Query block of the sliding-window attention (capped at the window); each block reads
-    # 1 + ceil((w-1)/b) key blocks. Smaller blocks waste fewer masked keys (64 was fastest on CPU).
+    # 1 + ceil((w-1)/b) key blocks. Smaller blocks read fewer masked keys, larger ones give the
+    # backend bigger dots to spread over threads; the best size is the backend's
+    # (docs/performance.md: 128 under default XLA:CPU on 2 cores, 64 with multi-threaded dots).
     attention_block_local: int = 64
     # Prefill processes prompts in chunks of this many tokens (memory = cache + O(chunk*D)).
     prefill_chunk: int = 2048

@@ -1,13 +1,11 @@
 """The KV cache: an explicit pytree holding every position of every layer's base K/V.
 
 Layout (head-major):
-  k, v     [L, B, K, S, H]   layer, batch row, kv head, slot, head dim
-  lengths  [B] int32         number of valid slots of each row
+  k, v     [layers, B, K, S, H]   attention layer, batch row, kv head, slot, head dim
+  lengths  [B] int32              number of valid slots of each row
 Head-major keeps each (row, kv head)'s history a contiguous [S, H] matrix, so the one-query
-attention of a decode step is a plain batched mat-vec over the cache with no transpose.
-Measured on CPU (d_model 256, 4 layers, 8K cache, batch 1): with the sequence-major
-[L, B, S, K, H] layout XLA copy-transposed every layer before the attention dots, and a
-Transformer decode step took ~18 ms; head-major took ~7 ms (same machine, same load).
+attention of a decode step is a plain batched mat-vec over the cache with no transpose (a
+sequence-major cache was copy-transposed every layer; docs/performance.md has the figures).
 
 Slot s of a row holds the K/V of the token at position s, so every mask is "slot < lengths"
 (plus the window for the base stream). Slots >= lengths are stale or zero and are never read
@@ -87,7 +85,7 @@ def _rows(slots_BT: jax.Array) -> jax.Array:
 def write(
     cache_kv: jax.Array, layer: jax.Array | int, slots_BT: jax.Array, x_BTKH: jax.Array
 ) -> jax.Array:
-    """Writes x [B, T, K, H] into cache_kv [L, B, K, S, H] at (layer, b, :, slots[b, t]).
+    """Writes x [B, T, K, H] into cache_kv [layers, B, K, S, H] at (layer, b, :, slots[b, t]).
 
     Slots outside [0, S) (padding, rows that stopped) are dropped, never clamped.
     """
@@ -96,7 +94,7 @@ def write(
 
 
 def read(cache_kv: jax.Array, layer: jax.Array | int, slots_BT: jax.Array) -> jax.Array:
-    """Reads [B, K, T, H] from cache_kv [L, B, K, S, H] at (layer, b, :, slots[b, t]).
+    """Reads [B, K, T, H] from cache_kv [layers, B, K, S, H] at (layer, b, :, slots[b, t]).
 
     Out-of-range slots are clipped; callers mask them (they get an invalid segment).
     """

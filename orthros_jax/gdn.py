@@ -256,19 +256,18 @@ def _mix(
     dt = cfg.jnp_dtype
     keep = valid[..., None]
     h = jnp.where(keep, h, 0).astype(dt)
-    kc = cfg.gdn_conv_kernel
-    hk, hv, dk, dv = gdn_dims(cfg)
-    # q, k, v share one depthwise conv over their concatenated channels.
-    w_conv = jnp.concatenate([p[f"gdn_conv_{k}"].reshape(kc, -1) for k in "qkv"], axis=1)
-    x = jnp.concatenate([_proj(h, p[f"gdn_w{k}"]).reshape(b, seq, -1) for k in "qkv"], axis=-1)
-    hist = jnp.concatenate(
-        [getattr(state, f"conv_{k}").reshape(b, kc - 1, -1) for k in "qkv"], axis=-1
-    )
-    x, hist = conv(x, w_conv, hist)
-    splits = [hk * dk, 2 * hk * dk]
-    q, k, v = (t for t in jnp.split(x, splits, axis=-1))
-    q, k = q.reshape(b, seq, hk, dk), k.reshape(b, seq, hk, dk)
-    v = v.reshape(b, seq, hv, dv)
+    # q, k and v run the depthwise conv separately (it is per channel): no concatenation
+    # across differently sharded head axes.
+    x, hist = {}, {}
+    for key in "qkv":
+        w = p[f"gdn_conv_{key}"]
+        pre = _proj(h, p[f"gdn_w{key}"])  # [B, L, heads, dim]
+        old = getattr(state, f"conv_{key}")  # [B, Kc-1, heads, dim]
+        y, new = conv(
+            pre.reshape(b, seq, -1), w.reshape(w.shape[0], -1), old.reshape(b, old.shape[1], -1)
+        )
+        x[key], hist[key] = y.reshape(pre.shape), new.reshape(old.shape)
+    q, k, v = x["q"], x["k"], x["v"]
 
     beta = jnp.where(keep, jax.nn.sigmoid(_proj(h, p["gdn_wb"]).astype(jnp.float32)), 0.0)
     a = _proj(h, p["gdn_wa"]).astype(jnp.float32) + p["gdn_dt_bias"].astype(jnp.float32)
@@ -284,13 +283,7 @@ def _mix(
 
     y = jnp.where(keep, _finish(p, outs[0], h, cfg), 0)
     cross_y = None if cross_h is None else jnp.where(keep, _finish(p, outs[1], cross_h, cfg), 0)
-    cq, ck, cv = jnp.split(hist, splits, axis=-1)
-    new_state = GDNState(
-        conv_q=cq.reshape(b, kc - 1, hk, dk),
-        conv_k=ck.reshape(b, kc - 1, hk, dk),
-        conv_v=cv.reshape(b, kc - 1, hv, dv),
-        recurrent=recurrent,
-    )
+    new_state = GDNState(conv_q=hist["q"], conv_k=hist["k"], conv_v=hist["v"], recurrent=recurrent)
     return y, cross_y, new_state
 
 

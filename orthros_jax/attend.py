@@ -10,8 +10,12 @@ segment ids) and calls `attend(impl, ...)`; the implementation is chosen by name
                positions and segment ids (its causal mask is aligned top-left, so a chunk
                attending prefix + chunk or a cache cannot use it).
   floor        o = q: no attention at all. Not a model; the benchmark's token-wise floor.
-The sequence-parallel implementations plug in here too. Every mask is "same segment, key
-position <= query position (and > query position - window)".
+  sequence     sequence parallelism, inside `jax.shard_map` over the mesh axis "sequence" (the
+               sequence-parallel drivers, sp_forward.py): keys the driver already made whole on
+               this shard (a chunk's window with its halo, a layer's gathered K/V) go to
+               cfg.attention_impl; a shard's share of `split` keys (a cache split over slots) is
+               attended split-K and merged across shards by log-sum-exp.
+Every mask is "same segment, key position <= query position (and > query position - window)".
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ from orthros_jax.attention import (
     local_attention,
 )
 from orthros_jax.config import ModelConfig
+from orthros_jax.sequence_parallel import (
+    SEQUENCE_AXIS,
+    merge_partials,
+    sharded_global_attention_partial,
+)
 
 # A query count up to which a plain dot over the keys beats the blocked kernels.
 FEW_QUERIES = 8
@@ -43,6 +52,8 @@ class Keys:
     segment_ids [B, P]) of the keys right before, e.g. a chunk's window read from the cache).
     default_positions=True: positions are arange(Lk) in one segment (no packing), which lets
     `dot_product` use its built-in causal/window masks.
+    split=True: these are only this shard's keys of a set split over the "sequence" mesh axis
+    (a sequence-sharded cache); only the `sequence` implementation combines the shards.
     """
 
     k: jax.Array
@@ -53,6 +64,7 @@ class Keys:
     head_major: bool = flax.struct.field(pytree_node=False, default=False)
     aligned: bool = flax.struct.field(pytree_node=False, default=False)
     default_positions: bool = flax.struct.field(pytree_node=False, default=False)
+    split: bool = flax.struct.field(pytree_node=False, default=False)
 
     def seq_major(self) -> tuple[jax.Array, jax.Array]:
         """(k, v) as [B, Lk, K, H]."""
@@ -144,11 +156,27 @@ def _floor(q, q_pos, q_seg, keys: Keys, window: int | None, cfg: ModelConfig) ->
     return q
 
 
+def _sequence(q, q_pos, q_seg, keys: Keys, window: int | None, cfg: ModelConfig) -> jax.Array:
+    if not keys.split:
+        return IMPLEMENTATIONS[cfg.attention_impl](q, q_pos, q_seg, keys, window, cfg)
+    if q.shape[1] > FEW_QUERIES or keys.prefix is not None or keys.aligned:
+        raise ValueError(
+            f"sequence-split keys are read split-K by a few queries per row (<= {FEW_QUERIES}, "
+            f"no prefix); got {q.shape[1]} queries: gather the keys first"
+        )
+    part = sharded_global_attention_partial(
+        q, keys.k, keys.v, q_pos, keys.positions, q_seg, keys.segment_ids,
+        kv_head_major=keys.head_major, window=window,
+    )  # fmt: skip
+    return merge_partials(*part, SEQUENCE_AXIS).astype(q.dtype)
+
+
 AttendFn = Callable[..., jax.Array]
 IMPLEMENTATIONS: dict[str, AttendFn] = {
     "xla": _xla,
     "dot_product": _dot_product,
     "floor": _floor,
+    "sequence": _sequence,
 }
 
 
@@ -167,5 +195,9 @@ def attend(
     if impl not in IMPLEMENTATIONS:
         raise ValueError(
             f"attention implementation {impl!r} is unknown; allowed: {IMPLEMENTATIONS}"
+        )
+    if keys.split and impl != "sequence":
+        raise ValueError(
+            f"keys split over the sequence mesh axis need impl 'sequence', not {impl!r}"
         )
     return IMPLEMENTATIONS[impl](q, q_positions, q_segment_ids, keys, window, cfg)

@@ -93,31 +93,61 @@ def layer_finish(p: Params, x: jax.Array, attn: jax.Array, cfg: ModelConfig) -> 
     return ffn_residual(p, x, mixed, cfg)
 
 
+def _read_slots(ck, cv, li, slots, ctx: StepContext):
+    """K/V [B, K, L, H] and segments [B, L] of a layer at global slots [B, L]: from this shard's
+    cache, or from ctx.halo for the slots right before the shard; any other slot (negative,
+    beyond the cache, another shard's) is padding."""
+    s = ctx.slot_segments.shape[1]
+    local = slots if ctx.slot_offset is None else slots - ctx.slot_offset
+    mine = (local >= 0) & (local < s)
+    own_seg = jnp.take_along_axis(ctx.slot_segments, jnp.clip(local, 0, s - 1), 1)
+    seg = jnp.where(mine, own_seg, KEY_PAD_SEGMENT)
+    k, v = kvc.read(ck, li, local), kvc.read(cv, li, local)
+    if ctx.halo is not None:
+        h = ctx.halo
+        r = h.positions.shape[1]
+        idx = slots - h.positions[:, :1]  # the halo holds consecutive slots
+        in_halo = (idx >= 0) & (idx < r) & ~mine
+        idx = jnp.clip(idx, 0, r - 1)
+        sel = in_halo[:, None, :, None]
+        k = jnp.where(sel, jnp.take_along_axis(h.k, idx[:, None, :, None], axis=2), k)
+        v = jnp.where(sel, jnp.take_along_axis(h.v, idx[:, None, :, None], axis=2), v)
+        seg = jnp.where(in_halo, jnp.take_along_axis(h.segment_ids, idx, 1), seg)
+    return k, v, seg
+
+
 def _cache_keys(ck, cv, li, ctx: StepContext, base: Stream | None, kv) -> tuple[Keys, Keys]:
     """(window keys, global keys) of a cached mode. The global keys are the layer's whole
     head-major cache read in place; the window keys are a chunk's own K/V plus the W-1 slots
-    before it (chunk), or the W slots ending at the query (decode/read)."""
+    before it (chunk), or the W slots ending at the query (decode/read).
+
+    Sequence parallelism (ctx.slot_offset set; the cache holds this shard's slots): decode/read
+    keys are split (attend's `sequence` merges the shards); a chunk's own keys are read back
+    from the cache after its write (a slot inside the chunk that holds an earlier prompt keeps
+    it), its window's slots before the shard come from ctx.halo, and its global queries read
+    ctx.gathered (the layer's K/V of every shard) when given."""
     bsz, s = ctx.slot_segments.shape
-    slot_ids = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (bsz, s))
-    full = Keys(
-        kvc.layer_view(ck, li), kvc.layer_view(cv, li), slot_ids, ctx.slot_segments,
-        head_major=True,
-    )  # fmt: skip
+    sharded = ctx.slot_offset is not None
+    first = ctx.slot_offset if sharded else 0
+    slot_ids = jnp.broadcast_to(first + jnp.arange(s, dtype=jnp.int32), (bsz, s))
+    full = ctx.gathered
+    if full is None:
+        full = Keys(
+            kvc.layer_view(ck, li), kvc.layer_view(cv, li), slot_ids, ctx.slot_segments,
+            head_major=True, split=sharded,
+        )  # fmt: skip
     win = ctx.window_slots
-    in_range = (win >= 0) & (win < s)
-    win_seg = jnp.where(
-        in_range,
-        jnp.take_along_axis(ctx.slot_segments, jnp.clip(win, 0, s - 1), 1),
-        KEY_PAD_SEGMENT,
-    )
-    wk, wv = kvc.read(ck, li, win), kvc.read(cv, li, win)  # [B, K, W, H]
+    wk, wv, win_seg = _read_slots(ck, cv, li, win, ctx)  # [B, K, W, H]
     if ctx.mode == CHUNK:
-        k, v = kv
-        ones = jnp.ones(base.positions.shape, jnp.int32)
+        if sharded:
+            k, v, seg = _read_slots(ck, cv, li, base.positions, ctx)
+            k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+        else:
+            (k, v), seg = kv, jnp.ones(base.positions.shape, jnp.int32)
         prefix = (jnp.swapaxes(wk, 1, 2), jnp.swapaxes(wv, 1, 2), win, win_seg)
-        local = Keys(k, v, base.positions, ones, prefix=prefix, aligned=True)
+        local = Keys(k, v, base.positions, seg, prefix=prefix, aligned=True)
     else:
-        local = Keys(wk, wv, win, win_seg, head_major=True)
+        local = Keys(wk, wv, win, win_seg, head_major=True, split=sharded)
     return local, full
 
 

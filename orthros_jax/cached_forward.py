@@ -60,17 +60,30 @@ def _stepper(cfg: ModelConfig, ctx: StepContext, with_out: bool, compute_base: b
     return body
 
 
+def _slots_and_window(cache: KVCache, cfg: ModelConfig, slot_offset: jax.Array | None):
+    """Global slot ids [S] of the cache's slots and the window W a query reads. A sequence shard
+    (slot_offset given) holds S of more slots, so W is not capped at S there."""
+    s = cache.max_len
+    if slot_offset is None:
+        return jnp.arange(s), min(cfg.window, s)
+    return slot_offset + jnp.arange(s), cfg.window
+
+
 def read_pass(params: Params, cfg: ModelConfig, cache: KVCache, x_BD: jax.Array, *, impl: str,
-              base: bool, last_only: bool) -> jax.Array:  # fmt: skip
+              base: bool, last_only: bool, slot_offset: jax.Array | None = None) -> jax.Array:  # fmt: skip
     """Queries only, over a filled cache, for the token at slot lengths-1 of each row: the
     orthros output stream through every layer (base=False), or a single-stream arm's last
-    prompt token through the last layer only (base=True, last_only=True). Returns [B, D]."""
-    s, w = cache.max_len, min(cfg.window, cache.max_len)
+    prompt token through the last layer only (base=True, last_only=True). Returns [B, D].
+    slot_offset: sequence parallelism (inside shard_map, impl "sequence"): the cache holds this
+    shard's slots, the first at this global slot id."""
+    s = cache.max_len
+    slot_ids, w = _slots_and_window(cache, cfg, slot_offset)
     pos = cache.lengths - 1
-    slot_seg = _slot_segments(s, jnp.arange(s)[None] < cache.lengths[:, None])
+    slot_seg = _slot_segments(s, slot_ids[None] < cache.lengths[:, None])
     ctx = StepContext(
-        mode=READ, impl=impl, window_slots=_window_ending_at(pos, w), slot_segments=slot_seg
-    )
+        mode=READ, impl=impl, window_slots=_window_ending_at(pos, w), slot_segments=slot_seg,
+        slot_offset=slot_offset,
+    )  # fmt: skip
     tok = Stream(x_BD[:, None], pos[:, None], jnp.ones((cache.batch_size, 1), jnp.int32))
     streams = (tok, None) if base else (None, tok)
     body = _stepper(cfg, ctx, with_out=not base)
@@ -145,25 +158,31 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
 
 
 def decode(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array, *, cfg,
-           impl: str | None = None):  # fmt: skip
+           impl: str | None = None, slot_offset: jax.Array | None = None):  # fmt: skip
     """tokens [B] at position cache.lengths -> (logits [B, V] for the next token, cache).
 
     Each row writes its state at its own length. Rows with active=False write nothing and
     keep their length (their logits are garbage): `generate` uses this for rows that stopped.
     Every layer runs inside the one loop, the last included although its base output is dead:
     a cache write after the loop made XLA copy the whole cache every step (docs/performance.md).
+    slot_offset: sequence parallelism (inside shard_map, impl "sequence"): the cache holds this
+    shard's slots, the first at this global slot id; a token lands only on the shard owning it.
     """
     s = cache.max_len
     pos = cache.lengths  # [B]
+    local = pos if slot_offset is None else pos - slot_offset
+    slot_ids, w = _slots_and_window(cache, cfg, slot_offset)
     ctx = StepContext(
         mode=DECODE,
         impl=impl or cfg.attention_impl,
-        slots=jnp.where(active, pos, s)[:, None],  # inactive -> slot S: dropped
+        # inactive rows and other shards' slots -> slot S: dropped
+        slots=jnp.where(active & (local >= 0) & (local < s), local, s)[:, None],
         # The sliding-window stream reads only its last W slots: O(W).
-        window_slots=_window_ending_at(pos, min(cfg.window, s)),
-        slot_segments=_slot_segments(s, jnp.arange(s)[None] <= pos[:, None]),
+        window_slots=_window_ending_at(pos, w),
+        slot_segments=_slot_segments(s, slot_ids[None] <= pos[:, None]),
         valid=active[:, None],
         reset=jnp.zeros((cache.batch_size, 1), bool),
+        slot_offset=slot_offset,
     )
     x = embed(params, tokens[:, None], cfg)
     base = Stream(x, pos[:, None], jnp.ones((cache.batch_size, 1), jnp.int32))

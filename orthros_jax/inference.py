@@ -12,10 +12,17 @@ These functions validate their inputs on the host (ValueError, before any compil
 prompts to a length bucket, then call the jitted functions of cached_forward.py with the
 config static and the cache donated (do not reuse a cache passed in). `generate` runs the
 whole decode loop on device in one jit (a lax.while_loop).
+
+A cache made with init_cache(..., mesh=mesh) on a mesh with a "sequence" axis > 1
+(sharding.sequence_mesh) has its slots split over that axis: prefill, decode_step and
+generate(mesh=mesh) then run sequence-parallel (sp_forward.py) and return a cache split the
+same way.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,8 +30,11 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from orthros_jax import cached_forward as fwd
+from orthros_jax import sp_forward
 from orthros_jax.config import ModelConfig
 from orthros_jax.kv_cache import KVCache, cache_shape, init_cache
 from orthros_jax.model import Params
@@ -75,11 +85,20 @@ def _check_ids(ids: np.ndarray, cfg: ModelConfig, what: str) -> None:
         )
 
 
+def _host(x: jax.Array) -> np.ndarray:
+    """A device array on the host, also when other processes hold some of its shards."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
 def _check_cache(cache: KVCache, cfg: ModelConfig) -> np.ndarray:
     want = cache_shape(cfg, cache.batch_size, cache.max_len)
     if cache.k.shape != want or cache.v.shape != want:
         raise ValueError(f"cache k/v have shape {cache.k.shape}; this config needs {want}")
-    return np.asarray(cache.lengths).astype(np.int64)
+    return _host(cache.lengths).astype(np.int64)
 
 
 def prefill(
@@ -116,6 +135,14 @@ def prefill(
         )
     valid = np.arange(toks.shape[1])[None] < lens[:, None]
     _check_ids(toks[valid], cfg, "prefill: tokens")
+    mesh = sp_forward.mesh_of(cache)
+    if mesh is not None:  # the prompts on the slot grid, split like the cache's slots
+        slots = sp_forward.slot_tokens(toks, lens, held, cache.max_len)
+        _, rows = sp_forward.specs(cfg, mesh, bsz, cache.max_len)
+        return sp_forward.prefill(
+            params, cache, sp_forward.put(slots, mesh, P(rows, sp_forward.SEQ)),
+            sp_forward.put(lens.astype(np.int32), mesh, P(rows)), cfg=cfg, mesh=mesh,
+        )  # fmt: skip
     t_pad = prompt_bucket(int(lens.max()), cfg)
     padded = np.zeros((bsz, t_pad), np.int32)  # padding is 0: never an invalid id on device
     width = min(t_pad, toks.shape[1])
@@ -144,6 +171,13 @@ def decode_step(
             f"decode_step: row {int(np.argmax(held))} is full (max_len={cache.max_len}); "
             "use a larger cache (init_cache(..., max_len=...))"
         )
+    mesh = sp_forward.mesh_of(cache)
+    if mesh is not None:
+        _, rows = sp_forward.specs(cfg, mesh, cache.batch_size, cache.max_len)
+        on_rows = lambda a: sp_forward.put(a, mesh, P(rows))
+        active = on_rows(np.ones((cache.batch_size,), bool))
+        toks = on_rows(toks.astype(np.int32))
+        return sp_forward.decode_jit(params, cache, toks, active, cfg=cfg, mesh=mesh)
     active = jnp.ones((cache.batch_size,), bool)
     return fwd.decode_jit(params, cache, jnp.asarray(toks, jnp.int32), active, cfg=cfg)
 
@@ -173,9 +207,11 @@ class GenerateOutput:
     hit_capacity: np.ndarray
 
 
-def _generate_loop(params, cache, logits, rng, stops, *, cfg, sampler, max_new_tokens):
-    """The decode loop in one jit: sample, stop rows that emitted a stop token, feed the rest."""
+def _generate_loop(params, cache, logits, rng, stops, *, cfg, sampler, max_new_tokens, mesh):
+    """The decode loop in one jit: sample, stop rows that emitted a stop token, feed the rest.
+    mesh: the mesh of a sequence-split cache (None: the single-program decode)."""
     bsz, s = cache.batch_size, cache.max_len
+    decode = fwd.decode if mesh is None else functools.partial(sp_forward.decode, mesh=mesh)
 
     def emit(st: _LoopState, logits: jax.Array, live: jax.Array) -> _LoopState:
         tok = sample(logits, jax.random.fold_in(st.rng, st.step), sampler)
@@ -191,7 +227,7 @@ def _generate_loop(params, cache, logits, rng, stops, *, cfg, sampler, max_new_t
     def body(st: _LoopState) -> _LoopState:
         full = st.cache.lengths >= s  # no slot left for the token to feed
         active = ~st.done & ~full
-        logits, cache = fwd.decode(params, st.cache, st.last, active, cfg=cfg)
+        logits, cache = decode(params, st.cache, st.last, active, cfg=cfg)
         st = st.replace(cache=cache, hit_capacity=st.hit_capacity | (~st.done & full))
         return emit(st, logits, active)
 
@@ -211,7 +247,9 @@ def _generate_loop(params, cache, logits, rng, stops, *, cfg, sampler, max_new_t
 
 
 _generate_jit = jax.jit(
-    _generate_loop, static_argnames=("cfg", "sampler", "max_new_tokens"), donate_argnames=("cache",)
+    _generate_loop,
+    static_argnames=("cfg", "sampler", "max_new_tokens", "mesh"),
+    donate_argnames=("cache",),
 )
 
 
@@ -225,13 +263,16 @@ def generate(
     rng: jax.Array | None = None,
     stop_tokens: Sequence[int] | Sequence[Sequence[int]] = (),
     cache_size: int | None = None,
+    mesh: Mesh | None = None,
 ) -> GenerateOutput:
     """Generates up to max_new_tokens per prompt (a list of B token-id lists, ragged).
 
     sampler: a sampling.Sampler (default greedy); rng: its PRNG key (default PRNGKey(0)).
     stop_tokens: ids that end a row (emitted, then the row stops), shared by all rows or one
     list per row. cache_size: slots per row (default: longest prompt + max_new_tokens, rounded
-    up to 128). A row that fills its cache stops there with hit_capacity set; nothing wraps.
+    up to 128, and to a multiple of the mesh's sequence axis). A row that fills its cache stops
+    there with hit_capacity set; nothing wraps. mesh: split the cache over it (init_cache's
+    mesh; a "sequence" axis > 1 runs prefill and the decode loop sequence-parallel).
     """
     if isinstance(prompts, np.ndarray) and prompts.ndim == 2:
         prompts = list(prompts)
@@ -246,7 +287,8 @@ def generate(
     lens = np.array([len(p) for p in prompts], np.int64)
     if lens.min() < 1:
         raise ValueError(f"generate: prompt {int(np.argmin(lens))} is empty; each needs >= 1 token")
-    size = cache_size or -(-(int(lens.max()) + max_new_tokens) // 128) * 128
+    unit = math.lcm(128, sp_forward.sequence_size(mesh))
+    size = cache_size or -(-(int(lens.max()) + max_new_tokens) // unit) * unit
     if lens.max() > size:
         raise ValueError(
             f"generate: prompt {int(np.argmax(lens))} has {lens.max()} tokens but cache_size={size}"
@@ -257,7 +299,7 @@ def generate(
         tokens[i, : len(ids)] = ids
     _check_ids(tokens, cfg, "generate: prompts")
     stops = _stop_table(stop_tokens, len(prompts), cfg)
-    cache = init_cache(cfg, len(prompts), size)
+    cache = init_cache(cfg, len(prompts), size, mesh=mesh)
     logits, cache = prefill(params, cache, tokens, lens, cfg)
     rng = jax.random.PRNGKey(0) if rng is None else rng
     out, num, hit, _ = _generate_jit(
@@ -269,8 +311,9 @@ def generate(
         cfg=cfg,
         sampler=sampler or Sampler(),
         max_new_tokens=max_new_tokens,
+        mesh=sp_forward.mesh_of(cache),
     )
-    return GenerateOutput(np.asarray(out), np.asarray(num), np.asarray(hit))
+    return GenerateOutput(_host(out), _host(num), _host(hit))
 
 
 def _stop_table(stop_tokens: Any, bsz: int, cfg: ModelConfig) -> np.ndarray:

@@ -62,19 +62,38 @@ def cache_shape(cfg: ModelConfig, batch_size: int, max_len: int) -> tuple[int, .
 
 
 def init_cache(
-    cfg: ModelConfig, batch_size: int, max_len: int, dtype: jnp.dtype | str | None = None
+    cfg: ModelConfig,
+    batch_size: int,
+    max_len: int,
+    dtype: jnp.dtype | str | None = None,
+    *,
+    mesh: Any = None,
 ) -> KVCache:
-    """An empty cache of `max_len` slots per row, in `dtype` (default: the activation dtype)."""
+    """An empty cache of `max_len` slots per row, in `dtype` (default: the activation dtype).
+
+    mesh: a jax.sharding.Mesh to split the cache over by sharding.RULES: rows over the batch
+    axes, slots over "sequence" (sharding.sequence_mesh). With a sequence axis > 1, prefill,
+    decode_step and generate run sequence-parallel on it (sp_forward.py). ValueError when the
+    batch or max_len does not divide over the mesh."""
     for name, value in (("batch_size", batch_size), ("max_len", max_len)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"init_cache: {name} must be a positive int, got {value!r}")
     dtype = jnp.dtype(dtype or cfg.dtype)
     shape = cache_shape(cfg, batch_size, max_len)
-    return KVCache(
-        k=jnp.zeros(shape, dtype),
-        v=jnp.zeros(shape, dtype),
-        lengths=jnp.zeros((batch_size,), jnp.int32),
-    )
+
+    def empty() -> KVCache:
+        return KVCache(
+            k=jnp.zeros(shape, dtype),
+            v=jnp.zeros(shape, dtype),
+            lengths=jnp.zeros((batch_size,), jnp.int32),
+        )
+
+    if mesh is None:
+        return empty()
+    from orthros_jax import sharding, sp_forward  # they import this module
+
+    sp_forward.check_mesh(cfg, batch_size, max_len, mesh)
+    return jax.jit(empty, out_shardings=sharding.cache_shardings(cfg, batch_size, max_len, mesh))()
 
 
 def _rows(slots_BT: jax.Array) -> jax.Array:

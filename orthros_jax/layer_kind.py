@@ -54,6 +54,11 @@ class StepContext:
     valid [B, Lb]: base tokens that exist (not padding, row active).
     reset [B, Lb]: a token that starts a new document (recurrent kinds zero their state).
     default_positions: sequence mode with positions = arange and one segment.
+    Sequence parallelism (inside shard_map; sp_forward.py), where a shard holds S of the cache's
+    slots: slot_offset is the global slot id of its first slot; slots are its local slots (S =
+    dropped, so other shards' slots are never written); window_slots and positions stay global.
+    halo: attend.Keys (head-major) of the slots right before this shard, which a chunk's window
+    reads; gathered: attend.Keys of every slot of the layer, which a chunk's global queries read.
     """
 
     mode: str = flax.struct.field(pytree_node=False)
@@ -64,6 +69,9 @@ class StepContext:
     valid: jax.Array | None = None
     reset: jax.Array | None = None
     default_positions: bool = flax.struct.field(pytree_node=False, default=False)
+    slot_offset: jax.Array | None = None
+    halo: Any = None
+    gathered: Any = None
 
 
 # step(p, cfg, base, out, state, li, ctx, compute_base) -> (base, out, state)

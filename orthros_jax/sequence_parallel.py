@@ -29,6 +29,9 @@ import jax.numpy as jnp
 
 from orthros_jax.attention import KEY_PAD_SEGMENT, global_attention, local_attention
 
+# The mesh axis a sequence (and a KV cache's slot axis) is split over; sharding.RULES maps the
+# logical "length" axis to it.
+SEQUENCE_AXIS = "sequence"
 _MASKED = -1e30  # finite, as in attention.py: a row with no visible key stays finite
 # Position given to halo rows that do not exist (before the sequence start): never <= a query's.
 FAR_POSITION = jnp.iinfo(jnp.int32).max // 2

@@ -1,11 +1,13 @@
 """Mesh, logical-axis rules and shardings for params, train state, batches and the KV cache.
 
 One table, RULES, maps the logical axis names that parameters carry (model.py) to axes of the
-mesh ("data", "fsdp", "tensor"):
+mesh ("data", "fsdp", "tensor"; "sequence" in an inference mesh, `sequence_mesh`):
   * batch dims are split over data x fsdp (every device gets distinct examples);
   * parameters are split over fsdp along their embed dim (ZeRO-3 style: all-gathered per use)
     and over tensor along heads / kv heads / mlp / vocab (Megatron-style tensor parallelism);
-  * the stacked layer axis, head_dim and sequence length are never split.
+  * a KV cache's slots (logical "length") are split over sequence (sequence-parallel prefill
+    and decode, sp_forward.py); a mesh without that axis keeps them whole;
+  * the stacked layer axis and head_dim are never split.
 A dim whose size is not divisible by its mesh axes is replicated instead (e.g. 2 kv heads on
 tensor=4), so any model runs on any mesh; `shard_spec` is the single place that decides.
 """
@@ -24,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from orthros_jax import model as model_lib
 from orthros_jax.config import ModelConfig
+from orthros_jax.sequence_parallel import SEQUENCE_AXIS
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH, LENGTH = "batch", "length"
@@ -31,7 +34,7 @@ MeshAxes = str | tuple[str, ...] | None
 
 RULES: dict[str, MeshAxes] = {
     BATCH: ("data", "fsdp"),
-    LENGTH: None,
+    LENGTH: SEQUENCE_AXIS,
     model_lib.LAYERS: None,
     model_lib.VOCAB: "tensor",
     model_lib.EMBED: "fsdp",
@@ -91,11 +94,30 @@ def make_mesh(mesh_cfg: Any, devices: Sequence[jax.Device] | None = None) -> Mes
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=auto)
 
 
+def sequence_mesh(
+    sequence: int, data: int = 1, devices: Sequence[jax.Device] | None = None
+) -> Mesh:
+    """A ("data", "sequence") mesh for sequence-parallel inference: cache rows over data, cache
+    slots over sequence (init_cache(..., mesh=)). devices: all by default, data * sequence of
+    them, in order (sequence neighbours are consecutive devices)."""
+    devices = list(jax.devices() if devices is None else devices)
+    for name, size in (("sequence", sequence), ("data", data)):
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"sequence_mesh: {name} must be a positive int, got {size!r}")
+    if data * sequence != len(devices):
+        raise ValueError(
+            f"sequence_mesh: data={data} x sequence={sequence} = {data * sequence} devices, but "
+            f"{len(devices)} are given"
+        )
+    return Mesh(np.asarray(devices).reshape(data, sequence), ("data", SEQUENCE_AXIS))
+
+
 def shard_spec(
     logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh, rules: Mapping = RULES
 ) -> PartitionSpec:
     """PartitionSpec for an array with these logical axis names, by RULES. A mesh axis is used
-    at most once per array; dims not divisible by their mesh axes stay replicated."""
+    at most once per array; dims not divisible by their mesh axes, or mapped to axes the mesh
+    does not have, stay replicated."""
     used: set[str] = set()
     spec: list[MeshAxes] = []
     for name, size in zip(logical, shape, strict=True):
@@ -104,7 +126,7 @@ def shard_spec(
             spec.append(None)
             continue
         axes_t = (axes,) if isinstance(axes, str) else tuple(axes)
-        axes_t = tuple(a for a in axes_t if a not in used and mesh.shape[a] > 1)
+        axes_t = tuple(a for a in axes_t if a not in used and mesh.shape.get(a, 1) > 1)
         if not axes_t or size % math.prod(mesh.shape[a] for a in axes_t):
             spec.append(None)
             continue
@@ -186,8 +208,8 @@ CACHE_AXES = (model_lib.LAYERS, BATCH, model_lib.KV_HEADS, LENGTH, model_lib.HEA
 
 
 def cache_shardings(cfg: ModelConfig, batch_size: int, max_len: int, mesh: Mesh) -> Any:
-    """KVCache of NamedShardings: k/v [layers, B, K, S, H] split over batch and kv heads by the
-    rules (slots and head_dim whole), lengths [B] over batch."""
+    """KVCache of NamedShardings: k/v [layers, B, K, S, H] split over batch, kv heads and slots by
+    the rules (head_dim whole), lengths [B] over batch."""
     from orthros_jax.kv_cache import KVCache, cache_shape
 
     kv = NamedSharding(mesh, shard_spec(CACHE_AXES, cache_shape(cfg, batch_size, max_len), mesh))

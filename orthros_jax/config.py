@@ -13,19 +13,32 @@ from typing import Any, Literal
 
 import jax.numpy as jnp
 
-Architecture = Literal["orthros", "transformer", "swa"]
-ARCHITECTURES: tuple[str, ...] = ("orthros", "transformer", "swa")
+Architecture = Literal["orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h"]
+ARCHITECTURES: tuple[str, ...] = ("orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h")
+# The arms with an Orthros output stream (per-stream query SO by default).
+TWO_STREAM_ARCHITECTURES: tuple[str, ...] = ("orthros", "orthros_h")
+# Each arm's layer_types when none is given: attention arms all attention, gdn all GDN, the
+# hybrids Qwen3.5's cycle of three GDN layers and one attention layer.
+DEFAULT_LAYER_TYPES: dict[str, tuple[str, ...]] = {
+    "orthros": ("attention",),
+    "transformer": ("attention",),
+    "swa": ("attention",),
+    "gdn": ("gdn",),
+    "hybrid": ("gdn", "gdn", "gdn", "attention"),
+    "orthros_h": ("gdn", "gdn", "gdn", "attention"),
+}
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots")
 ROPE_TYPES: tuple[str, ...] = ("default", "llama3")
 # How to attend (attend.py): blocked XLA kernels, or jax.nn.dot_product_attention (cuDNN on GPU).
 ATTENTION_IMPLS: tuple[str, ...] = ("xla", "dot_product")
-LAYER_KINDS: tuple[str, ...] = ("attention",)
+LAYER_KINDS: tuple[str, ...] = ("attention", "gdn")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Everything that fixes an Orthros / Transformer / SWA model's shapes and math.
+    """Everything that fixes an Orthros / Transformer / SWA / GDN / Linear Hybrid / Orthros-H
+    model's shapes and math.
 
     Shapes use the letters of the README: V vocab, D d_model, N query heads, K kv heads,
     H head_dim, F d_ff, W window; the stacked layers axis is written `layers`.
@@ -42,8 +55,10 @@ class ModelConfig:
     architecture: Architecture = "orthros"
     # Per-stream query scale-offset; None = the arm's default (on for the two-stream arms).
     scale_offset: bool | None = None
-    # The repeating cycle of layer kinds (n_layers must be a multiple of its length).
-    layer_types: tuple[str, ...] = ("attention",)
+    # The repeating cycle of layer kinds (n_layers must be a multiple of its length); None =
+    # the arm's DEFAULT_LAYER_TYPES. gdn: all "gdn"; hybrid / orthros_h: both kinds;
+    # orthros / transformer / swa: all "attention".
+    layer_types: tuple[str, ...] | None = None
     rope_theta: float = 10_000.0
     rope_type: str = "default"
     rope_factor: float = 1.0
@@ -74,10 +89,22 @@ class ModelConfig:
     prefill_chunk: int = 2048
     attention_impl: str = "xla"
     init_std: float = 0.02
+    # Gated DeltaNet layers (gdn.py; Qwen3.5's linear_* fields): key/value heads and their head
+    # dims, the causal conv kernel, and the chunk of the chunked delta rule.
+    gdn_num_k_heads: int = 2
+    gdn_num_v_heads: int = 4
+    gdn_k_head_dim: int = 32
+    gdn_v_head_dim: int = 32
+    gdn_conv_kernel: int = 4
+    gdn_chunk: int = 64
 
     def __post_init__(self) -> None:
         if self.scale_offset is None:
-            object.__setattr__(self, "scale_offset", self.architecture == "orthros")
+            object.__setattr__(self, "scale_offset", self.architecture in TWO_STREAM_ARCHITECTURES)
+        if self.layer_types is None:
+            object.__setattr__(
+                self, "layer_types", DEFAULT_LAYER_TYPES.get(self.architecture, ("attention",))
+            )
         if isinstance(self.layer_types, list):
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
         positive = (
@@ -93,6 +120,12 @@ class ModelConfig:
             "attention_block_k",
             "attention_block_local",
             "prefill_chunk",
+            "gdn_num_k_heads",
+            "gdn_num_v_heads",
+            "gdn_k_head_dim",
+            "gdn_v_head_dim",
+            "gdn_conv_kernel",
+            "gdn_chunk",
         )
         for name in positive:
             value = getattr(self, name)
@@ -148,10 +181,33 @@ class ModelConfig:
                 f"ModelConfig.partial_rotary_factor={self.partial_rotary_factor} must be in (0, 1] "
                 f"and give an even rotary dim (head_dim={self.head_dim})"
             )
-        if self.scale_offset and self.architecture != "orthros":
+        if self.scale_offset and not self.two_streams:
             raise ValueError(
-                f"ModelConfig.scale_offset=True needs architecture='orthros' (got "
-                f"{self.architecture!r}); the single-stream arms have no query scale-offset"
+                f"ModelConfig.scale_offset=True needs a two-stream architecture "
+                f"({', '.join(TWO_STREAM_ARCHITECTURES)}), got {self.architecture!r}; the "
+                "single-stream arms have no query scale-offset"
+            )
+        self._check_layer_types_of_arm()
+        if self.gdn_num_v_heads % self.gdn_num_k_heads:
+            raise ValueError(
+                f"ModelConfig.gdn_num_v_heads={self.gdn_num_v_heads} must be a multiple of "
+                f"gdn_num_k_heads={self.gdn_num_k_heads} (each key head serves Hv/Hk value heads)"
+            )
+
+    def _check_layer_types_of_arm(self) -> None:
+        """gdn: every layer GDN; hybrid / orthros_h: both kinds; the others: attention only."""
+        kinds = set(self.layer_types)
+        arch = self.architecture
+        if arch == "gdn":
+            ok, want = kinds == {"gdn"}, "only 'gdn' layers"
+        elif arch in ("hybrid", "orthros_h"):
+            ok, want = kinds == {"gdn", "attention"}, "both 'gdn' and 'attention' layers"
+        else:
+            ok, want = kinds == {"attention"}, "only 'attention' layers"
+        if not ok:
+            raise ValueError(
+                f"ModelConfig.layer_types={self.layer_types!r} does not fit architecture "
+                f"{arch!r}, which needs {want} (e.g. {DEFAULT_LAYER_TYPES[arch]!r}, the default)"
             )
 
     @property
@@ -166,8 +222,9 @@ class ModelConfig:
 
     @property
     def base_window(self) -> int | None:
-        """The base stream's window (None: causal over every key, the Transformer arm)."""
-        return None if self.architecture == "transformer" else self.window
+        """The base stream's window (None: causal over every key, the Transformer arm and the
+        Linear Hybrid's full-attention layers)."""
+        return None if self.architecture in ("transformer", "hybrid") else self.window
 
     @property
     def n_cycles(self) -> int:
@@ -187,7 +244,7 @@ class ModelConfig:
 
     @property
     def two_streams(self) -> bool:
-        return self.architecture == "orthros"
+        return self.architecture in TWO_STREAM_ARCHITECTURES
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
@@ -216,12 +273,26 @@ class ModelConfig:
             self.d_ff,
             self.vocab_size,
         )
-        per_layer = d * n * h + 2 * d * k * h + n * h * d + 3 * d * f + 2 * d
+        block = 3 * d * f + 2 * d
+        per_layer = d * n * h + 2 * d * k * h + n * h * d + block
         if self.attn_output_gate:
             per_layer += d * n * h
         if self.qk_norm:
             per_layer += 2 * h
         if self.scale_offset:
             per_layer += 4 * n * h
+        hk, hv, dk, dv = (
+            self.gdn_num_k_heads,
+            self.gdn_num_v_heads,
+            self.gdn_k_head_dim,
+            self.gdn_v_head_dim,
+        )
+        conv_dim = 2 * hk * dk + hv * dv
+        # q/k/v/z projections, conv, beta/a projections, dt_bias + A_log, norm, out_proj.
+        per_gdn = d * conv_dim + d * hv * dv + self.gdn_conv_kernel * conv_dim
+        per_gdn += 2 * d * hv + 2 * hv + dv + hv * dv * d + block
+        if self.scale_offset:
+            per_gdn += 2 * hk * dk  # the cross query's SO (orthros_h)
         head = 0 if self.tie_embeddings else d * v
-        return v * d + self.n_layers * per_layer + d + head
+        layers = self.layers_of("attention") * per_layer + self.layers_of("gdn") * per_gdn
+        return v * d + layers + d + head

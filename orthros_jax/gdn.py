@@ -31,6 +31,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from orthros_jax.axes import EMBED, HEAD_DIM
 from orthros_jax.gdn_kernels import (
     causal_conv,
     chunked_delta_rule,
@@ -39,8 +40,7 @@ from orthros_jax.gdn_kernels import (
     l2_normalize,
 )
 
-# Logical axis names (sharding.py maps them); "embed" and "head_dim" are the model's.
-EMBED, HEAD_DIM = "embed", "head_dim"
+# Logical axis names (sharding.RULES maps them); "embed" and "head_dim" are the model's.
 GDN_K_HEADS, GDN_V_HEADS, GDN_CONV_KERNEL = "gdn_k_heads", "gdn_v_heads", "gdn_conv_kernel"
 Params = dict[str, Any]
 CrossSO = tuple[jax.Array, jax.Array]
@@ -362,3 +362,24 @@ def gdn_decode(
     return _mix(
         p, h_B1D, cross_h_B1D, active[:, None], cfg, state, conv, rule, cross_so, cross_silu
     )
+
+
+def gdn_read(
+    p: Params,
+    cross_h_B1D: jax.Array,
+    cfg: Any,
+    *,
+    state: GDNState,
+    cross_so: CrossSO | None = None,
+    cross_silu: bool = True,
+) -> jax.Array:
+    """The cross stream alone over a filled state (Orthros-H prefill's output stream): each
+    row's output copy of the token the state ends at reads it, o' = q' S, nothing is written.
+    Equals gdn_mix's cross output at that token. Returns cross_y [B, 1, D]."""
+    if cross_h_B1D.ndim != 3 or cross_h_B1D.shape[1] != 1:
+        raise ValueError(f"gdn_read takes one token per row: [B, 1, D], got {cross_h_B1D.shape}")
+    _check_inputs(p, cross_h_B1D, cfg, state, {}, cross_h_B1D, cross_so)
+    h = cross_h_B1D.astype(cfg.jnp_dtype)
+    q = _cross_query(p, h, cfg, cross_so, cross_silu)  # [B, 1, Hv, dk]
+    o = jnp.einsum("blhk,bhkv->blhv", q, state.recurrent.astype(jnp.float32))
+    return _finish(p, o, h, cfg)

@@ -86,6 +86,7 @@ def init_cache(
             k=jnp.zeros(shape, dtype),
             v=jnp.zeros(shape, dtype),
             lengths=jnp.zeros((batch_size,), jnp.int32),
+            linear=_linear_state(cfg, batch_size, max_len, dtype),
         )
 
     if mesh is None:
@@ -94,6 +95,16 @@ def init_cache(
 
     sp_forward.check_mesh(cfg, batch_size, max_len, mesh)
     return jax.jit(empty, out_shardings=sharding.cache_shardings(cfg, batch_size, max_len, mesh))()
+
+
+def _linear_state(cfg: ModelConfig, batch_size: int, max_len: int, dtype) -> Any:
+    """The GDN layers' zero state stacked over them (None when the stack has none)."""
+    n = cfg.layers_of("gdn")
+    if not n:
+        return None
+    from orthros_jax.gdn_layer import KIND  # it imports the layer machinery
+
+    return KIND.init_state(cfg, n, batch_size, max_len, dtype)
 
 
 def _rows(slots_BT: jax.Array) -> jax.Array:

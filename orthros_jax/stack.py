@@ -18,12 +18,12 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from orthros_jax import attention_layer
+from orthros_jax import attention_layer, gdn_layer
 from orthros_jax.axes import LAYERS
 from orthros_jax.config import ModelConfig
 from orthros_jax.layer_kind import LayerKind, Params
 
-KINDS: dict[str, LayerKind] = {"attention": attention_layer.KIND}
+KINDS: dict[str, LayerKind] = {"attention": attention_layer.KIND, "gdn": gdn_layer.KIND}
 
 
 def kinds_of(cfg: ModelConfig) -> list[LayerKind]:

@@ -1,0 +1,209 @@
+"""The gated DeltaNet layer kind: one step for every mode (see layer_kind.py).
+
+A GDN layer is the shared block (pre-norms + SwiGLU FFN, layer_kind.block_param_shapes) around
+the Qwen3.5 GDN mixer of gdn.py. Single-stream arms (gdn, hybrid) run it on the one stream. In
+Orthros-H (orthros_h) the base stream runs the mixer and carries the state; each output copy
+computes its own cross query (SiLU, no conv, its own SO [Hk, dk] before the L2 norm, from its
+own normed hidden state) and reads the base state after its token, o' = q' S_t; the gate z, the
+gated norm, out_proj and the FFN are shared. The base query has no SO, so a Qwen3.5 checkpoint
+is the Orthros-H model with identity cross SO.
+
+Per-layer parameters (the stack adds a leading layers axis, under "gdn_layers"): the shared
+block, gdn.gdn_param_shapes, and gdn_so_out_scale / gdn_so_out_offset [Hk, dk] (orthros_h with
+scale_offset). The cache state is gdn.GDNState with every field stacked over the GDN layers
+(KVCache.linear): conv windows [layers, B, Kc-1, heads, dim], recurrent [layers, B, Hv, dk, dv].
+
+Modes: sequence (chunked rule; the state restarts where segment_ids change or positions do not
+increase, i.e. at packed-document starts; padding, segment 0 and last, is its own document so
+it never reaches a real token), chunk (state in from the cache, out to it; ctx.valid masks
+padding), decode (recurrent step; inactive rows keep their state), read (orthros_h's output
+stream after prefill: the cross query reads the final state). A single-stream arm cannot run
+its last prompt token alone through a GDN layer (the state needs every token), so the kind sets
+reads_last_token=False and prefill runs such a last layer in full.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from orthros_jax import gdn
+from orthros_jax.axes import BATCH, HEAD_DIM, LAYERS
+from orthros_jax.config import ModelConfig
+from orthros_jax.layer_kind import (
+    CHUNK,
+    DECODE,
+    READ,
+    SEQUENCE,
+    LayerKind,
+    Params,
+    StepContext,
+    Stream,
+    block_param_shapes,
+    default_init,
+    ffn_residual,
+    merge_streams,
+    norm,
+)
+
+SO_NAMES = ("gdn_so_out_scale", "gdn_so_out_offset")
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """Shape and logical axes of every per-layer parameter (without the leading layers axis)."""
+    shapes = block_param_shapes(cfg)
+    shapes.update(gdn.gdn_param_shapes(cfg))
+    if cfg.two_streams and cfg.scale_offset:
+        so = ((cfg.gdn_num_k_heads, cfg.gdn_k_head_dim), (gdn.GDN_K_HEADS, HEAD_DIM))
+        shapes.update(dict.fromkeys(SO_NAMES, so))
+    return shapes
+
+
+def init_for(name: str, cfg: ModelConfig):
+    """The mixer's parameters as Qwen3.5 initialises them (gdn.gdn_init: its norm is a plain
+    scale w even when the model's norms are zero-centred), the rest as every kind's."""
+    if name in gdn.gdn_param_shapes(cfg):
+        return gdn.gdn_init(name, cfg)
+    return default_init(name, cfg)
+
+
+def _cross_so(p: Params, cfg: ModelConfig) -> gdn.CrossSO | None:
+    if cfg.two_streams and cfg.scale_offset:
+        return p[SO_NAMES[0]], p[SO_NAMES[1]]
+    return None
+
+
+def _resets(stream: Stream) -> jax.Array:
+    """[B, L] True where a packed document starts: the segment changes or the position does
+    not increase over the previous token."""
+    seg, pos = stream.segment_ids, stream.positions
+    new_seg = seg[:, 1:] != seg[:, :-1]
+    restart = pos[:, 1:] <= pos[:, :-1]
+    first = jnp.ones_like(seg[:, :1], bool)
+    return jnp.concatenate([first, new_seg | restart], axis=1)
+
+
+def copy_index(base: Stream, out: Stream) -> jax.Array:
+    """Index [B, T_out] into the base stream of each output copy's token: the base token with
+    the copy's (position, segment). O(B * T_out * T) compares, once per layer."""
+    same = (out.positions[:, :, None] == base.positions[:, None, :]) & (
+        out.segment_ids[:, :, None] == base.segment_ids[:, None, :]
+    )
+    return jnp.argmax(same, axis=-1).astype(jnp.int32)
+
+
+def _sequence(p: Params, cfg: ModelConfig, base: Stream, out: Stream | None):
+    """Sequence mode: (y [B, T, D], cross_y [B, T_out, D] or None).
+
+    The chunked rule needs each copy's query at its base token, so the copies' normed states
+    are scattered to base alignment (zeros where no copy), the cross outputs computed for every
+    base token, and gathered back by copy_index: with SFT's subset of output positions the
+    cross query, gated norm and out_proj run over T tokens instead of T_out, plus the match.
+    A base token is expected to have at most one copy (the PT/SFT batches' contract)."""
+    h = norm(p, base.x, "attn_norm", cfg)
+    reset = _resets(base)
+    if out is None:
+        y, _, _ = gdn.gdn_mix(p, h, cfg, reset_BL=reset)
+        return y, None
+    idx = copy_index(base, out)
+    rows = jnp.arange(idx.shape[0], dtype=jnp.int32)[:, None]
+    h_out = norm(p, out.x, "attn_norm", cfg)
+    cross_h = jnp.zeros_like(h).at[rows, idx].set(h_out.astype(h.dtype))
+    y, cross_y, _ = gdn.gdn_mix(
+        p, h, cfg, reset_BL=reset, cross_h_BLD=cross_h, cross_so=_cross_so(p, cfg)
+    )
+    return y, jnp.take_along_axis(cross_y, idx[:, :, None], axis=1)
+
+
+def _layer_state(state: gdn.GDNState, li) -> gdn.GDNState:
+    return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, li, keepdims=False), state)
+
+
+def _write_state(state: gdn.GDNState, li, new: gdn.GDNState) -> gdn.GDNState:
+    return jax.tree.map(
+        lambda a, x: jax.lax.dynamic_update_index_in_dim(a, x.astype(a.dtype), li, 0), state, new
+    )
+
+
+def step(
+    p: Params,
+    cfg: ModelConfig,
+    base: Stream | None,
+    out: Stream | None,
+    state,
+    li,
+    ctx: StepContext,
+    compute_base: bool = True,
+):
+    """One GDN layer for both streams in any mode. Returns (base, out, state)."""
+    if ctx.slot_offset is not None:
+        raise ValueError("GDN layers do not run sequence-parallel (sp_forward.check_mesh)")
+    y = cross_y = None
+    if ctx.mode == SEQUENCE:
+        y, cross_y = _sequence(p, cfg, base, out)
+    elif ctx.mode == READ:
+        if base is not None:
+            raise ValueError("a GDN layer cannot read a base token alone (reads_last_token)")
+        h_out = norm(p, out.x, "attn_norm", cfg)
+        st = _layer_state(state, li)
+        cross_y = gdn.gdn_read(p, h_out, cfg, state=st, cross_so=_cross_so(p, cfg))
+    else:
+        h = norm(p, base.x, "attn_norm", cfg)
+        st = _layer_state(state, li)
+        if ctx.mode == CHUNK:
+            if out is not None:
+                raise ValueError("prefill chunks run the base stream only")
+            y, _, new = gdn.gdn_mix(p, h, cfg, state=st, valid_BL=ctx.valid, reset_BL=ctx.reset)
+        elif ctx.mode == DECODE:
+            h_out = None if out is None else norm(p, out.x, "attn_norm", cfg)
+            y, cross_y, new = gdn.gdn_decode(
+                p, h, cfg, state=st, active_B=ctx.valid[:, 0], cross_h_B1D=h_out,
+                cross_so=_cross_so(p, cfg),
+            )  # fmt: skip
+        else:
+            raise ValueError(f"unknown mode {ctx.mode!r}")
+        state = _write_state(state, li, new)
+    if not compute_base:
+        y = None
+    if y is not None and cross_y is not None and ctx.mode == DECODE:
+        # The FFN is token-wise and shared: both streams as one [B, 2, D] batch.
+        x, split = merge_streams(base.x, out.x)
+        bx, ox = split(ffn_residual(p, x, jnp.concatenate([y, cross_y], 1), cfg))
+        return base.replace(x=bx), out.replace(x=ox), state
+    if y is not None:
+        base = base.replace(x=ffn_residual(p, base.x, y.astype(base.x.dtype), cfg))
+    if cross_y is not None:
+        out = out.replace(x=ffn_residual(p, out.x, cross_y.astype(out.x.dtype), cfg))
+    return base, out, state
+
+
+def init_state(cfg: ModelConfig, n_layers: int, batch: int, max_len: int, dtype) -> gdn.GDNState:
+    """GDNState zeros with every field stacked on a leading [layers] axis (max_len unused: the
+    state does not grow with the sequence)."""
+    one = gdn.gdn_state_shapes(cfg, batch)
+    conv = {n: jnp.zeros((n_layers, *one[n]), dtype) for n in ("conv_q", "conv_k", "conv_v")}
+    return gdn.GDNState(**conv, recurrent=jnp.zeros((n_layers, *one["recurrent"]), jnp.float32))
+
+
+def state_axes(cfg: ModelConfig) -> gdn.GDNState:
+    """Logical axes of the stacked state: conv windows over batch and heads, the recurrent
+    state over batch and value heads."""
+    k_conv = (LAYERS, BATCH, None, gdn.GDN_K_HEADS, HEAD_DIM)
+    return gdn.GDNState(
+        conv_q=k_conv,
+        conv_k=k_conv,
+        conv_v=(LAYERS, BATCH, None, gdn.GDN_V_HEADS, HEAD_DIM),
+        recurrent=(LAYERS, BATCH, gdn.GDN_V_HEADS, None, None),
+    )
+
+
+KIND = LayerKind(
+    name="gdn",
+    params_key="gdn_layers",
+    param_shapes=param_shapes,
+    init_for=init_for,
+    init_state=init_state,
+    state_axes=state_axes,
+    step=step,
+    reads_last_token=False,
+)

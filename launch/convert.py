@@ -1,4 +1,4 @@
-"""Hugging Face Llama/Qwen3 directory <-> orthros-jax model directory.
+"""Hugging Face Llama/Qwen3/Qwen3.5 directory <-> orthros-jax model directory.
 
 Import (HF -> model dir that launch/generate.py serves and a training config's `init_from`
 continues from; tokenizer.json is carried along):
@@ -6,7 +6,11 @@ continues from; tokenizer.json is carried along):
     python launch/convert.py --hf_dir=path/to/Qwen3-8B --out=runs/qwen3_orthros \
         --architecture=orthros --window=128
 
-Export (transformer-arm model dir -> HF dir that transformers loads):
+--architecture=orthros converts to the two-stream arm of the checkpoint's kind: Orthros for
+Llama/Qwen3, Orthros-H for a Qwen3.5 hybrid; --architecture=transformer keeps the checkpoint's
+own arm (transformer, or hybrid / gdn for Qwen3.5). orthros_h and hybrid are accepted by name.
+
+Export (single-stream model dir -> HF dir that transformers loads; gdn / hybrid as Qwen3.5):
 
     python launch/convert.py --export --model=runs/llama_cpt --out=path/to/hf_dir
 """
@@ -24,7 +28,10 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("hf_dir", None, "Hugging Face model directory to import.")
 flags.DEFINE_string("out", None, "Output: a model directory (import) or a HF directory (export).")
 flags.DEFINE_enum(
-    "architecture", "orthros", ["orthros", "transformer"], "Architecture of the imported model."
+    "architecture",
+    "orthros",
+    ["orthros", "transformer", "orthros_h", "hybrid"],
+    "orthros(_h): the two-stream conversion; transformer / hybrid: the checkpoint's own arm.",
 )
 flags.DEFINE_integer("window", 128, "Base-stream sliding window of the Orthros model.")
 flags.DEFINE_bool("scale_offset", True, "Add identity query scale-offsets (False: w/o-SO).")
@@ -41,10 +48,12 @@ flags.DEFINE_integer("max_shard_mb", 5 * 1024, "Shard exported safetensors above
 
 
 def import_hf(hf_dir: str, out: str) -> None:
-    """HF directory -> model directory (transformer or converted Orthros)."""
+    """HF directory -> model directory (its own arm, or converted to Orthros / Orthros-H)."""
     cfg, params = load_hf(hf_dir, param_dtype=FLAGS.param_dtype, dtype=FLAGS.dtype)
     logging.info("imported %s: %.1fM params", hf_dir, cfg.num_params() / 1e6)
-    if FLAGS.architecture == "orthros":
+    if FLAGS.architecture in ("orthros", "orthros_h"):
+        if cfg.architecture == "gdn":
+            raise ValueError("an all-linear-attention Qwen3.5 (gdn arm) has no Orthros form")
         cfg, params = from_transformer(
             params, cfg, window=FLAGS.window, scale_offset=FLAGS.scale_offset
         )

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import jax.numpy as jnp
 
+from orthros_jax.gdn import validate_gdn_cfg
+
 Architecture = Literal["orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h"]
 ARCHITECTURES: tuple[str, ...] = ("orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h")
 # The arms with an Orthros output stream (per-stream query SO by default).
@@ -120,12 +122,6 @@ class ModelConfig:
             "attention_block_k",
             "attention_block_local",
             "prefill_chunk",
-            "gdn_num_k_heads",
-            "gdn_num_v_heads",
-            "gdn_k_head_dim",
-            "gdn_v_head_dim",
-            "gdn_conv_kernel",
-            "gdn_chunk",
         )
         for name in positive:
             value = getattr(self, name)
@@ -188,11 +184,7 @@ class ModelConfig:
                 "single-stream arms have no query scale-offset"
             )
         self._check_layer_types_of_arm()
-        if self.gdn_num_v_heads % self.gdn_num_k_heads:
-            raise ValueError(
-                f"ModelConfig.gdn_num_v_heads={self.gdn_num_v_heads} must be a multiple of "
-                f"gdn_num_k_heads={self.gdn_num_k_heads} (each key head serves Hv/Hk value heads)"
-            )
+        validate_gdn_cfg(self)  # the gdn_* fields (ValueError naming the field)
 
     def _check_layer_types_of_arm(self) -> None:
         """gdn: every layer GDN; hybrid / orthros_h: both kinds; the others: attention only."""

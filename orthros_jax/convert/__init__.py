@@ -1,7 +1,7 @@
-"""Hugging Face Llama/Qwen3 import and export, and Transformer -> Orthros conversion.
+"""Hugging Face Llama/Qwen3/Qwen3.5 import and export, and Transformer -> Orthros conversion.
 
-    cfg, params = load_hf(hf_dir)                       # transformer arm, numpy params
-    ocfg, oparams = from_transformer(params, cfg, window=128)
+    cfg, params = load_hf(hf_dir)                       # transformer (Qwen3.5: hybrid), numpy
+    ocfg, oparams = from_transformer(params, cfg, window=128)   # orthros (Qwen3.5: orthros_h)
     export_hf(out_dir, cfg, params, tokenizer_file=hf_tokenizer_file(hf_dir))
 
 Nothing here imports torch or transformers.
@@ -29,6 +29,7 @@ from orthros_jax.convert.hf_weights import (
     write_safetensors,
 )
 from orthros_jax.convert.orthros import from_transformer
+from orthros_jax.convert.qwen35 import config_from_qwen35, is_qwen35, params_from_qwen35
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -38,7 +39,10 @@ __all__ = [
     "config_from_hf",
     "expected_param_shapes",
     "export_hf",
+    "config_from_qwen35",
     "from_transformer",
+    "is_qwen35",
+    "params_from_qwen35",
     "hf_config_from",
     "hf_from_params",
     "hf_tensor_shapes",
@@ -51,16 +55,20 @@ __all__ = [
 
 
 def load_hf(hf_dir: str, **overrides: Any) -> tuple[ModelConfig, dict[str, Any]]:
-    """(cfg, params) of the transformer arm from a HF Llama/Qwen3 directory.
+    """(cfg, params) of the checkpoint's own single-stream arm from a HF Llama/Qwen3 directory
+    (transformer) or a Qwen3.5 one (hybrid; gdn when every layer is linear attention).
 
     overrides: extra ModelConfig fields (e.g. param_dtype='bfloat16', window, prefill_chunk);
-    architecture stays 'transformer' — convert with `from_transformer`. Config and tensor
-    names/shapes are validated before any weight is read.
+    the architecture stays the checkpoint's — convert with `from_transformer`. Config and
+    tensor names/shapes are validated before any weight is read.
     """
-    if overrides.get("architecture", "transformer") != "transformer":
-        raise ValueError("load_hf returns the transformer arm; use from_transformer for Orthros")
-    overrides.pop("architecture", None)
-    cfg = config_from_hf(read_hf_config(hf_dir), **overrides)
+    if overrides.pop("architecture", None) not in (None, "transformer", "hybrid", "gdn"):
+        raise ValueError("load_hf returns the checkpoint's arm; use from_transformer for Orthros")
+    hf = read_hf_config(hf_dir)
+    if is_qwen35(hf):
+        cfg = config_from_qwen35(hf, **overrides)
+        return cfg, params_from_qwen35(SafetensorsCheckpoint(hf_dir), cfg)
+    cfg = config_from_hf(hf, **overrides)
     return cfg, params_from_hf(SafetensorsCheckpoint(hf_dir), cfg)
 
 

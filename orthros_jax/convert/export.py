@@ -1,6 +1,7 @@
-"""Export transformer-arm params to a Hugging Face directory that `transformers` loads.
+"""Export single-stream params to a Hugging Face directory that `transformers` loads.
 
-Writes config.json (LlamaForCausalLM, or Qwen3ForCausalLM when cfg.qk_norm), the weights as
+Writes config.json (LlamaForCausalLM, or Qwen3ForCausalLM when cfg.qk_norm; Qwen3_5ForCausalLM
+for the gdn / hybrid arms and for a transformer with Qwen3.5's output gate), the weights as
 safetensors (sharded with an index above max_shard_bytes) and, when given, tokenizer.json.
 Needs neither torch nor transformers.
 """
@@ -19,6 +20,7 @@ import numpy as np
 from orthros_jax.config import ModelConfig
 from orthros_jax.convert.hf_config import CONFIG_JSON, hf_config_from
 from orthros_jax.convert.hf_weights import hf_from_params, write_safetensors
+from orthros_jax.convert.qwen35 import qwen35_config_from, qwen35_from_params
 
 Params = dict[str, Any]
 TOKENIZER_JSON = "tokenizer.json"
@@ -61,17 +63,22 @@ def export_hf(
     dtype: str | None = None,
     max_shard_bytes: int | None = 5 * 2**30,
 ) -> list[str]:
-    """Writes a HF model directory for a transformer-arm model; returns the files written.
+    """Writes a HF model directory for a single-stream model; returns the files written.
 
     dtype: 'float32' | 'bfloat16' | 'float16' for the written tensors (default
     cfg.param_dtype). max_shard_bytes: shard above this size (None: one file).
     """
-    hf_config = hf_config_from(cfg, torch_dtype=dtype or cfg.param_dtype)  # rejects non-transformer
+    qwen35 = cfg.architecture in ("gdn", "hybrid") or cfg.attn_output_gate
+    # Both reject two-stream arms (transformers has no output stream).
+    make_config, make_tensors = (
+        (qwen35_config_from, qwen35_from_params) if qwen35 else (hf_config_from, hf_from_params)
+    )
+    hf_config = make_config(cfg, torch_dtype=dtype or cfg.param_dtype)
     if dtype is not None and dtype not in _DTYPE_NAMES:
         raise ValueError(f"export dtype {dtype!r} is unknown; allowed: {', '.join(_DTYPE_NAMES)}")
     check_params(params, cfg)
     host = jax.tree.map(np.asarray, jax.device_get(params))
-    tensors = hf_from_params(host, cfg, None if dtype is None else jnp.dtype(dtype))
+    tensors = make_tensors(host, cfg, None if dtype is None else jnp.dtype(dtype))
     os.makedirs(directory, exist_ok=True)
     # A previous export's shards would otherwise shadow or mix with the new ones.
     for name in os.listdir(directory):

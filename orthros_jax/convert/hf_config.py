@@ -178,6 +178,22 @@ def config_from_hf(
     return ModelConfig(**fields)
 
 
+def shape_fields(cfg: ModelConfig) -> dict[str, Any]:
+    """The config.json fields of the transformer block's shapes that every exported family
+    (Llama, Qwen3, Qwen3.5) writes the same way."""
+    return {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.norm_eps,
+    }
+
+
 def hf_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict[str, Any]:
     """config.json contents for exporting a transformer-arm model (Qwen3 iff qk_norm).
 
@@ -202,15 +218,7 @@ def hf_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict[
     hf: dict[str, Any] = {
         "architectures": [arch],
         "model_type": "qwen3" if cfg.qk_norm else "llama",
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.d_ff,
-        "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": cfg.norm_eps,
+        **shape_fields(cfg),
         "rope_theta": cfg.rope_theta,
         "rope_scaling": rope_scaling,
         # HF warns when original_max_position_embeddings >= max_position_embeddings.

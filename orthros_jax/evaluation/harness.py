@@ -1,7 +1,7 @@
 """An lm-evaluation-harness model for every arm: `--model orthros_jax`.
 
-    python -m orthros_jax.evaluation.harness --model orthros_jax \
-        --model_args model=runs/x,batch_size=16 --tasks arc_easy,piqa --device cpu
+    python -m orthros_jax.evaluation.harness --model orthros_jax --model_args model=runs/x \
+        --batch_size 16 --tasks arc_easy,piqa
 
     import lm_eval
     from orthros_jax.evaluation.harness import OrthrosHarnessLM
@@ -10,7 +10,8 @@
 
 lm-eval 0.4 resolves `--model` names only through its own registry (no entry-point plugins),
 so the `lm_eval` command does not know this model: `python -m orthros_jax.evaluation.harness`
-registers it and then runs lm-eval's own command line, with every lm-eval option.
+registers it and then runs lm-eval's own command line, with every lm-eval option (give the
+batch size as --batch_size, lm-eval's flag, whose default is 1; not in --model_args).
 
 * loglikelihood: one SFT-mode forward per batch, output copies only at the continuation's
   positions (scoring.py); contexts left-truncated to max_length as lm-eval's `hf` model does.

@@ -1,0 +1,167 @@
+"""The MQAR experiment: every arm trained the same way on Zoology-style associative recall.
+
+    python launch/mqar.py --out=runs/mqar                                # transformer, swa, orthros
+    python launch/mqar.py --out=runs/mqar --arms=transformer,swa,orthros,gdn --seeds=2
+    python launch/mqar.py --out=runs/mqar --override=train.steps=300     # every arm
+    python launch/mqar.py --out=/tmp/mq --tiny                           # seconds (the tests)
+    python launch/mqar.py --out=runs/mqar --replot                       # redraw from mqar.json
+
+configs/mqar.py:<arm> describes one arm's run (model and arms of configs/lm_byte.py, the MQAR
+data, the scoring grid); any arm that config accepts can be named in --arms. Each (arm, seed)
+trains on the same batches from the same initial seed and is scored per (length, pairs) cell
+and per query distance (orthros_jax.evaluation.mqar_report). Writes into --out: mqar.json,
+mqar.md, mqar.png and work/<arm>_s<seed>/ (training workdirs).
+
+The flags are launch/experiments.py's (this module imports it: the same --out, --arms, --seeds,
+--tiny, --override, --keep_work, --replot); without --arms / --seeds the defaults are
+DEFAULT_ARMS (transformer, swa, orthros) and one seed. Its --experiments / *_seeds / --convert_arms do not apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+from typing import Any
+
+import experiments  # launch/experiments.py: flags, parse_value, TINY_OVERRIDES
+import jax
+from absl import app, flags, logging
+
+from orthros_jax import configlib
+from orthros_jax.data import mqar
+from orthros_jax.evaluation import mqar_report, report
+from orthros_jax.training import TrainConfig, train
+
+CONFIG = os.path.join(experiments.CONFIG_DIR, "mqar.py")
+DEFAULT_ARMS = ("transformer", "swa", "orthros")
+FLAGS = flags.FLAGS
+# --tiny: one small shape; the rest of the shrinking is experiments.TINY_OVERRIDES.
+TINY_MQAR = {
+    "data.seq_len": 64,
+    "data.train_lengths": (64,),
+    "data.train_pairs": (4,),
+    "eval.lengths": (64,),
+    "eval.pairs": (4,),
+    "eval.examples": 2,
+}
+NOT_HERE = ("experiments", "recall_seeds", "convert_seeds", "convert_arms")
+
+
+def arm_config(arm: str, overrides: dict[str, Any]) -> tuple[TrainConfig, mqar_report.MQAREval]:
+    """The training config (data = MQARConfig) and scoring grid of configs/mqar.py:<arm>."""
+    c = configlib.load_config_file(f"{CONFIG}:{arm}")
+    c.update_from_flattened_dict(overrides)
+    plain = dict(configlib.to_plain(c))
+    data = configlib.dataclass_from_dict(mqar.MQARConfig, plain.pop("data"), "data")
+    ev = configlib.dataclass_from_dict(mqar_report.MQAREval, plain.pop("eval"), "eval")
+    if data.vocab_size > plain["model"]["vocab_size"]:
+        raise ValueError(f"data.vocab_size={data.vocab_size} > model.vocab_size")
+    # TrainConfig.data is the loop's data description: here MQARConfig (iterators given).
+    cfg = TrainConfig.from_config({**plain, "data": {}})
+    return dataclasses.replace(cfg, data=data), ev
+
+
+def run_arm(cfg: TrainConfig, ev: mqar_report.MQAREval, workdir: str) -> dict[str, Any]:
+    """Trains one arm into a fresh workdir and scores it: mqar_report.score + train info."""
+    if os.path.isdir(workdir):
+        shutil.rmtree(workdir)  # an old workdir would be resumed
+    t0 = time.perf_counter()
+    state = train(
+        cfg,
+        workdir,
+        train_iterator=mqar.make_train_iterator(cfg.data),
+        eval_batches=mqar.eval_batches(cfg.data, cfg.train.eval_batches),
+    )
+    seconds = time.perf_counter() - t0
+    out = mqar_report.score(cfg.model, state.params, ev, cfg.data.vocab_size)
+    curve = report.eval_curve(workdir)
+    logging.warning("%s: accuracy %.3f, trained in %.0fs", workdir, out["accuracy"], seconds)
+    return out | {"train_seconds": seconds, "eval_loss": curve[-1][1] if curve else None}
+
+
+def setup(cfg: TrainConfig, ev: mqar_report.MQAREval, seeds: int) -> dict[str, Any]:
+    m, d = cfg.model, cfg.data
+    return {
+        "cells": ev.cells(),
+        "examples": ev.examples,
+        "vocab_size": d.vocab_size,
+        "train_shapes": d.shapes(),
+        "power_a": d.power_a,
+        "model": f"d={m.d_model} L={m.n_layers} N={m.n_heads} K={m.n_kv_heads} F={m.d_ff}",
+        "window": m.window,
+        "steps": cfg.train.steps,
+        "batch_size": d.batch_size,
+        "seq_len": d.seq_len,
+        "lr": cfg.optimizer.lr,
+        "seeds": seeds,
+    }
+
+
+def save(results: dict[str, Any], out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "mqar.json"), "w") as f:
+        json.dump(results, f, indent=2, sort_keys=True)
+    with open(os.path.join(out, "mqar.md"), "w") as f:
+        f.write(mqar_report.markdown(results))
+    mqar_report.plot(results, os.path.join(out, "mqar.png"))
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    stray = [f"--{n}" for n in NOT_HERE if FLAGS[n].present]
+    if stray:
+        raise SystemExit(f"mqar.py: {stray} do not apply here (see the module docstring)")
+    out = os.path.abspath(FLAGS.out)
+    if FLAGS.replot:
+        with open(os.path.join(out, "mqar.json")) as f:
+            results = json.load(f)
+        save(results, out)
+        print(mqar_report.markdown(results))
+        return
+    arms = FLAGS.arms if FLAGS["arms"].present else list(DEFAULT_ARMS)
+    seeds = FLAGS.seeds if FLAGS["seeds"].present else 1
+    overrides = dict(experiments.TINY_OVERRIDES | TINY_MQAR) if FLAGS.tiny else {}
+    for item in FLAGS.override:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"mqar.py: --override needs key=value, got {item!r}")
+        overrides[key] = experiments.parse_value(value)
+    work = os.path.join(out, "work")
+    jax.config.update("jax_compilation_cache_dir", os.path.join(work, "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    t0, load0 = time.perf_counter(), os.getloadavg()
+    results: dict[str, Any] = {
+        "command": " ".join(["python", *sys.argv]),
+        "devices": f"{jax.device_count()} x {jax.devices()[0].platform}",
+        "arms": {},
+    }
+    try:
+        for arm in arms:  # every arm's config is checked before anything trains
+            arm_config(arm, overrides)
+        for arm in arms:
+            runs = []
+            for seed in range(seeds):
+                cfg, ev = arm_config(arm, overrides | {"train.seed": seed, "data.seed": seed})
+                runs.append(run_arm(cfg, ev, os.path.join(work, f"{arm}_s{seed}")))
+            results["arms"][arm] = report.aggregate(runs, "accuracy") | {"runs": runs}
+            results["setup"] = setup(cfg, ev, seeds)
+            results["seconds"] = time.perf_counter() - t0
+            results["load_average"] = {"start": load0, "end": os.getloadavg()}
+            save(results, out)
+    except ValueError as e:
+        raise SystemExit(f"mqar.py: {e}") from None
+    if not FLAGS.keep_work:
+        shutil.rmtree(work, ignore_errors=True)
+    print(mqar_report.markdown(results))
+    print(f"wrote {out}/mqar.{{json,md,png}} in {time.perf_counter() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    app.run(main)

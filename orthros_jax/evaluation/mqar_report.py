@@ -1,0 +1,151 @@
+"""MQAR scoring and its report: query accuracy per (length, pairs) cell and per distance.
+
+    cells = score(cfg, params, MQAREval(), vocab_size=256)      # one trained arm
+    text = markdown(results); plot(results, "mqar.png")           # launch/mqar.py's outputs
+
+The results dict (mqar.json): {"arms": {arm: {accuracy_mean, accuracy_std, n, runs: [score()
++ train info]}}, "setup": {...}, "seconds"}. Arm names and colours are report.py's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from orthros_jax.config import ModelConfig
+from orthros_jax.data import mqar
+from orthros_jax.evaluation import report
+from orthros_jax.evaluation.metrics import teacher_forced_predictions
+from orthros_jax.model import Params
+
+
+@dataclasses.dataclass(frozen=True)
+class MQAREval:
+    """The scoring grid: lengths x pairs cells (those that fit), `examples` per cell (eval
+    stream of `seed`), and distance bin edges in tokens for accuracy by distance."""
+
+    lengths: tuple[int, ...] = (64, 128)
+    pairs: tuple[int, ...] = (4, 8, 16)
+    examples: int = 32
+    distance_bins: tuple[int, ...] = (16, 32, 64)
+    seed: int = 0
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.examples < 1 or self.batch_size < 1:
+            raise ValueError(f"eval.examples / batch_size must be >= 1, got {self}")
+        if list(self.distance_bins) != sorted(set(self.distance_bins)) or not self.distance_bins:
+            raise ValueError(f"eval.distance_bins must rise strictly: {self.distance_bins}")
+        if not self.cells():
+            raise ValueError(f"eval: no (length, pairs) cell fits (4 * pairs <= length): {self}")
+
+    def cells(self) -> list[tuple[int, int]]:
+        return [(n, d) for n in self.lengths for d in self.pairs if 4 * d <= n]
+
+
+def cell_name(length: int, pairs: int) -> str:
+    return f"L={length} D={pairs}"
+
+
+def score(cfg: ModelConfig, params: Params, ev: MQAREval, vocab_size: int) -> dict[str, Any]:
+    """{"accuracy": over every query, "cells": {cell_name: accuracy}, "by_distance": {bin:
+    accuracy}}: teacher-forced argmax at each query key (one token per answer)."""
+    cells, all_ex, all_pred = {}, [], []
+    for length, pairs in ev.cells():
+        exs = mqar.examples(length, pairs, ev.examples, vocab_size, seed=ev.seed)
+        pred = teacher_forced_predictions(cfg, params, exs, batch_size=ev.batch_size)
+        ok = np.concatenate([p == e.answers for e, p in zip(exs, pred, strict=True)])
+        cells[cell_name(length, pairs)] = float(ok.mean())
+        all_ex += exs
+        all_pred += pred
+    ok = np.concatenate([p == e.answers for e, p in zip(all_ex, all_pred, strict=True)])
+    return {
+        "accuracy": float(ok.mean()),
+        "cells": cells,
+        "by_distance": mqar.accuracy_by_distance(all_ex, all_pred, ev.distance_bins),
+    }
+
+
+def _mean_over_runs(runs: list[Mapping[str, Any]], key: str, name: str) -> float | None:
+    values = [r[key][name] for r in runs if r[key].get(name) is not None]
+    return float(np.mean(values)) if values else None
+
+
+def _fmt(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}"
+
+
+def markdown(results: Mapping[str, Any]) -> str:
+    """The README-ready tables: accuracy per cell, and per distance bin, for every arm."""
+    s, arms = results["setup"], results["arms"]
+    names = [cell_name(n, d) for n, d in s["cells"]]
+    bins = list(next(iter(arms.values()))["runs"][0]["by_distance"])
+    lines = [
+        f"**MQAR** (Zoology-style; vocab {s['vocab_size']}, {s['model']}, window {s['window']}; "
+        f"{s['steps']} steps x {s['batch_size']} rows x {s['seq_len']} tokens, lr {s['lr']}, "
+        f"{s['seeds']} seed(s); query accuracy, teacher-forced argmax, {s['examples']} examples "
+        "per cell; chance is 2/vocab)",
+        "",
+        "| arm | all cells | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for arm in report._arms(arms):
+        a = arms[arm]
+        per = [_mean_over_runs(a["runs"], "cells", n) for n in names]
+        lines.append(
+            f"| {report._label(arm)} | {a['accuracy_mean']:.2f} ± {a['accuracy_std']:.2f} | "
+            + " | ".join(_fmt(v) for v in per)
+            + " |"
+        )
+    lines += [
+        "",
+        f"Accuracy by distance (tokens from the pair's value to its query; window {s['window']}):",
+        "",
+        "| arm | " + " | ".join(bins) + " |",
+        "|---|" + "---|" * len(bins),
+    ]
+    for arm in report._arms(arms):
+        per = [_mean_over_runs(arms[arm]["runs"], "by_distance", b) for b in bins]
+        lines.append(f"| {report._label(arm)} | " + " | ".join(_fmt(v) for v in per) + " |")
+    lines += ["", f"Run time: {results['seconds'] / 60:.1f} min ({results.get('devices', '')})."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: Mapping[str, Any], path: str) -> None:
+    """Two panels: accuracy per (length, pairs) cell, and accuracy by query distance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s, arms = results["setup"], results["arms"]
+    names = [cell_name(n, d) for n, d in s["cells"]]
+    order = report._arms(arms)
+    bins = list(arms[order[0]]["runs"][0]["by_distance"])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    width = 0.8 / max(len(order), 1)
+    for i, arm in enumerate(order):
+        runs = arms[arm]["runs"]
+        x = np.arange(len(names)) + (i - (len(order) - 1) / 2) * width
+        color = report.COLORS.get(arm)
+        ax1.bar(x, [_mean_over_runs(runs, "cells", n) for n in names], width, color=color,
+                label=report._label(arm))  # fmt: skip
+        dist = [_mean_over_runs(runs, "by_distance", b) for b in bins]
+        ax2.plot(range(len(bins)), [np.nan if v is None else v for v in dist], marker="o",
+                 color=color, label=report._label(arm))  # fmt: skip
+    ax1.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax1.set_ylabel("query accuracy")
+    ax1.set_ylim(0, 1.05)
+    ax1.set_title("MQAR accuracy per (length L, pairs D)")
+    ax1.legend(fontsize=8)
+    ax2.set_xticks(range(len(bins)), bins)
+    ax2.set_xlabel(f"distance pair -> query (tokens; window {s['window']})")
+    ax2.set_ylabel("query accuracy")
+    ax2.set_ylim(0, 1.05)
+    ax2.set_title("accuracy by distance")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

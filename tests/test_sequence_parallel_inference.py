@@ -1,0 +1,295 @@
+"""Sequence-parallel prefill, decode and generate through the public API (init_cache(mesh=),
+prefill, decode_step, generate) on 8 simulated CPU devices, against the single-device run.
+
+The 8-device part runs once, in a subprocess started with
+XLA_FLAGS=--xla_force_host_platform_device_count=8 (set before it imports jax); two more
+processes with 4 devices each run the same prefill and decode through jax.distributed on
+localhost. The tests compare what they saved. The children compile with
+--xla_backend_optimization_level=0: these programs are tiny, and it halves their compile time.
+
+Every case: window 12, prefill chunk 6, a 64-slot cache. On sequence = 8 a shard holds 8 slots,
+so the base window's 11 earlier keys come from two shards back (a multi-hop halo) and a chunk
+of 6 does not divide a shard (its chunk grid is padded); on data = 2 x sequence = 4 (16 slots a
+shard) the halo is one hop. Ragged prompts of 37 and 21 tokens (not multiples of 8) fill part
+of the cache; prompts of 9 and 37 then continue them (slots 37..45 and 21..57 straddle shard
+boundaries, and a shard holds old and new tokens side by side); four decode steps cross the
+boundary at 48.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import single_stream, tiny_config
+
+SLOTS, WINDOW, CHUNK = 64, 12, 6
+ARMS = ("orthros", "transformer", "swa")
+MESHES = {"seq8": (8, 1), "data2_seq4": (4, 2)}  # name -> (sequence, data)
+
+
+def _cfg(arch: str, **changes):
+    return tiny_config(architecture=arch, window=WINDOW, prefill_chunk=CHUNK, **changes)
+
+
+def _inputs() -> dict[str, np.ndarray]:
+    rng = np.random.RandomState(0)
+    return {
+        "tokens": rng.randint(0, 256, (2, 40)),
+        "lengths": np.array([37, 21]),
+        "tokens2": rng.randint(0, 256, (2, 40)),
+        "lengths2": np.array([9, 37]),  # the first prompts' bucket: one single-device compile
+        "next": rng.randint(0, 256, (4, 2)),
+    }
+
+
+def _params(arch: str, put=None):
+    import jax
+
+    from orthros_jax.model import init_params
+
+    p = init_params(_cfg("orthros"), jax.random.PRNGKey(0))
+    p = p if arch == "orthros" else single_stream(p)
+    return p if put is None else put(p)
+
+
+def _serve(arch: str, mesh, params=None) -> dict[str, np.ndarray]:
+    """prefill, a continued prefill, then 4 decode steps; every logits [B, V] and the cache."""
+    from orthros_jax.inference import _host, decode_step, init_cache, prefill
+
+    cfg, x = _cfg(arch), _inputs()
+    params = _params(arch) if params is None else params
+    cache = init_cache(cfg, 2, SLOTS, mesh=mesh)
+    out = {}
+    out["prefill"], cache = prefill(params, cache, x["tokens"], x["lengths"], cfg)
+    out["prefill2"], cache = prefill(params, cache, x["tokens2"], x["lengths2"], cfg)
+    for i, tok in enumerate(x["next"]):
+        out[f"decode{i}"], cache = decode_step(params, cache, tok, cfg)
+    if mesh is not None:
+        out["cache_spec"] = np.array(str(cache.k.sharding.spec))
+    out.update(k=cache.k, v=cache.v, lengths=cache.lengths)
+    return {k: (v if k == "cache_spec" else _host(v)) for k, v in out.items()}
+
+
+def _collective_bytes(arch: str, mesh, slots: int) -> dict[str, int]:
+    """Collective bytes of the compiled sequence-parallel prefill of two full prompts."""
+    import jax.numpy as jnp
+
+    from orthros_jax import sp_forward
+    from orthros_jax.hlo_stats import collective_bytes
+    from orthros_jax.inference import init_cache
+
+    cfg = _cfg(arch)
+    cache = init_cache(cfg, 2, slots, mesh=mesh)
+    tokens = jnp.zeros((2, slots), jnp.int32)
+    lengths = jnp.full((2,), slots, jnp.int32)
+    lowered = sp_forward.prefill.lower(_params(arch), cache, tokens, lengths, cfg=cfg, mesh=mesh)
+    return collective_bytes(lowered.compile())
+
+
+def _too_long_prompt(mesh) -> dict:
+    """The error of a continued prompt that overflows a sequence-sharded cache, and whether
+    anything compiled for it."""
+    from orthros_jax import sp_forward
+    from orthros_jax.inference import init_cache, prefill
+
+    cfg, x, params = _cfg("orthros"), _inputs(), _params("orthros")
+    _, cache = prefill(params, init_cache(cfg, 2, SLOTS, mesh=mesh), x["tokens"], x["lengths"], cfg)
+    compiled = sp_forward.prefill._cache_size()
+    try:
+        prefill(params, cache, np.ones((2, 30), np.int32), np.array([30, 5]), cfg)
+    except ValueError as e:
+        return {"error": str(e), "compiled": sp_forward.prefill._cache_size() - compiled}
+    return {"error": None}
+
+
+def _greedy(params, cfg, mesh, steps: int) -> np.ndarray:
+    """Greedy tokens [B, steps] after the first prompts, fed back by prefill + decode_step."""
+    from orthros_jax.inference import _host, decode_step, init_cache, prefill
+
+    x = _inputs()
+    cache = init_cache(cfg, 2, SLOTS, mesh=mesh)
+    logits, cache = prefill(params, cache, x["tokens"], x["lengths"], cfg)
+    out = [_host(logits).argmax(-1)]
+    for _ in range(steps - 1):
+        logits, cache = decode_step(params, cache, out[-1], cfg)
+        out.append(_host(logits).argmax(-1))
+    return np.stack(out, 1)
+
+
+def _worker(part: str, out_dir: str) -> None:
+    """8 devices. Part "a": orthros and swa on one device and both meshes, generate. Part "b":
+    the transformer likewise, the HLO collective bytes, a too-long prompt."""
+    import jax
+
+    from orthros_jax import sharding
+    from orthros_jax.inference import generate
+
+    assert jax.device_count() == 8, jax.devices()
+    res, stats = {}, {}
+    for arch in ("orthros", "swa") if part == "a" else ("transformer",):
+        for key, v in _serve(arch, None).items():
+            res[f"{arch}/single/{key}"] = v
+        for name, (seq, data) in MESHES.items():
+            for key, v in _serve(arch, sharding.sequence_mesh(seq, data=data)).items():
+                res[f"{arch}/{name}/{key}"] = v
+    seq8 = sharding.sequence_mesh(8)
+    if part == "a":
+        x, cfg, params = _inputs(), _cfg("orthros"), _params("orthros")
+        prompts = [list(x["tokens"][0, :37]), list(x["tokens"][1, :21])]
+        out = generate(params, prompts, cfg, max_new_tokens=9, cache_size=SLOTS, mesh=seq8)
+        res["generate/seq8"] = out.tokens
+        res["generate/single_steps"] = _greedy(params, cfg, None, 9)
+    else:
+        for arch in ("orthros", "transformer"):
+            for slots in (SLOTS, 4 * SLOTS):
+                stats[f"{arch}/{slots}"] = _collective_bytes(arch, seq8, slots)
+        stats["too_long"] = _too_long_prompt(seq8)
+    np.savez(os.path.join(out_dir, f"res_{part}.npz"), **res)
+    with open(os.path.join(out_dir, f"stats_{part}.json"), "w") as fh:
+        json.dump(stats, fh)
+
+
+def _process(index: int, port: int, out_dir: str) -> None:
+    """One of two processes (4 devices each): orthros on sequence = 8 across both."""
+    import jax
+
+    jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=index)
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from orthros_jax import sharding
+
+    assert jax.process_count() == 2 and jax.device_count() == 8
+    mesh = sharding.sequence_mesh(8)
+    rep = NamedSharding(mesh, PartitionSpec())
+    put = lambda p: sharding.put_tree(jax.tree.map(np.asarray, p), jax.tree.map(lambda _: rep, p))
+    out = _serve("orthros", mesh, params=_params("orthros", put))
+    np.savez(os.path.join(out_dir, f"process{index}.npz"), **out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Starts the two 8-device workers and the two processes together; returns what they saved."""
+    from training_helpers import subprocess_env
+
+    out = tmp_path_factory.mktemp("sp_inference")
+    port = _free_port()
+    jobs = (("worker", "a"), 8), (("worker", "b"), 8), (("0", str(port)), 4), (("1", str(port)), 4)
+    procs = []
+    for args, devices in jobs:
+        env = subprocess_env(devices)
+        env["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, __file__, *args, str(out)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )  # fmt: skip
+        )
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, log in zip(procs, logs, strict=True):
+        assert p.returncode == 0, log[-4000:]
+    res = {**np.load(out / "res_a.npz"), **np.load(out / "res_b.npz")}
+    stats = json.loads((out / "stats_b.json").read_text())
+    return res, stats, [dict(np.load(out / f"process{i}.npz")) for i in range(2)]
+
+
+STEPS = ("prefill", "prefill2", "decode0", "decode1", "decode2", "decode3")
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+@pytest.mark.parametrize("arch", ARMS)
+def test_sequence_parallel_equals_single_device(runs, arch, mesh):
+    res, _, _ = runs
+    for step in STEPS:
+        got, want = res[f"{arch}/{mesh}/{step}"], res[f"{arch}/single/{step}"]
+        assert got.shape == (2, 256)
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=step)
+    # The cache: every written slot equals the single-device one; lengths 37+9+4, 21+37+4.
+    np.testing.assert_array_equal(res[f"{arch}/{mesh}/lengths"], [50, 62])
+    for kv in ("k", "v"):
+        got, want = res[f"{arch}/{mesh}/{kv}"], res[f"{arch}/single/{kv}"]
+        for row, n in enumerate((50, 62)):
+            np.testing.assert_allclose(
+                got[:, row, :, :n], want[:, row, :, :n], atol=1e-5, rtol=0, err_msg=kv
+            )
+            np.testing.assert_array_equal(got[:, row, :, n:], 0.0)  # never written
+    # The returned cache is split as it came in: slots over sequence (rows over data).
+    rows = "'data'" if mesh == "data2_seq4" else "None"
+    assert str(res[f"{arch}/{mesh}/cache_spec"]) == f"P(None, {rows}, None, 'sequence')"
+
+
+def test_generate_on_a_sequence_sharded_cache(runs):
+    res, _, _ = runs
+    want = res["generate/single_steps"]  # greedy, one device, token by token
+    assert want.shape == (2, 9) and (want >= 0).all()
+    np.testing.assert_array_equal(res["generate/seq8"], want)
+
+
+def test_orthros_collective_bytes_do_not_grow_with_t_transformer_does(runs):
+    _, stats, _ = runs
+    f32, b, kv, h = 4, 2, 2, 8
+    o, o4 = stats["orthros/64"], stats[f"orthros/{4 * 64}"]
+    t, t4 = stats["transformer/64"], stats[f"transformer/{4 * 64}"]
+    # Orthros: every collective moves the same bytes at 4x the slots; the one halo layer (the
+    # last layer only writes) receives W-1 = 11 rows of K and V, over two hops.
+    assert o == o4
+    assert o["all-gather"] == 0
+    assert o["collective-permute"] == 2 * b * kv * (WINDOW - 1) * h * f32
+    # Transformer: its (one) gathering layer all-gathers the whole K and V of the layer.
+    for stat, slots in ((t, 64), (t4, 4 * 64)):
+        assert stat["all-gather"] == 2 * b * kv * slots * h * f32
+        assert stat["collective-permute"] == 0
+    # The split-K merges and the last-token broadcast do not depend on T either.
+    assert t["all-reduce"] == t4["all-reduce"] > 0 and o["all-reduce"] > 0
+
+
+def test_two_processes_agree_with_one(runs):
+    res, _, procs = runs
+    p0, p1 = procs
+    for key in (*STEPS, "k", "v", "lengths"):
+        np.testing.assert_array_equal(p0[key], p1[key], err_msg=key)
+        np.testing.assert_allclose(p0[key], res[f"orthros/seq8/{key}"], atol=1e-5, rtol=0)
+
+
+def test_bad_input_raises_before_compiling(runs):
+    from jax.sharding import AbstractMesh
+
+    from orthros_jax.inference import init_cache
+
+    _, stats, _ = runs
+    too_long = stats["too_long"]
+    assert too_long["compiled"] == 0
+    assert "row 0 needs 67 cache slots (37 held + 30 prompt tokens)" in too_long["error"]
+    assert "max_len=64" in too_long["error"]
+    # The mesh checks run before any array exists: a mesh of shapes is enough.
+    seq8 = AbstractMesh((1, 8), ("data", "sequence"))
+    data2 = AbstractMesh((2, 4), ("data", "sequence"))
+    cfg = _cfg("orthros")
+    with pytest.raises(ValueError, match=r"cache length \(max_len\) 100 is not divisible by the "):
+        init_cache(cfg, 2, 100, mesh=seq8)
+    with pytest.raises(ValueError, match=r"batch size 3 is not divisible .*'data': 2.* = 2"):
+        init_cache(cfg, 3, 64, mesh=data2)
+    hybrid = tiny_config(architecture="hybrid", n_layers=4)
+    with pytest.raises(ValueError, match=r"attention layers only; layer_types .* \['gdn'\]"):
+        init_cache(hybrid, 2, 64, mesh=seq8)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "worker":
+        _worker(sys.argv[2], sys.argv[3])
+    else:
+        _process(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

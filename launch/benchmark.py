@@ -7,7 +7,9 @@
 Suites: prefill (library prefill vs the floor), honesty (Transformer arm vs dense attention),
 memory (compiled prefill temp bytes), decode (decode_step per context), train (a PT step),
 inference (TTFT and decode tokens/s through the serving API: prefill, decode_step, generate),
-window (the window-attention kernel alone; not run by default).
+window (the window-attention kernel alone; not run by default), sequence (sequence-parallel
+prefill on 8 devices, orthros_jax/bench_sequence.py; not run by default; configs/bench_sequence.py
+has its command).
 Everything is measured side by side in one process (the machine is shared and noisy, so only
 ratios from one run mean anything). Writes bench.json, bench.md and bench.png into --out.
 """
@@ -27,8 +29,8 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from orthros_jax import bench_sequence, flops
 from orthros_jax import benchmarking as bench
-from orthros_jax import flops
 from orthros_jax.bench_report import write_report
 from orthros_jax.cached_forward import prefill_jit
 from orthros_jax.config import ModelConfig
@@ -41,7 +43,7 @@ _OUT = flags.DEFINE_string("out", None, "Directory for bench.json / bench.md / b
 _SUITES = flags.DEFINE_list(
     "suites", ["prefill", "honesty", "memory", "decode", "train", "inference"], "Suites to run."
 )
-SUITES = ("prefill", "honesty", "memory", "decode", "train", "inference", "window")
+SUITES = ("prefill", "honesty", "memory", "decode", "train", "inference", "window", "sequence")
 
 
 def arms(c) -> dict[str, ModelConfig]:
@@ -332,12 +334,15 @@ def main(argv) -> None:
         "train": train_suite,
         "inference": inference_suite,
         "window": window_suite,
+        "sequence": bench_sequence.sequence_suite,
     }
     for name in SUITES:
         if name in _SUITES.value:
             suites[name](c, cfgs, params, results)
     results["wall_s"] = time.time() - t0
     write_report(results, _OUT.value)
+    if "sequence" in results:
+        bench_sequence.write_report(results, _OUT.value)
     print(f"wrote {_OUT.value}/bench.json, bench.md, bench.png in {results['wall_s']:.0f}s")
 
 

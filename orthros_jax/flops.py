@@ -3,7 +3,10 @@
 These are the *necessary* FLOPs of each arm's math, not of our kernels: the sliding window
 counts exactly min(t + 1, w) keys per query and causal attention (t + 1) keys, so a measured
 speedup divided by the ratio of these counts says how close an implementation is to ideal.
-Elementwise work (norms, softmax, RoPE) is ignored; it is O(T * D) for every arm.
+Elementwise work (norms, softmax, RoPE) is ignored; it is O(T * D) for every arm. A gated
+DeltaNet layer counts its recurrent form (O(H dk dv) per token: the state update and reads),
+not the chunked form's extra intra-chunk work; an Orthros-H output copy reads the state with
+its own query, gate, out_proj and FFN.
 """
 
 from __future__ import annotations
@@ -28,29 +31,65 @@ def _keys_causal(t: int) -> int:
     return t * (t + 1) // 2
 
 
+def gdn_per_token(cfg: ModelConfig) -> dict[str, int]:
+    """FLOPs one token spends in one gated DeltaNet layer, by part: what carries the state
+    (k/v/beta/decay projections, their conv, the rank-1 update with its k^T S read) and what
+    reads it (q projection and conv, the gate z, q^T S, out_proj, FFN)."""
+    d, kc = cfg.d_model, cfg.gdn_conv_kernel
+    hk, hv, dk, dv = (
+        cfg.gdn_num_k_heads,
+        cfg.gdn_num_v_heads,
+        cfg.gdn_k_head_dim,
+        cfg.gdn_v_head_dim,
+    )
+    return {
+        "state": 2 * d * (hk * dk + hv * dv + 2 * hv) + 2 * kc * (hk * dk + hv * dv)
+        + 4 * hv * dk * dv,
+        "q": 2 * d * hk * dk + 2 * kc * hk * dk,
+        "read": 2 * d * hv * dv + 2 * hv * dk * dv + 2 * hv * dv * d + 2 * 3 * d * cfg.d_ff,
+    }  # fmt: skip
+
+
+def _kinds(cfg: ModelConfig) -> list[str]:
+    cycle = cfg.layer_types
+    return [cycle[i % len(cycle)] for i in range(cfg.n_layers)]
+
+
 def prefill_flops(cfg: ModelConfig, t: int) -> int:
     """FLOPs to prefill a T-token prompt and produce the last position's logits.
 
-    Every arm needs the K/V of every layer at every position. Only the last position's
-    output is read, so the last layer's query/attention/FFN run for one token in all arms
-    (orthros: its output copy; transformer/swa: the last token).
+    Every arm needs the state of every layer at every position (attention: K/V; GDN: the
+    recurrent state). Only the last position's output is read, so the last layer's query/
+    attention/FFN run for one token in all arms (orthros / orthros_h: its output copy;
+    single-stream arms: the last token); the output copy runs every layer for one token.
     """
     parts = tokenwise_per_token(cfg)
     full_layer = sum(parts.values())
     att = 4 * cfg.n_heads * cfg.head_dim  # QK^T and PV per (query, key) pair
-    layers = cfg.n_layers
     one_token_rest = parts["q"] + parts["o"] + parts["mlp"]
-    head = 2 * cfg.d_model * cfg.vocab_size
-    if cfg.architecture == "orthros":
-        base = (layers - 1) * (t * full_layer + att * _keys_window(t, cfg.window))
-        base += t * parts["kv"]  # last layer: K/V only
-        out = layers * (one_token_rest + att * t)  # one output copy per layer, global read
-        return base + out + head
-    keys = _keys_causal(t) if cfg.architecture == "transformer" else _keys_window(t, cfg.window)
-    last_keys = t if cfg.architecture == "transformer" else min(t, cfg.window)
-    body = (layers - 1) * (t * full_layer + att * keys)
-    last = t * parts["kv"] + one_token_rest + att * last_keys
-    return body + last + head
+    g = gdn_per_token(cfg)
+    total = 2 * cfg.d_model * cfg.vocab_size
+    window = cfg.base_window
+    keys = _keys_causal(t) if window is None else _keys_window(t, window)
+    kinds = _kinds(cfg)
+    for i, kind in enumerate(kinds):
+        last = i == len(kinds) - 1
+        if kind == "gdn":
+            total += t * g["state"] + (1 if last or cfg.two_streams else t) * (g["q"] + g["read"])
+            if cfg.two_streams and not last:  # the base stream's own outputs
+                total += t * (g["q"] + g["read"])
+            continue
+        if not last:
+            total += t * full_layer + att * keys
+        elif not cfg.two_streams:
+            total += (
+                t * parts["kv"] + one_token_rest + att * (t if window is None else min(t, window))
+            )
+        else:
+            total += t * parts["kv"]
+        if cfg.two_streams:
+            total += one_token_rest + att * t  # one output copy, global read
+    return total
 
 
 def floor_prefill_flops(cfg: ModelConfig, t: int) -> int:
@@ -66,13 +105,21 @@ def decode_flops(cfg: ModelConfig, context: int) -> int:
     parts = tokenwise_per_token(cfg)
     full_layer = sum(parts.values())
     att = 4 * cfg.n_heads * cfg.head_dim
-    head = 2 * cfg.d_model * cfg.vocab_size
-    if cfg.architecture == "orthros":
-        base = (cfg.n_layers - 1) * (full_layer + att * min(context, cfg.window)) + parts["kv"]
-        out = cfg.n_layers * (parts["q"] + parts["o"] + parts["mlp"] + att * context)
-        return base + out + head
-    keys = context if cfg.architecture == "transformer" else min(context, cfg.window)
-    return cfg.n_layers * (full_layer + att * keys) + head
+    g = gdn_per_token(cfg)
+    total = 2 * cfg.d_model * cfg.vocab_size
+    window = cfg.base_window
+    keys = context if window is None else min(context, window)
+    kinds = _kinds(cfg)
+    for i, kind in enumerate(kinds):
+        dead = cfg.two_streams and i == len(kinds) - 1  # the last base output is never read
+        if kind == "gdn":
+            total += g["state"] + (0 if dead else g["q"] + g["read"])
+            total += (g["q"] + g["read"]) if cfg.two_streams else 0
+            continue
+        total += parts["kv"] if dead else full_layer + att * keys
+        if cfg.two_streams:
+            total += parts["q"] + parts["o"] + parts["mlp"] + att * context
+    return total
 
 
 def pt_forward_flops(cfg: ModelConfig, t: int) -> int:
@@ -80,12 +127,18 @@ def pt_forward_flops(cfg: ModelConfig, t: int) -> int:
     parts = tokenwise_per_token(cfg)
     full_layer = sum(parts.values())
     att = 4 * cfg.n_heads * cfg.head_dim
-    head = 2 * cfg.d_model * cfg.vocab_size * t
-    if cfg.architecture == "orthros":
-        base = (cfg.n_layers - 1) * (t * full_layer + att * _keys_window(t, cfg.window))
-        base += t * parts["kv"]
-        out = cfg.n_layers * t * (parts["q"] + parts["o"] + parts["mlp"])
-        out += cfg.n_layers * att * _keys_causal(t)
-        return base + out + head
-    keys = _keys_causal(t) if cfg.architecture == "transformer" else _keys_window(t, cfg.window)
-    return cfg.n_layers * (t * full_layer + att * keys) + head
+    g = gdn_per_token(cfg)
+    total = 2 * cfg.d_model * cfg.vocab_size * t
+    window = cfg.base_window
+    keys = _keys_causal(t) if window is None else _keys_window(t, window)
+    kinds = _kinds(cfg)
+    for i, kind in enumerate(kinds):
+        dead = cfg.two_streams and i == len(kinds) - 1
+        if kind == "gdn":
+            total += t * (g["state"] + (0 if dead else g["q"] + g["read"]))
+            total += t * (g["q"] + g["read"]) if cfg.two_streams else 0
+            continue
+        total += t * parts["kv"] if dead else t * full_layer + att * keys
+        if cfg.two_streams:
+            total += t * (parts["q"] + parts["o"] + parts["mlp"]) + att * _keys_causal(t)
+    return total

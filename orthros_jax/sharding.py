@@ -24,6 +24,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from orthros_jax import gdn
 from orthros_jax import model as model_lib
 from orthros_jax.config import ModelConfig
 from orthros_jax.sequence_parallel import SEQUENCE_AXIS
@@ -42,6 +43,11 @@ RULES: dict[str, MeshAxes] = {
     model_lib.KV_HEADS: "tensor",
     model_lib.HEAD_DIM: None,
     model_lib.MLP: "tensor",
+    # GDN layers: key and value heads on the same axis as attention heads (a key head's value
+    # heads then live on its device when Hk divides over it); the conv taps stay whole.
+    gdn.GDN_K_HEADS: "tensor",
+    gdn.GDN_V_HEADS: "tensor",
+    gdn.GDN_CONV_KERNEL: None,
 }
 
 
@@ -209,12 +215,29 @@ CACHE_AXES = (model_lib.LAYERS, BATCH, model_lib.KV_HEADS, LENGTH, model_lib.HEA
 
 def cache_shardings(cfg: ModelConfig, batch_size: int, max_len: int, mesh: Mesh) -> Any:
     """KVCache of NamedShardings: k/v [layers, B, K, S, H] split over batch, kv heads and slots by
-    the rules (head_dim whole), lengths [B] over batch."""
+    the rules (head_dim whole), lengths [B] over batch, the GDN state (linear) over batch and
+    heads."""
     from orthros_jax.kv_cache import KVCache, cache_shape
 
     kv = NamedSharding(mesh, shard_spec(CACHE_AXES, cache_shape(cfg, batch_size, max_len), mesh))
     lengths = NamedSharding(mesh, shard_spec((BATCH,), (batch_size,), mesh))
-    return KVCache(k=kv, v=kv, lengths=lengths)
+    return KVCache(k=kv, v=kv, lengths=lengths, linear=_linear_shardings(cfg, batch_size, mesh))
+
+
+def _linear_shardings(cfg: ModelConfig, batch_size: int, mesh: Mesh) -> Any:
+    """KVCache.linear's shardings (the GDN state, by the kind's state_axes); None without it."""
+    n = cfg.layers_of("gdn")
+    if not n:
+        return None
+    from orthros_jax.gdn_layer import KIND
+
+    shapes = jax.eval_shape(lambda: KIND.init_state(cfg, n, batch_size, 1, cfg.jnp_dtype))
+    return jax.tree.map(
+        lambda axes, a: NamedSharding(mesh, shard_spec(axes, a.shape, mesh)),
+        KIND.state_axes(cfg),
+        shapes,
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
 
 
 def jit_train_step(train_step: Any, state_sh: Any, mesh: Mesh, batch_keys: Mapping[str, int]):

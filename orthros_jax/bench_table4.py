@@ -1,0 +1,243 @@
+"""Benchmark suite `table4`: the paper's Table 4 pairs side by side in one run — prefill time
+against T and decode step time for Linear Hybrid vs Orthros-H and Transformer vs Orthros, at
+the bench shape, through the public prefill / decode_step.
+
+    python -m orthros_jax.bench_table4 --config=configs/bench_hybrid.py --out=docs/bench/table4
+
+The hybrid arms are the bench model with `layer_types` cycle (gdn, gdn, gdn, attention) and
+the GDN dims of config.gdn; Orthros-H shares every weight with the hybrid (plus its SO), as
+Orthros does with the Transformer. Every call of a length is timed interleaved with the other
+arms' (benchmarking.time_interleaved): only ratios from one run mean anything on a shared box.
+Writes table4.json, table4.md and table4.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from orthros_jax import benchmarking as bench
+from orthros_jax import flops
+from orthros_jax.config import ModelConfig
+from orthros_jax.inference import decode_step, prefill
+from orthros_jax.kv_cache import init_cache
+from orthros_jax.model import init_params
+
+PAIRS = (("hybrid", "orthros_h"), ("transformer", "orthros"))
+
+
+def table4_arms(c: Any) -> dict[str, ModelConfig]:
+    """The four arms from the bench config (bf16 on accelerators)."""
+    model = dict(c.model) | {"scale_offset": None}
+    if jax.default_backend() != "cpu":
+        model.update(dtype="bfloat16", param_dtype="bfloat16")
+    gdn = dict(c.gdn)
+    return {
+        "transformer": ModelConfig.from_dict(model | {"architecture": "transformer"}),
+        "orthros": ModelConfig.from_dict(model | {"architecture": "orthros"}),
+        "hybrid": ModelConfig.from_dict(model | gdn | {"architecture": "hybrid"}),
+        "orthros_h": ModelConfig.from_dict(model | gdn | {"architecture": "orthros_h"}),
+    }
+
+
+def _drop_so(params: dict) -> dict:
+    return {
+        k: {n: a for n, a in v.items() if "so_" not in n} if isinstance(v, dict) else v
+        for k, v in params.items()
+    }
+
+
+def table4_params(cfgs: dict[str, ModelConfig], seed: int) -> dict[str, dict]:
+    """Shared weights per pair: the single-stream arm is its two-stream partner minus SO."""
+    out = {}
+    for single, two in PAIRS:
+        out[two] = init_params(cfgs[two], jax.random.PRNGKey(seed))
+        out[single] = _drop_so(out[two])
+    return out
+
+
+def _prefill_call(cfg: ModelConfig, params: dict, t: int, c: Any):
+    tokens = jax.random.randint(jax.random.PRNGKey(c.seed), (c.batch_size, t), 0, cfg.vocab_size)
+    lengths = jnp.full((c.batch_size,), t, jnp.int32)
+
+    def call():
+        # A fresh cache per call (zeros, a small share of the time): the GDN state of a reused
+        # one would carry over into the next prompt.
+        logits, _ = prefill(params, init_cache(cfg, c.batch_size, t), tokens, lengths, cfg)
+        return logits
+
+    return call
+
+
+def _decode_call(cfg: ModelConfig, params: dict, context: int, c: Any):
+    """c.decode_steps decode steps on a cache holding `context` random entries per row."""
+    room = c.decode_steps * (c.repeats + 1)
+    cache = init_cache(cfg, c.batch_size, context + room)
+    k = 0.1 * jax.random.normal(jax.random.PRNGKey(1), cache.k.shape, cache.k.dtype)
+    v = 0.1 * jax.random.normal(jax.random.PRNGKey(2), cache.v.shape, cache.v.dtype)
+    cache = cache.replace(k=k, v=v, lengths=jnp.full((c.batch_size,), context, jnp.int32))
+    state = {"cache": cache}
+    tok = jnp.zeros((c.batch_size,), jnp.int32)
+
+    def steps():
+        for _ in range(c.decode_steps):
+            logits, state["cache"] = decode_step(params, state["cache"], tok, cfg)
+        return logits
+
+    return steps
+
+
+def table4_suite(c: Any, results: dict[str, Any]) -> None:
+    """Adds results["table4"] = {"prefill": rows per T, "decode": rows per context}."""
+    cfgs = table4_arms(c)
+    params = table4_params(cfgs, c.seed)
+    pre = []
+    for t in c.table4_lengths:
+        calls = {n: _prefill_call(cfg, params[n], t, c) for n, cfg in cfgs.items()}
+        row: dict[str, Any] = {"T": t, **bench.time_interleaved(calls, c.repeats)}
+        for name, cfg in cfgs.items():
+            row[name]["gflop"] = flops.prefill_flops(cfg, t) / 1e9
+        for single, two in PAIRS:
+            row[f"{single}_over_{two}"] = bench.ratio(row[single], row[two])
+        pre.append(row)
+        print(f"table4 prefill T={t}: " + json.dumps(_brief(row)), flush=True)
+    dec = []
+    for ctx in c.table4_contexts:
+        calls = {n: _decode_call(cfg, params[n], ctx, c) for n, cfg in cfgs.items()}
+        timing = bench.time_interleaved(calls, c.repeats)
+        row = {"context": ctx}
+        for name, cfg in cfgs.items():
+            row[name] = {
+                "step_s": timing[name]["median_s"] / c.decode_steps,
+                "times_s": timing[name]["times_s"],
+                "gflop": flops.decode_flops(cfg, ctx) / 1e9,
+            }
+        for single, two in PAIRS:
+            row[f"{single}_over_{two}"] = bench.ratio(timing[single], timing[two])
+        dec.append(row)
+        print(f"table4 decode ctx={ctx}: " + json.dumps(_brief(row)), flush=True)
+    results["table4"] = {
+        "prefill": pre,
+        "decode": dec,
+        "models": {n: c.to_dict() for n, c in cfgs.items()},
+    }
+
+
+def _brief(row: dict) -> dict:
+    return {
+        k: (v.get("median_s", v.get("step_s")) if isinstance(v, dict) else v)
+        for k, v in row.items()
+    }
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The Table 4-style table: prefill seconds per T and decode ms per step, each pair's
+    single-stream / two-stream time ratio (> 1: the Orthros arm is faster)."""
+    tab = results["table4"]
+    lines = [
+        f"# Table 4: Linear Hybrid vs Orthros-H, Transformer vs Orthros ({results['backend']}, "
+        f"{results['date']})",
+        "",
+        f"Command: `{results['command']}`; batch {results['batch_size']}, median of "
+        f"{results['repeats']} interleaved rounds.",
+        "",
+        "| prefill T | hybrid s | orthros_h s | hybrid/orthros_h | transformer s | orthros s "
+        "| transformer/orthros |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in tab["prefill"]:
+        s = {n: r[n]["median_s"] for n in ("hybrid", "orthros_h", "transformer", "orthros")}
+        lines.append(
+            f"| {r['T']} | {s['hybrid']:.3f} | {s['orthros_h']:.3f} | "
+            f"{r['hybrid_over_orthros_h']:.2f} | {s['transformer']:.3f} | {s['orthros']:.3f} | "
+            f"{r['transformer_over_orthros']:.2f} |"
+        )
+    lines += [
+        "",
+        "| decode context | hybrid ms | orthros_h ms | hybrid/orthros_h | transformer ms "
+        "| orthros ms | transformer/orthros |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in tab["decode"]:
+        ms = {n: 1e3 * r[n]["step_s"] for n in ("hybrid", "orthros_h", "transformer", "orthros")}
+        lines.append(
+            f"| {r['context']} | {ms['hybrid']:.2f} | {ms['orthros_h']:.2f} | "
+            f"{r['hybrid_over_orthros_h']:.2f} | {ms['transformer']:.2f} | {ms['orthros']:.2f} | "
+            f"{r['transformer_over_orthros']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict[str, Any], path: str) -> None:
+    """Log-log prefill time against T for the four arms."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    styles = {"hybrid": "s-", "orthros_h": "o-", "transformer": "s--", "orthros": "o--"}
+    for name, style in styles.items():
+        pts = [(r["T"], r[name]["median_s"]) for r in results["table4"]["prefill"]]
+        ax.loglog(*zip(*pts, strict=True), style, label=name, base=2)
+    ax.set_xlabel("prompt length T (tokens)")
+    ax.set_ylabel("prefill time (s, median)")
+    ax.set_title(f"Table 4 pairs, prefill, {results['backend']} ({results['date']})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_table4(results: dict[str, Any], out_dir: str) -> None:
+    """table4.json, table4.md and table4.png into out_dir."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "table4.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    with open(os.path.join(out_dir, "table4.md"), "w") as f:
+        f.write(markdown(results))
+    plot(results, os.path.join(out_dir, "table4.png"))
+
+
+def main(argv: list[str]) -> None:
+    from absl import flags
+
+    del argv
+    c = flags.FLAGS.config
+    out = flags.FLAGS.out
+    if not out:
+        raise ValueError("--out is required (a directory for table4.json/md/png)")
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "backend": jax.default_backend(),
+        "device": str(jax.devices()[0].device_kind),
+        "host": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "jax": jax.__version__,
+        "command": " ".join(["python", "-m", "orthros_jax.bench_table4", *sys.argv[1:]]),
+        "repeats": c.repeats,
+        "batch_size": c.batch_size,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+    t0 = time.time()
+    table4_suite(c, results)
+    results["wall_s"] = time.time() - t0
+    write_table4(results, out)
+    print(f"wrote {out}/table4.json, table4.md, table4.png in {results['wall_s']:.0f}s")
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", "configs/bench_hybrid.py", "Benchmark config.")
+    flags.DEFINE_string("out", None, "Directory for table4.json / table4.md / table4.png.")
+    app.run(main)

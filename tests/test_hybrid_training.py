@@ -1,0 +1,109 @@
+"""Training the GDN-bearing arms: scan over cycles + remat equal the unrolled step, the PT/SFT
+losses, the train CLI with a checkpoint resume, and the sharding rules of the GDN parameters
+and cache state."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec
+from training_helpers import TINY_FLAGS, pt_batch, run_train, tiny_model
+
+from orthros_jax.model import OrthrosLM, init_params
+from orthros_jax.training import losses
+
+GDN = dict(
+    gdn_num_k_heads=2, gdn_num_v_heads=4, gdn_k_head_dim=8, gdn_v_head_dim=8, gdn_chunk=8,
+    n_layers=4, layer_types=("gdn", "attention"),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ("orthros_h", "hybrid"))
+def test_scanned_remat_step_equals_unrolled(arch):
+    cfg = tiny_model(architecture=arch, remat="full", **GDN)
+    unrolled = cfg.replace(scan_layers=False, remat="none")
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    batch = pt_batch(3, batch=2, seq=24)
+
+    def grads(c):
+        return jax.jit(jax.value_and_grad(lambda p: losses.pt_loss(OrthrosLM(c), p, batch)))(params)
+
+    (loss, g), (loss_u, g_u) = grads(cfg), grads(unrolled)
+    np.testing.assert_allclose(float(loss), float(loss_u), atol=1e-6, rtol=0)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_u), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+    gdn = g["gdn_layers"]
+    for name in ("gdn_wq", "gdn_a_log", "gdn_conv_v", "w_down"):
+        assert float(jnp.abs(gdn[name]).max()) > 0, name
+    if arch == "orthros_h":  # the cross query's SO is trained
+        assert float(jnp.abs(gdn["gdn_so_out_scale"]).max()) > 0
+    # SFT at every position is the PT loss.
+    sft = dict(batch, output_positions=np.broadcast_to(np.arange(24), (2, 24)))
+    np.testing.assert_allclose(
+        float(losses.sft_loss(OrthrosLM(cfg), params, sft)), float(loss), atol=1e-6, rtol=0
+    )
+
+
+def test_train_cli_orthros_h_resumes(tmp_path):
+    flags = [
+        *TINY_FLAGS, f"--workdir={tmp_path}", "--config.model.architecture=orthros_h",
+        "--config.model.n_layers=4", "--config.model.layer_types=('gdn','attention')",
+        "--config.model.gdn_num_k_heads=1",
+        "--config.model.gdn_num_v_heads=2", "--config.model.gdn_k_head_dim=16",
+        "--config.model.gdn_v_head_dim=16", "--config.model.gdn_chunk=16",
+        "--config.train.checkpoint_every=2", "--config.train.eval_every=0",
+        "--config.train.log_every=1",
+    ]  # fmt: skip
+    first = run_train([*flags, "--config.train.steps=2"], timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_train([*flags, "--config.train.steps=4"], timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stdout + second.stderr and "at step 2" in (
+        second.stdout + second.stderr
+    )
+
+
+def test_gdn_params_and_state_shard_by_the_rules():
+    """Every GDN parameter and the GDN cache state get their mesh axes from sharding.RULES
+    (an abstract data=2 x fsdp=2 x tensor=2 mesh), and a cache made on a (one-device) mesh
+    carries NamedShardings for KVCache.linear and prefills."""
+    from jax.sharding import AbstractMesh
+
+    from orthros_jax import gdn_layer, sharding
+    from orthros_jax import inference as inf
+    from orthros_jax.model import param_logical_axes
+    from orthros_jax.training import MeshConfig
+
+    cfg = tiny_model(architecture="orthros_h", **GDN)
+    mesh = AbstractMesh((2, 2, 2), sharding.MESH_AXES)
+    logical = param_logical_axes(cfg)["gdn_layers"]
+    shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))["gdn_layers"]
+    spec = {n: sharding.shard_spec(tuple(logical[n]), shapes[n].shape, mesh) for n in shapes}
+    P = PartitionSpec
+    assert spec["gdn_wq"] == P(None, "fsdp", "tensor")  # [layers, D, Hk, dk]
+    assert spec["gdn_wv"] == P(None, "fsdp", "tensor")  # [layers, D, Hv, dv]
+    assert spec["gdn_wb"] == P(None, "fsdp", "tensor")  # [layers, D, Hv]
+    assert spec["gdn_out"] == P(None, "tensor", None, "fsdp")  # [layers, Hv, dv, D]
+    assert spec["gdn_conv_k"] == P(None, None, "tensor")  # [layers, Kc, Hk, dk]
+    assert spec["gdn_a_log"] == P(None, "tensor")
+    assert spec["gdn_so_out_scale"] == P(None, "tensor")  # [layers, Hk, dk]
+    assert spec["w_down"] == P(None, "tensor", "fsdp")
+    state = jax.eval_shape(lambda: gdn_layer.init_state(cfg, 2, 4, 16, jnp.float32))
+    axes = gdn_layer.state_axes(cfg)
+    assert sharding.shard_spec(axes.recurrent, state.recurrent.shape, mesh) == P(
+        None, ("data", "fsdp"), "tensor"
+    )
+    assert sharding.shard_spec(axes.conv_v, state.conv_v.shape, mesh) == P(
+        None, ("data", "fsdp"), None, "tensor"
+    )
+    one = sharding.make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
+    cache = inf.init_cache(cfg, 2, 16, mesh=one)
+    assert cache.linear.recurrent.sharding.mesh.shape == one.shape
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    toks = np.random.default_rng(1).integers(0, 256, (2, 9))
+    lens = np.array([9, 4])
+    got, _ = inf.prefill(params, cache, toks, lens, cfg)
+    want, _ = inf.prefill(params, inf.init_cache(cfg, 2, 16), toks, lens, cfg)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, rtol=0)

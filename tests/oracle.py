@@ -29,8 +29,10 @@ Where each fact comes from:
 Extending: a layer kind is one function `(p, spec, base, out) -> (base, out)` registered in
 `KINDS` under its name with the key of its parameter stack and the names it reads;
 `Spec.layer_kinds` names the kind of every layer (the model's `layer_types` cycle, repeated),
-and layer i reads entry r of its kind's stack, r = how many earlier layers share its kind. Shapes: L a sequence axis, T tokens, D d_model,
-N query heads, K kv heads, H head_dim, F d_ff, V vocab.
+and layer i reads entry r of its kind's stack, r = how many earlier layers share its kind.
+The gated DeltaNet kind ("gdn", oracle_gdn.py) is registered at the end of this file.
+Shapes: L a sequence axis, T tokens, D d_model, N query heads, K kv heads, H head_dim, F d_ff,
+V vocab.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from typing import Any
 import numpy as np
 
 Params = Mapping[str, Any]
-ARCHITECTURES = ("orthros", "transformer", "swa")
+ARCHITECTURES = ("orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h")
+TWO_STREAMS = ("orthros", "orthros_h")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,12 +66,12 @@ class Spec:
             raise ValueError(
                 f"oracle: architecture {self.architecture!r} is unknown; allowed: {ARCHITECTURES}"
             )
-        if self.scale_offset and self.architecture != "orthros":
-            raise ValueError("oracle: scale_offset needs architecture='orthros'")
+        if self.scale_offset and not self.two_streams:
+            raise ValueError(f"oracle: scale_offset needs architecture in {TWO_STREAMS}")
 
     @property
     def two_streams(self) -> bool:
-        return self.architecture == "orthros"
+        return self.architecture in TWO_STREAMS
 
     @classmethod
     def from_config(cls, cfg: Any) -> Spec:
@@ -194,7 +197,8 @@ def attention_layer(
     `transformer`); the output stream attends every base key up to its own position. Both
     read the K/V of this layer's base input; the output stream writes none."""
     k, v = keys_values(p, base, spec)
-    base_window = None if spec.architecture == "transformer" else spec.window
+    # The Linear Hybrid's attention layers are full causal attention, like the Transformer's.
+    base_window = None if spec.architecture in ("transformer", "hybrid") else spec.window
     attn = attend(query_fn(p, base, spec, "base"), k, v, visible(base, base, base_window))
     new_base = dataclasses.replace(base, x=finish(p, base.x, attn, spec))
     if out is None:
@@ -340,3 +344,9 @@ def next_token_logits(
             for b, n in enumerate(np.asarray(lengths_B))
         ]
     )
+
+
+# The gated DeltaNet kind lives in its own file (it imports this module's equations).
+from oracle_gdn import gdn_layer, gdn_param_names  # noqa: E402
+
+KINDS["gdn"] = Kind(gdn_layer, "gdn_layers", gdn_param_names)

@@ -11,7 +11,10 @@ of 128 tokens of filler, asked for at the end; loss and output copies only on th
 copy within the CPU budget; with 5 digits it needs thousands of steps.)
 The window is 16, so from the question the needle is always >= 39 tokens back: beyond the
 window of the base stream (and of the SWA arm, whose 2 layers reach 2 x 15 tokens back).
-Arms: transformer | swa | orthros | orthros_noso, identical except for the attention.
+Arms: transformer | swa | orthros | orthros_noso, identical except for the attention; and the
+gated-DeltaNet arms gdn (both layers GDN), hybrid (GDN then full attention) and orthros_h
+(GDN then an Orthros layer, the GDN layer's output copies reading the base state): the same
+data, budget and block, the token mixer of the layers the only difference.
 """
 
 import os
@@ -20,10 +23,23 @@ import ml_collections
 
 from orthros_jax.configlib import load_config_file
 
+# GDN arms: the architecture, its 2-layer cycle, and GDN heads at the model's width (d 64).
+GDN_ARMS = {
+    "gdn": dict(architecture="gdn", layer_types=("gdn",)),
+    "hybrid": dict(architecture="hybrid", layer_types=("gdn", "attention")),
+    "orthros_h": dict(architecture="orthros_h", layer_types=("gdn", "attention")),
+}
+GDN_DIMS = dict(
+    gdn_num_k_heads=2, gdn_num_v_heads=4, gdn_k_head_dim=16, gdn_v_head_dim=16, gdn_chunk=64
+)
+
 
 def get_config(arm: str = "orthros") -> ml_collections.ConfigDict:
     here = os.path.dirname(os.path.abspath(__file__))
-    c = load_config_file(os.path.join(here, f"lm_byte.py:{arm}"))  # same model, same arms
+    base_arm = "transformer" if arm in GDN_ARMS else arm
+    c = load_config_file(os.path.join(here, f"lm_byte.py:{base_arm}"))  # same model, same arms
+    if arm in GDN_ARMS:
+        c.model.update(dict(GDN_ARMS[arm], scale_offset=arm == "orthros_h", **GDN_DIMS))
     c.data = ml_collections.ConfigDict(
         dict(
             kind="sft",

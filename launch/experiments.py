@@ -38,13 +38,17 @@ from orthros_jax.convert import from_transformer
 from orthros_jax.evaluation import EvalSpec, evaluate, report, write_results
 from orthros_jax.training import TrainConfig, train
 
-ARMS = ("transformer", "swa", "orthros", "orthros_noso")
+ARMS = ("transformer", "swa", "orthros", "orthros_noso", "gdn", "hybrid", "orthros_h")
+# The recall experiment runs every arm; lm and convert have no gated-DeltaNet arms.
+ATTENTION_ARMS = ("transformer", "swa", "orthros", "orthros_noso")
 EXPERIMENTS = ("recall", "lm", "convert")
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
 
 _OUT = flags.DEFINE_string("out", None, "Output directory (results.*, work/).")
 _EXPERIMENTS = flags.DEFINE_list("experiments", list(EXPERIMENTS), "Which experiments to run.")
-_ARMS = flags.DEFINE_list("arms", list(ARMS), "Arms of the recall and lm experiments.")
+_ARMS = flags.DEFINE_list(
+    "arms", list(ARMS), "Arms of the recall and lm experiments (lm: the attention arms only)."
+)
 _SEEDS = flags.DEFINE_integer("seeds", 3, "lm: seeds per arm.")
 _RECALL_SEEDS = flags.DEFINE_integer("recall_seeds", 2, "recall: seeds per arm.")
 _CONVERT_SEEDS = flags.DEFINE_integer("convert_seeds", 3, "convert: continuation seeds.")
@@ -310,7 +314,7 @@ def main(argv: list[str]) -> None:
             if exp == "recall":
                 driver.recall(_ARMS.value, _RECALL_SEEDS.value)
             elif exp == "lm":
-                driver.lm(_ARMS.value, _SEEDS.value)
+                driver.lm([a for a in _ARMS.value if a in ATTENTION_ARMS], _SEEDS.value)
             else:
                 driver.convert(_CONVERT_ARMS.value, _CONVERT_SEEDS.value)
             driver.results["seconds"] = time.perf_counter() - t0

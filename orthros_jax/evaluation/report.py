@@ -21,9 +21,20 @@ ARM_LABELS = {
     "swa": "SWA",
     "orthros": "Orthros",
     "orthros_noso": "Orthros w/o SO",
+    "gdn": "GDN",
+    "hybrid": "Linear Hybrid",
+    "orthros_h": "Orthros-H",
 }
 EXPERIMENTS = ("recall", "lm", "convert")
-COLORS = {"transformer": "C0", "swa": "C7", "orthros": "C3", "orthros_noso": "C1"}
+COLORS = {
+    "transformer": "C0",
+    "swa": "C7",
+    "orthros": "C3",
+    "orthros_noso": "C1",
+    "gdn": "C2",
+    "hybrid": "C4",
+    "orthros_h": "C5",
+}
 
 
 def aggregate(runs: Sequence[Mapping[str, Any]], key: str) -> dict[str, float]:

@@ -48,14 +48,18 @@ def initial_params(cfg: TrainConfig, abstract_params: Any) -> Any:
     paper's Transformer -> Orthros conversion; any other difference is a ValueError."""
     loaded = checkpoint.load_model(cfg.init_from)
     params = jax.tree.map(np.asarray, loaded.params)
-    want = abstract_params["layers"]
-    have = dict(params["layers"])
-    for name, a in want.items():
-        if name.startswith("so_") and name not in have:
-            fill = np.ones if name.endswith("_scale") else np.zeros
-            have[name] = fill(a.shape, a.dtype)
-            logging.info("init_from: %s not in %s, using the identity", name, cfg.init_from)
-    params = {**params, "layers": have}
+    for key in ("layers", "gdn_layers"):  # every kind's stack may gain SO vectors
+        if key not in abstract_params or key not in params:
+            continue
+        have = dict(params[key])
+        for name, a in abstract_params[key].items():
+            if "so_" in name and name not in have:
+                fill = np.ones if name.endswith("_scale") else np.zeros
+                have[name] = fill(a.shape, a.dtype)
+                logging.info(
+                    "init_from: %s/%s not in %s, using the identity", key, name, cfg.init_from
+                )
+        params = {**params, key: have}
     checkpoint.check_same_shapes(abstract_params, params, f"init_from={cfg.init_from!r}")
     return jax.tree.map(lambda p, a: p.astype(a.dtype), params, abstract_params)
 

@@ -20,7 +20,10 @@ import optax
 
 from orthros_jax.training.config import OptimizerConfig
 
-DECAYED = frozenset({"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "lm_head"})
+DECAYED = frozenset(
+    {"wq", "wk", "wv", "wo", "wq_gate", "w_gate", "w_up", "w_down", "lm_head"}
+    | {"gdn_wq", "gdn_wk", "gdn_wv", "gdn_wz", "gdn_wb", "gdn_wa", "gdn_out"}
+)
 
 
 def make_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
+import time
 from typing import Any
 
 import jax
@@ -30,27 +32,31 @@ from orthros_jax.hlo_stats import collective_bytes
 from orthros_jax.inference import init_cache, prefill
 
 TARGETS = {
-    "doubling": ("Orthros SP prefill time per doubling, 64K -> 1M (worst)", "<= 2.2"),
-    "memory": ("per-device peak memory / (cache shard + params), 64K -> 1M (worst)", "<= 1.3"),
-    "collectives": (
-        "collective bytes per layer at 1M, Orthros / Transformer all-gather",
-        "<= 0.01",
-    ),
-    "single": ("SP / single-device Orthros prefill time at 128K", "<= 1.5"),
+    "doubling": ("Orthros SP prefill wall time per doubling, 64K -> 1M (worst)", "<= 2.2"),
+    "doubling_cpu": ("the same in host CPU time (less sensitive to a shared machine)", "<= 2.2"),
+    "memory": ("per-device peak memory / (cache shard + params) at the longest T", "<= 1.3"),
+    "memory_worst": ("the same, worst over 64K -> 1M", "<= 1.3"),
+    "collectives": ("collective bytes per layer at 1M, Orthros / Transformer", "<= 0.01"),
+    "single": ("SP / single-device Orthros prefill wall time at 128K", "<= 1.5"),
+    "single_cpu": ("the same in host CPU time", "<= 1.5"),
 }
 
 
 def _prefill_call(cfg, params, t: int, c, mesh) -> tuple[Any, dict]:
     """A no-argument call of the public prefill of a full t-token prompt into a t-slot cache
-    (split over `mesh`, or on one device if None); state["logits"] holds its last logits."""
+    (split over `mesh`, or on one device if None); state["logits"] holds its last logits,
+    state["cpu_s"] the host CPU seconds of every call (the call waits for its result)."""
     tokens = np.asarray(
         jax.random.randint(jax.random.PRNGKey(c.seed), (c.batch_size, t), 0, cfg.vocab_size)
     )
     lengths = np.full((c.batch_size,), t, np.int32)
-    state = {"cache": init_cache(cfg, c.batch_size, t, mesh=mesh)}
+    state = {"cache": init_cache(cfg, c.batch_size, t, mesh=mesh), "cpu_s": []}
 
     def call():
+        start = time.process_time()
         logits, cache = prefill(params, state["cache"], tokens, lengths, cfg)
+        jax.block_until_ready(logits)
+        state["cpu_s"].append(time.process_time() - start)
         state["cache"] = cache.replace(lengths=jnp.zeros_like(cache.lengths))  # reuse, emptied
         state["logits"] = logits
         return logits
@@ -111,15 +117,17 @@ def sequence_suite(c, cfgs, params, results) -> None:
 
     rows = []
     for t in c.sequence_lengths:
-        call, _ = _prefill_call(orthros, on_mesh["orthros"], t, c, mesh)
+        call, state = _prefill_call(orthros, on_mesh["orthros"], t, c, mesh)
         row = {"T": t, **bench.time_interleaved({"orthros": call}, c.sequence_repeats)}
-        del call  # frees this length's cache before the next one
+        _add_cpu(row["orthros"], state)
+        del call, state  # frees this length's cache before the next one
         row["memory"] = _memory(orthros, on_mesh["orthros"], t, c, mesh)
         rows.append(row)
         print(f"sequence T={t}: {row['orthros']['median_s']:.2f} s, peak/resident "
               f"{row['memory']['peak_over_resident']:.3f}", flush=True)  # fmt: skip
     for a, b in zip(rows, rows[1:], strict=False):
         b["time_over_previous"] = b["orthros"]["median_s"] / a["orthros"]["median_s"]
+        b["cpu_over_previous"] = b["orthros"]["cpu_median_s"] / a["orthros"]["cpu_median_s"]
     out["scaling"] = rows
 
     t = max(c.sequence_lengths)
@@ -152,6 +160,9 @@ def sequence_suite(c, cfgs, params, results) -> None:
     one_call, one_state = _prefill_call(orthros, params["orthros"], t, c, None)
     row = {"T": t, **bench.time_interleaved({"sp": sp_call, "single": one_call}, c.repeats)}
     row["sp_over_single"] = bench.ratio(row["sp"], row["single"])
+    _add_cpu(row["sp"], sp_state)
+    _add_cpu(row["single"], one_state)
+    row["sp_over_single_cpu"] = row["sp"]["cpu_median_s"] / row["single"]["cpu_median_s"]
     diff = np.asarray(sp_state["logits"]) - np.asarray(one_state["logits"])
     row["max_abs_logit_diff"] = float(np.abs(diff).max())
     out["single"] = row
@@ -161,15 +172,26 @@ def sequence_suite(c, cfgs, params, results) -> None:
     results["sequence"] = out
 
 
+def _add_cpu(timing: dict, state: dict) -> None:
+    """Host CPU seconds of the timed calls (the first, the warm-up, compiled) into a timing."""
+    timing["cpu_s"] = state["cpu_s"][1:]
+    timing["cpu_median_s"] = statistics.median(timing["cpu_s"])
+
+
 def headline(seq: dict[str, Any]) -> dict[str, float | None]:
     """The figures TARGETS names, from results["sequence"]."""
     scaling = seq.get("scaling", [])
-    doubling = [r["time_over_previous"] for r in scaling if "time_over_previous" in r]
+    worst = lambda key: max((r[key] for r in scaling if key in r), default=None)
+    memory = [r["memory"]["peak_over_resident"] for r in scaling]
+    single = seq.get("single", {})
     return {
-        "doubling": max(doubling) if doubling else None,
-        "memory": max(r["memory"]["peak_over_resident"] for r in scaling) if scaling else None,
+        "doubling": worst("time_over_previous"),
+        "doubling_cpu": worst("cpu_over_previous"),
+        "memory": memory[-1] if memory else None,
+        "memory_worst": max(memory, default=None),
         "collectives": seq.get("collectives", {}).get("orthros_over_transformer"),
-        "single": seq.get("single", {}).get("sp_over_single"),
+        "single": single.get("sp_over_single"),
+        "single_cpu": single.get("sp_over_single_cpu"),
     }
 
 
@@ -191,12 +213,14 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {target} | {fmt(value, '.2e' if key == 'collectives' else '.3f')} |"
         )
-    lines += ["", "| T | Orthros SP s | time / previous | peak MB/device | cache shard + params MB | peak / resident |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "| T | Orthros SP s | time / previous | host CPU s | CPU / previous | "
+              "peak MB/device | cache shard + params MB | peak / resident |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in seq["scaling"]:
-        m = r["memory"]
+        m, o = r["memory"], r["orthros"]
         lines.append(
-            f"| {r['T']} | {r['orthros']['median_s']:.2f} | {fmt(r.get('time_over_previous'))} | "
+            f"| {r['T']} | {o['median_s']:.2f} | {fmt(r.get('time_over_previous'))} | "
+            f"{fmt(o.get('cpu_median_s'), '.2f')} | {fmt(r.get('cpu_over_previous'))} | "
             f"{m['peak_bytes'] / 2**20:.1f} | {m['cache_shard_plus_params_bytes'] / 2**20:.1f} | "
             f"{m['peak_over_resident']:.3f} |"
         )
@@ -218,8 +242,9 @@ def markdown(results: dict[str, Any]) -> str:
         )
     s = seq["single"]
     lines += ["", f"At T={s['T']}: SP {s['sp']['median_s']:.2f} s, one device "
-              f"{s['single']['median_s']:.2f} s, ratio {s['sp_over_single']:.3f}; max |logit "
-              f"difference| {s['max_abs_logit_diff']:.2e}."]  # fmt: skip
+              f"{s['single']['median_s']:.2f} s, ratio {s['sp_over_single']:.3f} (host CPU "
+              f"{fmt(s.get('sp_over_single_cpu'))}); max |logit difference| "
+              f"{s['max_abs_logit_diff']:.2e}."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

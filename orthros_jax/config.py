@@ -203,11 +203,6 @@ class ModelConfig:
             )
 
     @property
-    def group_size(self) -> int:
-        """Query heads per kv head (G)."""
-        return self.n_heads // self.n_kv_heads
-
-    @property
     def rotary_dim(self) -> int:
         """Leading dims of each head that RoPE rotates."""
         return int(round(self.head_dim * self.partial_rotary_factor))

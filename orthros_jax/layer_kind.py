@@ -39,7 +39,10 @@ class Stream:
 
     x: jax.Array  # [B, L, D]
     positions: jax.Array  # [B, L] int32, original positions (output copies keep their token's)
-    segment_ids: jax.Array  # [B, L] int32, document id (packing); padding never matches
+    segment_ids: (
+        jax.Array
+    )  # [B, L] int32, document id; the packer's padding is segment 0 (it sees only
+    # padding and carries no loss); kernel padding uses KEY/QUERY_PAD_SEGMENT, which match nothing
 
 
 @flax.struct.dataclass

@@ -3,7 +3,7 @@
 Reading is lazy: `SafetensorsCheckpoint` maps tensor names to files through the headers
 (single `model.safetensors` or sharded with `model.safetensors.index.json`), so names and
 shapes are validated before any weight is read and each tensor is read once, straight into a
-preallocated stacked [L, ...] array. bfloat16 comes back as an `ml_dtypes` numpy array.
+preallocated stacked [layers, ...] array. bfloat16 comes back as an `ml_dtypes` numpy array.
 
 HF Linear weights are [out, in] and act as x @ W.T; ours are [in, ...out] and act as x @ W:
   q_proj [N*H, D] -> wq [D, N, H]     k_proj/v_proj [K*H, D] -> wk/wv [D, K, H]

@@ -35,7 +35,7 @@ def from_transformer(
 
     params: OrthrosLM params of cfg (numpy or jax arrays; not modified).
     window: base-stream window of the result (default: cfg.window).
-    scale_offset: add identity SO vectors so_{base,out}_{scale,offset} [L, N, H] (and, for a
+    scale_offset: add identity SO vectors so_{base,out}_{scale,offset} [layers, N, H] (and, for a
       hybrid, gdn_so_out_{scale,offset} [L_gdn, Hk, dk]) (ones / zeros in cfg.param_dtype);
       False gives the paper's "w/o SO" ablation.
     """

@@ -116,16 +116,3 @@ def pad_rows(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
         k: np.concatenate([v, np.zeros((rows - have, *v.shape[1:]), v.dtype)])
         for k, v in batch.items()
     }
-
-
-def batch_shapes(
-    kind: str, rows: int, seq_len: int, out_len: int
-) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """name -> (shape, dtype) of a batch, e.g. to build jit shardings before data arrives."""
-    i32, f32 = np.dtype(np.int32), np.dtype(np.float32)
-    if kind == "pt":
-        return {k: ((rows, seq_len), f32 if k == "loss_mask" else i32) for k in PT_KEYS}
-    shapes = {k: ((rows, seq_len), i32) for k in ("tokens", "positions", "segment_ids")}
-    shapes.update({k: ((rows, out_len), i32) for k in ("output_positions", "targets")})
-    shapes["loss_mask"] = ((rows, out_len), f32)
-    return shapes

@@ -29,7 +29,7 @@ from orthros_jax.data import (
     make_eval_batches,
 )
 from orthros_jax.data.tokenizers import Tokenizer
-from orthros_jax.evaluation import metrics as M
+from orthros_jax.evaluation import metrics
 from orthros_jax.model import Params
 
 TASKS: tuple[str, ...] = ("lm", "passkey", "mqar")
@@ -69,8 +69,10 @@ class EvalSpec:
         unknown = [t for t in self.tasks if t not in TASKS]
         if unknown or not self.tasks:
             raise ValueError(f"EvalSpec.tasks={self.tasks!r}: allowed {', '.join(TASKS)}")
-        if self.decode not in M.DECODES:
-            raise ValueError(f"EvalSpec.decode={self.decode!r}: allowed {', '.join(M.DECODES)}")
+        if self.decode not in metrics.DECODES:
+            raise ValueError(
+                f"EvalSpec.decode={self.decode!r}: allowed {', '.join(metrics.DECODES)}"
+            )
         for name in ("batch_size", "lm_seq_len", "lm_batches", "samples", "passkey_digits"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EvalSpec.{name} must be >= 1, got {getattr(self, name)}")
@@ -124,18 +126,18 @@ def _recall(
     spec: EvalSpec, task: str, cfg: ModelConfig, params: Params, tokenizer: Tokenizer
 ) -> dict[str, Any]:
     examples, lengths, depths = recall_examples(spec, task, cfg, tokenizer)
-    records = M.recall_records(
+    records = metrics.recall_records(
         cfg, params, examples, decode=spec.decode, batch_size=spec.batch_size
     )
     by_length = {}
     for n in lengths:
         cell = [r for r in records if r["context_len"] == n]
-        by_length[str(n)] = M.summarize_records(cell)["accuracy"]
+        by_length[str(n)] = metrics.summarize_records(cell)["accuracy"]
     # mqar records carry the pairs' mean relative position as depth, so its grid is by length
     grid_records = records if task == "passkey" else [r | {"depth": 0.0} for r in records]
-    grid = M.grid_matrix(grid_records, lengths, depths)
+    grid = metrics.grid_matrix(grid_records, lengths, depths)
     return {
-        **M.summarize_records(records),
+        **metrics.summarize_records(records),
         "decode": spec.decode,
         "context_lengths": list(lengths),
         "depths": list(depths),
@@ -169,7 +171,7 @@ def evaluate(
                 validation_fraction=spec.lm_validation_fraction,
             )
             batches = make_eval_batches(data, spec.lm_batches, process_index=0, process_count=1)
-            out["lm"] = M.lm_metrics(cfg, params, batches, tokenizer)
+            out["lm"] = metrics.lm_metrics(cfg, params, batches, tokenizer)
         else:
             out[task] = _recall(spec, task, cfg, params, tokenizer)
     out["seconds"] = time.perf_counter() - t0
@@ -191,7 +193,7 @@ def write_results(
             png = os.path.join(out_dir, f"niah_{task}.png")
             grid = np.array([[np.nan if v is None else v for v in row] for row in r["grid"]])
             label = f"{title} {task}".strip()
-            M.plot_heatmap(
+            metrics.plot_heatmap(
                 grid, r["context_lengths"], r["depths"], png, title=label, window=r["window"]
             )
             written.append(png)

@@ -41,7 +41,6 @@ DEFAULT_ARMS = ("transformer", "swa", "orthros")
 FLAGS = flags.FLAGS
 # --tiny: one small shape; the rest of the shrinking is experiments.TINY_OVERRIDES.
 TINY_MQAR = {
-    "data.seq_len": 64,
     "data.train_lengths": (64,),
     "data.train_pairs": (4,),
     "eval.lengths": (64,),
@@ -59,7 +58,10 @@ def arm_config(arm: str, overrides: dict[str, Any]) -> tuple[TrainConfig, mqar_r
     data = configlib.dataclass_from_dict(mqar.MQARConfig, plain.pop("data"), "data")
     ev = configlib.dataclass_from_dict(mqar_report.MQAREval, plain.pop("eval"), "eval")
     if data.vocab_size > plain["model"]["vocab_size"]:
-        raise ValueError(f"data.vocab_size={data.vocab_size} > model.vocab_size")
+        raise ValueError(
+            f"data.vocab_size={data.vocab_size} is larger than model.vocab_size="
+            f"{plain['model']['vocab_size']}: the model could not embed every MQAR id"
+        )
     # TrainConfig.data is the loop's data description: here MQARConfig (iterators given).
     cfg = TrainConfig.from_config({**plain, "data": {}})
     return dataclasses.replace(cfg, data=data), ev
@@ -88,6 +90,7 @@ def setup(cfg: TrainConfig, ev: mqar_report.MQAREval, seeds: int) -> dict[str, A
     return {
         "cells": ev.cells(),
         "examples": ev.examples,
+        "distance_bins": ev.distance_bins,
         "vocab_size": d.vocab_size,
         "train_shapes": d.shapes(),
         "power_a": d.power_a,

@@ -142,13 +142,17 @@ def test_score_with_an_oracle_and_the_report(monkeypatch, tmp_path):
             "lr": 1e-3,
             "seeds": 1,
             "examples": 3,
-        },  # fmt: skip
+            "distance_bins": ev.distance_bins,
+        },
         "seconds": 60.0,
+        "devices": "1 x cpu",
     }
     text = mqar_report.markdown(results)
     assert "| SWA | 0.00 ± 0.00 | 0.00 | 0.00 | 0.00 |" in text
-    assert "| Orthros | 1.00 | 1.00 |" in text and "Run time: 1.0 min" in text
+    assert "| Orthros | 1.00 | 1.00 |" in text and "Run time: 1.0 min (1 x cpu)." in text
     assert text.index("| SWA |") < text.index("| Orthros |")  # report.py's arm order
+    assert "| arm | <=8 | >8 |" in text
+    assert mqar.distance_bins((8, 16, 32)) == ["<=8", "9-16", "17-32", ">32"]
     mqar_report.plot(results, str(tmp_path / "mqar.png"))
     assert (tmp_path / "mqar.png").stat().st_size > 0
 

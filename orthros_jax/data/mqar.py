@@ -182,17 +182,21 @@ def eval_batches(cfg: MQARConfig, n: int) -> list[dict[str, np.ndarray]]:
     return [train_batch(cfg, i, stream=EVAL_STREAM) for i in range(n)]
 
 
+def distance_bins(edges: Sequence[int]) -> list[str]:
+    """Names of the distance bins that rising edges cut: "<=e0", "e0+1-e1", ..., ">eK"."""
+    names = [f"<={edges[0]}"]
+    names += [f"{a + 1}-{b}" for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    return names + [f">{edges[-1]}"]
+
+
 def accuracy_by_distance(
     examples_: Sequence[MQARExample], predictions: Sequence[np.ndarray], edges: Sequence[int]
 ) -> dict[str, float | None]:
-    """Query accuracy per distance bin: keys "<=e0", "e0-e1", ..., ">eK" (None when empty)."""
+    """Query accuracy per distance bin (distance_bins(edges) names; None when empty)."""
     dist = np.concatenate([e.distances for e in examples_])
     ok = np.concatenate([p == e.answers for e, p in zip(examples_, predictions, strict=True)])
     bins = np.digitize(dist, edges, right=True)
-    names = [f"<={edges[0]}"]
-    names += [f"{a + 1}-{b}" for a, b in zip(edges[:-1], edges[1:], strict=True)]
-    names += [f">{edges[-1]}"]
     return {
         name: (float(ok[bins == i].mean()) if (bins == i).any() else None)
-        for i, name in enumerate(names)
+        for i, name in enumerate(distance_bins(edges))
     }

@@ -75,7 +75,7 @@ class OrthrosHarnessLM(TemplateLM):
     compiled shapes stay few). max_length: tokens of context + continuation per forward.
     max_gen_toks: default generation budget. add_bos_token: None = as the tokenizer.json's
     post-processor does. eos_token / prefix_token_id: override what is read off the tokenizer.
-    device: ignored (JAX runs on its default device).
+    device, max_batch_size: accepted for lm-eval's sake and ignored (JAX picks the device).
     """
 
     def __init__(
@@ -120,7 +120,7 @@ class OrthrosHarnessLM(TemplateLM):
             )
         self.add_bos_token = add_bos_token
         self.custom_prefix_token_id = prefix_token_id
-        if device not in (None, "cpu", "cuda", "gpu", "tpu") and not str(device).startswith("cuda"):
+        if device not in (None, "cpu"):  # lm-eval's torch device names mean nothing to JAX
             log.warning("%s: device=%r is ignored; JAX uses %s", MODEL_NAME, device, jax.devices())
 
     # ------------------------------------------------------------ tokens

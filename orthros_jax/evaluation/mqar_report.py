@@ -27,10 +27,10 @@ class MQAREval:
     """The scoring grid: lengths x pairs cells (those that fit), `examples` per cell (eval
     stream of `seed`), and distance bin edges in tokens for accuracy by distance."""
 
-    lengths: tuple[int, ...] = (64, 128)
-    pairs: tuple[int, ...] = (4, 8, 16)
-    examples: int = 32
-    distance_bins: tuple[int, ...] = (16, 32, 64)
+    lengths: tuple[int, ...] = (32, 64)
+    pairs: tuple[int, ...] = (4, 8)
+    examples: int = 64
+    distance_bins: tuple[int, ...] = (8, 16, 32)
     seed: int = 0
     batch_size: int = 32
 
@@ -82,12 +82,12 @@ def markdown(results: Mapping[str, Any]) -> str:
     """The README-ready tables: accuracy per cell, and per distance bin, for every arm."""
     s, arms = results["setup"], results["arms"]
     names = [cell_name(n, d) for n, d in s["cells"]]
-    bins = list(next(iter(arms.values()))["runs"][0]["by_distance"])
+    bins = mqar.distance_bins(s["distance_bins"])
     lines = [
         f"**MQAR** (Zoology-style; vocab {s['vocab_size']}, {s['model']}, window {s['window']}; "
         f"{s['steps']} steps x {s['batch_size']} rows x {s['seq_len']} tokens, lr {s['lr']}, "
         f"{s['seeds']} seed(s); query accuracy, teacher-forced argmax, {s['examples']} examples "
-        "per cell; chance is 2/vocab)",
+        f"per cell; chance {2 / s['vocab_size']:.3f})",
         "",
         "| arm | all cells | " + " | ".join(names) + " |",
         "|---|---|" + "---|" * len(names),
@@ -110,7 +110,13 @@ def markdown(results: Mapping[str, Any]) -> str:
     for arm in report._arms(arms):
         per = [_mean_over_runs(arms[arm]["runs"], "by_distance", b) for b in bins]
         lines.append(f"| {report._label(arm)} | " + " | ".join(_fmt(v) for v in per) + " |")
-    lines += ["", f"Run time: {results['seconds'] / 60:.1f} min ({results.get('devices', '')})."]
+    load = results.get("load_average")  # absent in hand-made results
+    during = (
+        f"; load average {load['start'][0]:.1f} at the start, {load['end'][0]:.1f} at the end"
+        if load
+        else ""
+    )
+    lines += ["", f"Run time: {results['seconds'] / 60:.1f} min ({results['devices']}{during})."]
     return "\n".join(lines) + "\n"
 
 
@@ -124,7 +130,8 @@ def plot(results: Mapping[str, Any], path: str) -> None:
     s, arms = results["setup"], results["arms"]
     names = [cell_name(n, d) for n, d in s["cells"]]
     order = report._arms(arms)
-    bins = list(arms[order[0]]["runs"][0]["by_distance"])
+    bins = mqar.distance_bins(s["distance_bins"])
+    chance = 2 / s["vocab_size"]  # one of vocab / 2 values
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
     width = 0.8 / max(len(order), 1)
     for i, arm in enumerate(order):
@@ -134,18 +141,22 @@ def plot(results: Mapping[str, Any], path: str) -> None:
         ax1.bar(x, [_mean_over_runs(runs, "cells", n) for n in names], width, color=color,
                 label=report._label(arm))  # fmt: skip
         dist = [_mean_over_runs(runs, "by_distance", b) for b in bins]
-        ax2.plot(range(len(bins)), [np.nan if v is None else v for v in dist], marker="o",
-                 color=color, label=report._label(arm))  # fmt: skip
+        # Distinct markers and sizes: arms at the same accuracy stay visible on top of each other.
+        ax2.plot(range(len(bins)), [np.nan if v is None else v for v in dist], color=color,
+                 marker="osv^D*"[i % 6], markersize=9 - 1.5 * (i % 4), label=report._label(arm))  # fmt: skip
+    for ax in (ax1, ax2):
+        ax.axhline(chance, color="k", ls=":", lw=1, label="chance")
     ax1.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax1.set_ylabel("query accuracy")
     ax1.set_ylim(0, 1.05)
     ax1.set_title("MQAR accuracy per (length L, pairs D)")
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=8, loc="center right")
     ax2.set_xticks(range(len(bins)), bins)
     ax2.set_xlabel(f"distance pair -> query (tokens; window {s['window']})")
     ax2.set_ylabel("query accuracy")
     ax2.set_ylim(0, 1.05)
     ax2.set_title("accuracy by distance")
+    ax2.legend(fontsize=8, loc="center right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,12 +1,14 @@
 """MQAR (Zoology-style multi-query associative recall), one arm per config, same training.
 
     python launch/mqar.py --out=runs/mqar                      # transformer, swa, orthros
-    python launch/mqar.py --out=runs/mqar --arms=transformer,swa,orthros,gdn
+    python launch/mqar.py --out=runs/mqar_gdn --arms=gdn,hybrid,orthros_h
     python launch/mqar.py --out=runs/mqar --override=train.steps=300     # every arm
 
-The arms are configs/lm_byte.py's (2 layers, 4 query / 2 kv heads), with d_model 128 (head_dim
-32, d_ff 384) and window 8. At d_model 64 the Transformer learns this task too slowly for the
-CPU budget (held-out answer loss 1.55 nats after 1000 steps, accuracy 0.34); at 128 it drops
+The arms are configs/recall_passkey.py's (configs/lm_byte.py's attention arms, 2 layers, 4 query
+/ 2 kv heads, and the GDN arms gdn, hybrid, orthros_h), with d_model 128 (head_dim 32, d_ff 384;
+GDN heads of 32, at the model's width as recall_passkey.py's 16 are at 64) and window 8. At
+d_model 64 the Transformer learns this task too slowly for the CPU budget (held-out answer
+loss 1.55 nats after 1000 steps, accuracy 0.34); at 128 it drops
 from 1.1 to 0.5 between steps 400 and 450 and reaches 0.01 by step 850 (this data, 2026-12-01).
 The drop comes suddenly at a step that depends on the data mix: with lengths 16, 32 and 64 and
 800 steps it had not come (Transformer accuracy 0.31), hence 1000 steps on lengths 32 and 64.
@@ -33,8 +35,10 @@ from orthros_jax.evaluation.mqar_report import MQAREval
 
 def get_config(arm: str = "orthros") -> ml_collections.ConfigDict:
     here = os.path.dirname(os.path.abspath(__file__))
-    c = load_config_file(os.path.join(here, f"lm_byte.py:{arm}"))  # same arms
+    c = load_config_file(os.path.join(here, f"recall_passkey.py:{arm}"))  # same arms
     c.model.update(dict(vocab_size=32, d_model=128, head_dim=32, d_ff=384, window=8))
+    if "gdn_k_head_dim" in c.model:  # a GDN arm
+        c.model.update(dict(gdn_k_head_dim=32, gdn_v_head_dim=32))
     c.data = section(
         MQARConfig(
             vocab_size=32,

@@ -241,5 +241,5 @@ def test_oracle_rejects_a_tree_that_does_not_fit_the_spec():
         oracle.forward(p64, dataclasses.replace(spec, tie_embeddings=True), tokens)
     with pytest.raises(ValueError, match="depth"):
         oracle.forward(p64, dataclasses.replace(spec, layer_kinds=("attention",) * 2), tokens)
-    with pytest.raises(ValueError, match="kinds \\['gdn'\\] unknown"):
-        oracle.forward(p64, dataclasses.replace(spec, layer_kinds=("gdn",) * 3), tokens)
+    with pytest.raises(ValueError, match="kinds \\['mamba'\\] unknown"):
+        oracle.forward(p64, dataclasses.replace(spec, layer_kinds=("mamba",) * 3), tokens)

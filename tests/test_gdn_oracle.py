@@ -13,9 +13,15 @@ import numpy as np
 import oracle
 import oracle_gdn
 import pytest
-from test_oracle import DOCS, LENGTHS, N_DECODE, OUTPUT_INDEX, T, _packing, _tokens
+from test_oracle import (
+    DOCS,
+    OUTPUT_INDEX,
+    T,
+    _packing,
+    _tokens,
+    check_prefill_decode,
+)
 
-from orthros_jax import inference as inf
 from orthros_jax.config import ModelConfig
 from orthros_jax.model import OrthrosLM, init_params
 
@@ -100,18 +106,7 @@ def test_forward_matches_oracle(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_chunked_prefill_and_decode_match_oracle(arch):
     cfg, p32, p64, spec, _ = _setup(arch)
-    bsz, rows = len(LENGTHS), np.arange(len(LENGTHS))
-    full = _tokens(cfg, (bsz, T), seed=2)
-    junk = _tokens(cfg, (bsz, T), seed=3)
-    prompts = np.where(np.arange(T)[None] < LENGTHS[:, None], full, junk)
-    cache = inf.init_cache(cfg, bsz, T)
-    logits, cache = inf.prefill(p32, cache, prompts, LENGTHS, cfg)
-    want = oracle.next_token_logits(p64, spec, full, LENGTHS)
-    np.testing.assert_allclose(np.asarray(logits), want, atol=ATOL, rtol=0)
-    for i in range(N_DECODE):
-        logits, cache = inf.decode_step(p32, cache, full[rows, LENGTHS + i], cfg)
-        want = oracle.next_token_logits(p64, spec, full, LENGTHS + i + 1)
-        np.testing.assert_allclose(np.asarray(logits), want, atol=ATOL, rtol=0, err_msg=f"step {i}")
+    check_prefill_decode(cfg, p32, p64, spec)
 
 
 def test_cross_query_choices_move_the_oracle_beyond_the_tolerance():

@@ -134,9 +134,8 @@ def test_forward_matches_oracle(arch, variant):
     np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize(("arch", "variant"), CASES)
-def test_chunked_prefill_and_decode_match_oracle(arch, variant):
-    cfg, p32, p64, spec, _, _ = _setup(arch, variant)
+def check_prefill_decode(cfg, p32, p64, spec) -> None:
+    """Chunked prefill of ragged prompts, then N_DECODE steps, against the oracle's logits."""
     bsz, rows = len(LENGTHS), np.arange(len(LENGTHS))
     full = _tokens(cfg, (bsz, T), seed=2)
     # Right padding with other valid tokens: the model must never read it.
@@ -150,6 +149,12 @@ def test_chunked_prefill_and_decode_match_oracle(arch, variant):
         logits, cache = inf.decode_step(p32, cache, full[rows, LENGTHS + i], cfg)
         want = oracle.next_token_logits(p64, spec, full, LENGTHS + i + 1)
         np.testing.assert_allclose(np.asarray(logits), want, atol=ATOL, rtol=0, err_msg=f"step {i}")
+
+
+@pytest.mark.parametrize(("arch", "variant"), CASES)
+def test_chunked_prefill_and_decode_match_oracle(arch, variant):
+    cfg, p32, p64, spec, _, _ = _setup(arch, variant)
+    check_prefill_decode(cfg, p32, p64, spec)
 
 
 # ---------------------------------------------------------------- the comparison has teeth

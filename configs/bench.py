@@ -35,6 +35,15 @@ def get_config() -> ml_collections.ConfigDict:
     c.window_blocks = (32, 64, 128)  # suite 'window': query block sizes of the window kernel
     c.inference_len = 8192  # suite 'inference': TTFT prompt tokens
     c.inference_new_tokens = 32  # suite 'inference': decode tokens per timed run
+    # Suite 'table4' (orthros_jax/bench_table4.py): the hybrid arms are this model with the
+    # (gdn, gdn, gdn, attention) cycle and Qwen3.5's GDN proportions at this width (value heads
+    # twice the key heads, dims 64); configs/bench_hybrid.py sizes a run of it for this CPU.
+    c.gdn = ml_collections.ConfigDict(
+        dict(gdn_num_k_heads=4, gdn_num_v_heads=8, gdn_k_head_dim=64, gdn_v_head_dim=64,
+             gdn_conv_kernel=4, gdn_chunk=64)
+    )  # fmt: skip
+    c.table4_lengths = (1024, 2048, 4096, 8192, 16384)
+    c.table4_contexts = (1024, 4096, 8192, 16384)
     c.repeats = 5
     c.batch_size = 1
     c.seed = 0

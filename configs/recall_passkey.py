@@ -1,8 +1,8 @@
 """Experiment 1: recall beyond the window. Passkey retrieval at context 8 x window, per arm.
 
     python launch/train.py --config=configs/recall_passkey.py:orthros --workdir=runs/rc_orthros
-    python launch/evaluate.py --model=runs/rc_orthros --out=runs/rc_orthros_eval --tasks=passkey \
-        --context_lengths=128,192,256
+    python launch/evaluate.py --model=runs/rc_orthros --out=runs/rc_orthros_eval \
+        --config.tasks=passkey --config.context_lengths=128,192,256
     python launch/experiments.py --experiments=recall --out=runs/exp     # every arm
 
 SFT on generated passkey examples (data/recall.py): a 2-digit key hidden at a random depth

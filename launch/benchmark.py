@@ -27,23 +27,32 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from ml_collections import config_flags
 
-from orthros_jax import bench_sequence, flops
+from orthros_jax import bench_sequence, bench_table4, configlib, flops
 from orthros_jax import benchmarking as bench
 from orthros_jax.bench_report import write_report
 from orthros_jax.cached_forward import prefill_jit
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import decode_step, generate, prefill
-from orthros_jax.kv_cache import KVCache, init_cache
+from orthros_jax.kv_cache import init_cache
 from orthros_jax.model import OrthrosLM, init_params
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/bench.py", "Benchmark config.")
+_CONFIG = configlib.define_config_flag("configs/bench.py", "Benchmark config.", "benchmark.py")
 _OUT = flags.DEFINE_string("out", None, "Directory for bench.json / bench.md / bench.png.")
 _SUITES = flags.DEFINE_list(
     "suites", ["prefill", "honesty", "memory", "decode", "train", "inference"], "Suites to run."
 )
-SUITES = ("prefill", "honesty", "memory", "decode", "train", "inference", "window", "sequence")
+SUITES = (
+    "prefill",
+    "honesty",
+    "memory",
+    "decode",
+    "train",
+    "inference",
+    "window",
+    "sequence",
+    "table4",
+)
 
 
 def arms(c) -> dict[str, ModelConfig]:
@@ -153,29 +162,15 @@ def memory_suite(c, cfgs, params, results) -> None:
     results["memory"] = rows
 
 
-def filled_cache(cfg: ModelConfig, bsz: int, context: int, room: int) -> KVCache:
-    """A cache holding `context` random entries per row (decode cost does not depend on values)."""
-    cache = init_cache(cfg, bsz, context + room)
-    k = 0.1 * jax.random.normal(jax.random.PRNGKey(1), cache.k.shape, cache.k.dtype)
-    v = 0.1 * jax.random.normal(jax.random.PRNGKey(2), cache.v.shape, cache.v.dtype)
-    return KVCache(k, v, jnp.full((bsz,), context, jnp.int32))
-
-
 def decode_suite(c, cfgs, params, results) -> None:
     rows = []
     for ctx in c.decode_contexts:
-        calls = {}
-        for name, cfg in cfgs.items():
-            room = c.decode_steps * (c.repeats + 1)
-            state = {"cache": filled_cache(cfg, c.batch_size, ctx, room)}
-            tok = jnp.zeros((c.batch_size,), jnp.int32)
-
-            def steps(cfg=cfg, name=name, state=state, tok=tok):
-                for _ in range(c.decode_steps):
-                    logits, state["cache"] = decode_step(params[name], state["cache"], tok, cfg)
-                return logits
-
-            calls[name] = steps
+        calls = {
+            name: bench.decode_steps_call(
+                cfg, params[name], ctx, c.decode_steps, c.repeats + 1, c.batch_size
+            )
+            for name, cfg in cfgs.items()
+        }
         timing = bench.time_interleaved(calls, c.repeats)
         row = {"context": ctx}
         for name, cfg in cfgs.items():
@@ -235,7 +230,7 @@ def inference_suite(c, cfgs, params, results) -> None:
     for name, cfg in cfgs.items():
         state = {
             "cache": init_cache(cfg, bsz, slots),
-            "stream": filled_cache(cfg, bsz, t, slots - t),
+            "stream": bench.filled_cache(cfg, bsz, t, slots - t),
         }
 
         def ttft(cfg=cfg, name=name, state=state):
@@ -323,6 +318,7 @@ def main(argv) -> None:
         "model": cfgs["orthros"].to_dict(),
         "command": " ".join(["python"] + sys.argv),
         "repeats": c.repeats,
+        "batch_size": c.batch_size,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
     t0 = time.time()
@@ -335,6 +331,7 @@ def main(argv) -> None:
         "inference": inference_suite,
         "window": window_suite,
         "sequence": bench_sequence.sequence_suite,
+        "table4": lambda c, cfgs, params, results: bench_table4.table4_suite(c, results),
     }
     for name in SUITES:
         if name in _SUITES.value:
@@ -343,6 +340,8 @@ def main(argv) -> None:
     write_report(results, _OUT.value)
     if "sequence" in results:
         bench_sequence.write_report(results, _OUT.value)
+    if "table4" in results:
+        bench_table4.write_table4(results, _OUT.value)
     print(f"wrote {_OUT.value}/bench.json, bench.md, bench.png in {results['wall_s']:.0f}s")
 
 

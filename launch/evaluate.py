@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from orthros_jax import configlib
 from orthros_jax.evaluation import TASKS
@@ -32,24 +30,8 @@ CONFIG_FILE = os.path.normpath(
 )
 
 
-def check_overrides(argv: list[str]) -> None:
-    """Exits with the valid keys listed when a --config.<key> override names no key (of
-    --config, or of the default file when --config is not given)."""
-    argv = list(argv)
-    if not any(a == "--config" or a.startswith("--config=") for a in argv[1:]):
-        argv.append(f"--config={CONFIG_FILE}")
-    try:
-        configlib.check_override_keys(argv)
-    except ValueError as e:
-        raise SystemExit(f"evaluate.py: {e}") from None
-
-
-if __name__ == "__main__":
-    # Before the flag is defined: defining it already applies the command line's overrides to
-    # the default file, and a bad key would end in ml_collections' bare AttributeError.
-    check_overrides(sys.argv)
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", CONFIG_FILE, "Evaluation config file (get_config()).", lock_config=True
+_CONFIG = configlib.define_config_flag(
+    CONFIG_FILE, "Evaluation config file (get_config()).", "evaluate.py"
 )
 _MODEL = flags.DEFINE_string("model", None, "Model directory or training workdir.")
 _OUT = flags.DEFINE_string("out", None, "Output directory (metrics.json, heatmaps, harness).")

@@ -12,16 +12,13 @@ where jax.distributed auto-detects) and start the same command on every host.
 
 from __future__ import annotations
 
-import sys
-
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from orthros_jax import configlib
 from orthros_jax.training import NonFiniteLossError, TrainConfig, train
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", "configs/tiny_pt.py", "Training config file (get_config()).", lock_config=True
+_CONFIG = configlib.define_config_flag(
+    "configs/tiny_pt.py", "Training config file (get_config()).", "train.py"
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed if it exists).")
 flags.mark_flag_as_required("workdir")
@@ -42,8 +39,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        configlib.check_override_keys(sys.argv)
-    except ValueError as e:
-        raise SystemExit(f"train.py: {e}") from None
     app.run(main)

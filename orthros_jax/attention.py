@@ -17,7 +17,7 @@ O(block_q * block_k) per step; with a single query per row it is one dot over th
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -135,9 +135,10 @@ def local_attention(
         & (qp - kpos_w[:, :, None] < window)
         & (kseg_w[:, :, None] == q_seg.reshape(bsz, nq, b, 1))
     )  # [B, nq, b, nb*b]
-    scale = 1.0 / math.sqrt(h)
+    # Scale q (T x H values), not the scores (T x nb*b): one pass less over the largest array.
+    qb = qb * jnp.asarray(1.0 / math.sqrt(h), qb.dtype)
     s = jnp.einsum("bkqxh,bkqyh->bkqxy", qb, kw, preferred_element_type=jnp.float32)
-    s = s.reshape(bsz, kv, nq, g, b, nb * b) * scale
+    s = s.reshape(bsz, kv, nq, g, b, nb * b)
     s = jnp.where(visible[:, None, :, None], s, _MASKED)
     e = jnp.exp(s - s.max(axis=-1, keepdims=True))
     # Normalise after PV: one pass over [.., H] instead of one over the scores.
@@ -149,6 +150,140 @@ def local_attention(
     )
     o = o.transpose(0, 2, 4, 1, 3, 5).reshape(bsz, t_pad, n, h)
     return o[:, :t].astype(q.dtype)
+
+
+class QueryBlocks(NamedTuple):
+    """Queries cut into blocks: q [nq, B, K, G*bq, H] (head-major, the G query heads of a kv
+    head folded into the rows, so each block pair is one plain matmul); positions and segment
+    ids [nq, B, bq] (padding rows: position -1, QUERY_PAD_SEGMENT)."""
+
+    q: jax.Array
+    pos: jax.Array
+    seg: jax.Array
+
+
+class KeyBlocks(NamedTuple):
+    """Keys cut into blocks: k, v [B, K, nk, bk, H]; positions, segments [B, nk, bk]."""
+
+    k: jax.Array
+    v: jax.Array
+    pos: jax.Array
+    seg: jax.Array
+
+
+def block_queries(q: jax.Array, pos: jax.Array, seg: jax.Array, kv: int, bq: int) -> QueryBlocks:
+    """q [B, Lq, N, H] with positions/segments [B, Lq] and kv key heads -> blocks of bq rows."""
+    bsz, lq, n, h = q.shape
+    lq_pad = _round_up(lq, bq)
+    nq = lq_pad // bq
+    qb = _pad_axis1(q, lq_pad, 0).reshape(bsz, nq, bq, kv, n // kv, h)
+    qb = qb.transpose(1, 0, 3, 4, 2, 5).reshape(nq, bsz, kv, n // kv * bq, h)
+    pos_b = _pad_axis1(jnp.asarray(pos, jnp.int32), lq_pad, -1).reshape(bsz, nq, bq)
+    seg_b = _pad_axis1(seg, lq_pad, QUERY_PAD_SEGMENT).reshape(bsz, nq, bq)
+    return QueryBlocks(qb, jnp.moveaxis(pos_b, 1, 0), jnp.moveaxis(seg_b, 1, 0))
+
+
+def block_keys(k: jax.Array, v: jax.Array, pos: jax.Array, seg: jax.Array, bk: int) -> KeyBlocks:
+    """Head-major k, v [B, K, Lk, H] with positions/segments [B, Lk] -> blocks of bk keys (a
+    free reshape when bk divides Lk: a head-major cache is read in place)."""
+    bsz, kv, lk, h = k.shape
+    lk_pad = _round_up(lk, bk)
+    nk = lk_pad // bk
+    pad = [(0, 0), (0, 0), (0, lk_pad - lk), (0, 0)]
+    return KeyBlocks(
+        jnp.pad(k, pad).reshape(bsz, kv, nk, bk, h),
+        jnp.pad(v, pad).reshape(bsz, kv, nk, bk, h),
+        _pad_axis1(jnp.asarray(pos, jnp.int32), lk_pad, _PAD_POS).reshape(bsz, nk, bk),
+        _pad_axis1(seg, lk_pad, KEY_PAD_SEGMENT).reshape(bsz, nk, bk),
+    )
+
+
+def _ranges(pos: jax.Array, seg: jax.Array, pad_seg: int) -> tuple[jax.Array, ...]:
+    """Per block [.., b] -> (pos min, pos max, seg min, seg max) [..] over valid entries."""
+    ok = seg != pad_seg
+    big = jnp.iinfo(jnp.int32).max
+    return (
+        jnp.min(jnp.where(ok, pos, big), axis=-1),
+        jnp.max(jnp.where(ok, pos, -big), axis=-1),
+        jnp.min(jnp.where(ok, seg, big), axis=-1),
+        jnp.max(jnp.where(ok, seg, -big), axis=-1),
+    )
+
+
+def block_kinds(queries: QueryBlocks, keys: KeyBlocks) -> jax.Array:
+    """Per (query block, key block), over the batch: 0 = no query sees a key (skipped), 1 =
+    some do (masked), 2 = every query sees every key (no mask). Conservative: built from
+    position and segment ranges. Returns int [nq, nk]."""
+    q_lo, q_hi, qs_lo, qs_hi = (r.T[:, :, None] for r in _ranges(queries.pos, queries.seg, QUERY_PAD_SEGMENT))  # fmt: skip
+    k_lo, k_hi, ks_lo, ks_hi = (r[:, None] for r in _ranges(keys.pos, keys.seg, KEY_PAD_SEGMENT))
+    some = (k_lo <= q_hi) & (ks_lo <= qs_hi) & (ks_hi >= qs_lo)  # [B, nq, nk]
+    every = (k_hi <= q_lo) & (ks_lo == ks_hi) & (qs_lo == qs_hi) & (ks_lo == qs_lo)
+    every &= (keys.seg != KEY_PAD_SEGMENT).all(axis=2)[:, None]
+    return jnp.where(every.all(axis=0), 2, jnp.where(some.any(axis=0), 1, 0))
+
+
+def softmax_state(q_block: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Empty online-softmax state (acc, max, sum; float32) of query blocks [.., G*bq, H], built
+    *_like them so that under shard_map it varies over their mesh axes (check_vma)."""
+    acc = jnp.zeros_like(q_block, jnp.float32)
+    return acc, jnp.full_like(acc[..., 0], _MASKED), jnp.zeros_like(acc[..., 0])
+
+
+def attend_key_blocks(
+    state: tuple[jax.Array, jax.Array, jax.Array],
+    q_i: jax.Array,
+    pos_i: jax.Array,
+    seg_i: jax.Array,
+    kind_i: jax.Array,
+    keys: KeyBlocks,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Folds one query block (q_i [B, K, G*bq, H], positions/segments [B, bq]) into its online-
+    softmax state over every key block, skipped or masked by kind_i [nk] (`block_kinds`)."""
+    bsz, kv, rows, h = q_i.shape
+    bq = pos_i.shape[1]
+    bk = keys.k.shape[3]
+    scale = 1.0 / math.sqrt(h)
+
+    def attend(carry, j, masked: bool):
+        acc, m, total = carry
+        s = jnp.einsum("bkxh,bkyh->bkxy", q_i, keys.k[:, :, j], preferred_element_type=jnp.float32)
+        s = s * scale
+        if masked:
+            vis = (keys.pos[:, j][:, None, :] <= pos_i[:, :, None]) & (
+                keys.seg[:, j][:, None, :] == seg_i[:, :, None]
+            )  # [B, bq, bk]; the rows of s are (G, bq)
+            s = jnp.where(vis[:, None, None], s.reshape(bsz, kv, rows // bq, bq, bk), _MASKED)
+            s = s.reshape(bsz, kv, rows, bk)
+        # A row that has seen only masked scores has max -1e30 and sums garbage with weight 1;
+        # its first visible key rescales that by exp(-1e30 - max) = 0.
+        m_new = jnp.maximum(m, s.max(axis=-1))
+        p = jnp.exp(s - m_new[..., None])
+        corr = jnp.exp(m - m_new)
+        pv = jnp.einsum(
+            "bkxy,bkyh->bkxh", p.astype(keys.v.dtype), keys.v[:, :, j],
+            preferred_element_type=jnp.float32,
+        )  # fmt: skip
+        return acc * corr[..., None] + pv, m_new, total * corr + p.sum(axis=-1)
+
+    def visit(carry, j):
+        branches = [
+            lambda c: c,
+            lambda c: attend(c, j, masked=True),
+            lambda c: attend(c, j, masked=False),
+        ]
+        return jax.lax.switch(kind_i[j], branches, carry), None
+
+    return jax.lax.scan(visit, state, jnp.arange(keys.k.shape[2]))[0]
+
+
+def finish_blocks(acc: jax.Array, total: jax.Array, n: int, lq: int) -> jax.Array:
+    """Normalised output of every query block: acc [nq, B, K, G*bq, H] and its sum ->
+    [B, lq, N, H] float32 (a row that saw nothing is 0)."""
+    nq, bsz, kv, rows, h = acc.shape
+    bq = rows // (n // kv)
+    out = acc / jnp.where(total > 0, total, 1.0)[..., None]
+    out = out.reshape(nq, bsz, kv, n // kv, bq, h).transpose(1, 0, 4, 2, 3, 5)
+    return out.reshape(bsz, nq * bq, n, h)[:, :lq]
 
 
 def global_attention(
@@ -173,10 +308,8 @@ def global_attention(
     """
     if not kv_head_major:
         k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
-    bsz, lq, n, h = q.shape
+    lq, n = q.shape[1], q.shape[2]
     kv, lk = k.shape[1], k.shape[2]
-    g = n // kv
-    scale = 1.0 / math.sqrt(h)
     q_seg = _default_segments(q_segment_ids, q)
     k_seg = _default_segments(k_segment_ids, k_positions)
     q_pos = jnp.asarray(q_positions, jnp.int32)  # numpy inputs must not be indexed by tracers
@@ -188,88 +321,16 @@ def global_attention(
         )
         return few_query_attention(q, k, v, visible)
 
-    bq = min(block_q, _round_up(lq, 8))
-    bk = min(block_k, _round_up(lk, 8))
-    lq_pad, lk_pad = _round_up(lq, bq), _round_up(lk, bk)
-    nq, nk = lq_pad // bq, lk_pad // bk
-    # Head-major, G query heads folded into the rows: [nq, B, K, G*bq, H] and [nk, B, K, bk, H].
-    qb = _pad_axis1(q, lq_pad, 0).reshape(bsz, nq, bq, kv, g, h)
-    qb = qb.transpose(1, 0, 3, 4, 2, 5).reshape(nq, bsz, kv, g * bq, h)
-    pad_k = [(0, 0), (0, 0), (0, lk_pad - lk), (0, 0)]
-    kb = jnp.pad(k, pad_k).reshape(bsz, kv, nk, bk, h)  # free reshape when Lk % bk == 0
-    vb = jnp.pad(v, pad_k).reshape(bsz, kv, nk, bk, h)
-    qpos_b = _pad_axis1(q_pos, lq_pad, -1).reshape(bsz, nq, bq)
-    qseg_b = _pad_axis1(q_seg, lq_pad, QUERY_PAD_SEGMENT).reshape(bsz, nq, bq)
-    kpos_b = _pad_axis1(k_pos, lk_pad, _PAD_POS).reshape(bsz, nk, bk)
-    kseg_b = _pad_axis1(k_seg, lk_pad, KEY_PAD_SEGMENT).reshape(bsz, nk, bk)
-
-    # Per block pair: 0 = nothing visible (skipped), 1 = partly visible (masked),
-    # 2 = everything visible (no mask). Conservative: built from position/segment ranges.
-    q_valid = qseg_b != QUERY_PAD_SEGMENT
-    k_valid = kseg_b != KEY_PAD_SEGMENT
-    big = jnp.iinfo(jnp.int32).max
-    q_pos_max = jnp.max(jnp.where(q_valid, qpos_b, -big), axis=2)[:, :, None]  # [B, nq, 1]
-    q_pos_min = jnp.min(jnp.where(q_valid, qpos_b, big), axis=2)[:, :, None]
-    q_seg_min = jnp.min(jnp.where(q_valid, qseg_b, big), axis=2)[:, :, None]
-    q_seg_max = jnp.max(jnp.where(q_valid, qseg_b, -big), axis=2)[:, :, None]
-    k_pos_min = jnp.min(jnp.where(k_valid, kpos_b, big), axis=2)[:, None, :]  # [B, 1, nk]
-    k_pos_max = jnp.max(jnp.where(k_valid, kpos_b, -big), axis=2)[:, None, :]
-    k_seg_min = jnp.min(jnp.where(k_valid, kseg_b, big), axis=2)[:, None, :]
-    k_seg_max = jnp.max(jnp.where(k_valid, kseg_b, -big), axis=2)[:, None, :]
-    some = (k_pos_min <= q_pos_max) & (k_seg_min <= q_seg_max) & (k_seg_max >= q_seg_min)
-    every = (
-        (k_pos_max <= q_pos_min)
-        & (k_seg_min == k_seg_max)
-        & (q_seg_min == q_seg_max)
-        & (k_seg_min == q_seg_min)
-        & k_valid.all(axis=2)[:, None, :]
-    )
-    kind = jnp.where(every.all(axis=0), 2, jnp.where(some.any(axis=0), 1, 0))  # [nq, nk]
+    queries = block_queries(q, q_pos, q_seg, kv, min(block_q, _round_up(lq, 8)))
+    keys = block_keys(k, v, k_pos, k_seg, min(block_k, _round_up(lk, 8)))
+    kind = block_kinds(queries, keys)
 
     def one_query_block(args):
-        q_i, qpos_i, qseg_i, kind_i = args  # [B, K, G*bq, H], [B, bq], [B, bq], [nk]
+        q_i, pos_i, seg_i, kind_i = args
+        return attend_key_blocks(softmax_state(q_i), q_i, pos_i, seg_i, kind_i, keys)
 
-        def attend(carry, j, masked: bool):
-            m_prev, l_prev, acc = carry
-            s = jnp.einsum("bkxh,bkyh->bkxy", q_i, kb[:, :, j], preferred_element_type=jnp.float32)
-            s = s.reshape(bsz, kv, g, bq, bk) * scale
-            if masked:
-                kp, ks = kpos_b[:, j], kseg_b[:, j]
-                mask = (kp[:, None, :] <= qpos_i[:, :, None]) & (
-                    ks[:, None, :] == qseg_i[:, :, None]
-                )
-                s = jnp.where(mask[:, None, None], s, _MASKED)
-            m_new = jnp.maximum(m_prev, s.max(axis=-1))
-            p = jnp.exp(s - m_new[..., None])
-            corr = jnp.exp(m_prev - m_new)
-            pv = jnp.einsum(
-                "bkxy,bkyh->bkxh",
-                p.reshape(bsz, kv, g * bq, bk).astype(v.dtype),
-                vb[:, :, j],
-                preferred_element_type=jnp.float32,
-            ).reshape(bsz, kv, g, bq, h)
-            return m_new, l_prev * corr + p.sum(axis=-1), acc * corr[..., None] + pv
-
-        def visit(carry, j):
-            branches = [
-                lambda c: c,
-                lambda c: attend(c, j, masked=True),
-                lambda c: attend(c, j, masked=False),
-            ]
-            return jax.lax.switch(kind_i[j], branches, carry), None
-
-        # *_like the query block: under shard_map the carry then varies over the same mesh
-        # axes as the queries (a constant carry fails shard_map's check_vma).
-        acc0 = jnp.zeros_like(q_i, jnp.float32).reshape(bsz, kv, g, bq, h)
-        init = (jnp.full_like(acc0[..., 0], _MASKED), jnp.zeros_like(acc0[..., 0]), acc0)
-        (_, l_fin, acc), _ = jax.lax.scan(visit, init, jnp.arange(nk))
-        out = acc / l_fin[..., None]  # [B, K, G, bq, H]
-        return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(bsz, bq, n, h).astype(q.dtype)
-
-    blocks = jax.lax.map(
-        one_query_block, (qb, jnp.moveaxis(qpos_b, 1, 0), jnp.moveaxis(qseg_b, 1, 0), kind)
-    )  # [nq, B, bq, N, H]
-    return jnp.moveaxis(blocks, 0, 1).reshape(bsz, lq_pad, n, h)[:, :lq]
+    acc, _, total = jax.lax.map(one_query_block, (*queries, kind))
+    return finish_blocks(acc, total, n, lq).astype(q.dtype)
 
 
 def few_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:

@@ -2,22 +2,20 @@
 against T and decode step time for Linear Hybrid vs Orthros-H and Transformer vs Orthros, at
 the bench shape, through the public prefill / decode_step.
 
-    python -m orthros_jax.bench_table4 --config=configs/bench_hybrid.py --out=docs/bench/table4
+    python launch/benchmark.py --config=configs/bench_hybrid.py --suites=table4 \
+        --out=docs/bench/table4
 
 The hybrid arms are the bench model with `layer_types` cycle (gdn, gdn, gdn, attention) and
 the GDN dims of config.gdn; Orthros-H shares every weight with the hybrid (plus its SO), as
 Orthros does with the Transformer. Every call of a length is timed interleaved with the other
 arms' (benchmarking.time_interleaved): only ratios from one run mean anything on a shared box.
-Writes table4.json, table4.md and table4.png.
+launch/benchmark.py writes table4.json, table4.md and table4.png next to bench.json.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
-import sys
-import time
 from typing import Any
 
 import jax
@@ -26,7 +24,7 @@ import jax.numpy as jnp
 from orthros_jax import benchmarking as bench
 from orthros_jax import flops
 from orthros_jax.config import ModelConfig
-from orthros_jax.inference import decode_step, prefill
+from orthros_jax.inference import prefill
 from orthros_jax.kv_cache import init_cache
 from orthros_jax.model import init_params
 
@@ -76,24 +74,6 @@ def _prefill_call(cfg: ModelConfig, params: dict, t: int, c: Any):
     return call
 
 
-def _decode_call(cfg: ModelConfig, params: dict, context: int, c: Any):
-    """c.decode_steps decode steps on a cache holding `context` random entries per row."""
-    room = c.decode_steps * (c.repeats + 1)
-    cache = init_cache(cfg, c.batch_size, context + room)
-    k = 0.1 * jax.random.normal(jax.random.PRNGKey(1), cache.k.shape, cache.k.dtype)
-    v = 0.1 * jax.random.normal(jax.random.PRNGKey(2), cache.v.shape, cache.v.dtype)
-    cache = cache.replace(k=k, v=v, lengths=jnp.full((c.batch_size,), context, jnp.int32))
-    state = {"cache": cache}
-    tok = jnp.zeros((c.batch_size,), jnp.int32)
-
-    def steps():
-        for _ in range(c.decode_steps):
-            logits, state["cache"] = decode_step(params, state["cache"], tok, cfg)
-        return logits
-
-    return steps
-
-
 def table4_suite(c: Any, results: dict[str, Any]) -> None:
     """Adds results["table4"] = {"prefill": rows per T, "decode": rows per context}."""
     cfgs = table4_arms(c)
@@ -110,7 +90,12 @@ def table4_suite(c: Any, results: dict[str, Any]) -> None:
         print(f"table4 prefill T={t}: " + json.dumps(_brief(row)), flush=True)
     dec = []
     for ctx in c.table4_contexts:
-        calls = {n: _decode_call(cfg, params[n], ctx, c) for n, cfg in cfgs.items()}
+        calls = {
+            n: bench.decode_steps_call(
+                cfg, params[n], ctx, c.decode_steps, c.repeats + 1, c.batch_size
+            )
+            for n, cfg in cfgs.items()
+        }
         timing = bench.time_interleaved(calls, c.repeats)
         row = {"context": ctx}
         for name, cfg in cfgs.items():
@@ -205,39 +190,3 @@ def write_table4(results: dict[str, Any], out_dir: str) -> None:
     with open(os.path.join(out_dir, "table4.md"), "w") as f:
         f.write(markdown(results))
     plot(results, os.path.join(out_dir, "table4.png"))
-
-
-def main(argv: list[str]) -> None:
-    from absl import flags
-
-    del argv
-    c = flags.FLAGS.config
-    out = flags.FLAGS.out
-    if not out:
-        raise ValueError("--out is required (a directory for table4.json/md/png)")
-    results: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"),
-        "backend": jax.default_backend(),
-        "device": str(jax.devices()[0].device_kind),
-        "host": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "jax": jax.__version__,
-        "command": " ".join(["python", "-m", "orthros_jax.bench_table4", *sys.argv[1:]]),
-        "repeats": c.repeats,
-        "batch_size": c.batch_size,
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-    }
-    t0 = time.time()
-    table4_suite(c, results)
-    results["wall_s"] = time.time() - t0
-    write_table4(results, out)
-    print(f"wrote {out}/table4.json, table4.md, table4.png in {results['wall_s']:.0f}s")
-
-
-if __name__ == "__main__":
-    from absl import app, flags
-    from ml_collections import config_flags
-
-    config_flags.DEFINE_config_file("config", "configs/bench_hybrid.py", "Benchmark config.")
-    flags.DEFINE_string("out", None, "Directory for table4.json / table4.md / table4.png.")
-    app.run(main)

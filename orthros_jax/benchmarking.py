@@ -10,7 +10,8 @@ the same prefill driver with another attention implementation (attend.py):
 Both return (logits [B, V], cache) like `prefill`; dense_prefill's logits equal the
 Transformer arm's (tested), so the comparison is of speed only.
 `window_attention_layers` isolates the base stream's sliding-window attention of one prefill
-chunk (what Orthros pays over the floor) to time its kernel on its own.
+chunk (what Orthros pays over the floor) to time its kernel on its own; `decode_steps_call`
+times decode steps on a `filled_cache` (suites decode and table4).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import jax.numpy as jnp
 from orthros_jax.attention import local_attention
 from orthros_jax.cached_forward import prefill
 from orthros_jax.config import ModelConfig
-from orthros_jax.kv_cache import KVCache
+from orthros_jax.inference import decode_step
+from orthros_jax.kv_cache import KVCache, init_cache
 from orthros_jax.model import Params
 
 
@@ -75,6 +77,31 @@ def window_attention_layers(cfg: ModelConfig, block: int, batch: int) -> Callabl
         return jax.lax.fori_loop(0, cfg.n_layers, layer, q)
 
     return lambda: run(q)
+
+
+def filled_cache(cfg: ModelConfig, bsz: int, context: int, room: int) -> KVCache:
+    """A cache holding `context` random K/V entries per row and `room` free slots (decode cost
+    does not depend on the values; a GDN state stays zero)."""
+    cache = init_cache(cfg, bsz, context + room)
+    k = 0.1 * jax.random.normal(jax.random.PRNGKey(1), cache.k.shape, cache.k.dtype)
+    v = 0.1 * jax.random.normal(jax.random.PRNGKey(2), cache.v.shape, cache.v.dtype)
+    return cache.replace(k=k, v=v, lengths=jnp.full((bsz,), context, jnp.int32))
+
+
+def decode_steps_call(
+    cfg: ModelConfig, params: Params, context: int, steps: int, rounds: int, bsz: int
+) -> Callable[[], jax.Array]:
+    """A call of `steps` decode steps, continuing on one cache filled to `context`, with room
+    for `rounds` calls (the warm-up included). Returns the last step's logits."""
+    state = {"cache": filled_cache(cfg, bsz, context, steps * rounds)}
+    tok = jnp.zeros((bsz,), jnp.int32)
+
+    def call() -> jax.Array:
+        for _ in range(steps):
+            logits, state["cache"] = decode_step(params, state["cache"], tok, cfg)
+        return logits
+
+    return call
 
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, dict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -86,10 +87,26 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
     return module.get_config(arg) if arg else module.get_config()
 
 
-def check_override_keys(argv: Sequence[str], flag: str = "config") -> None:
+def define_config_flag(default: str, help_text: str, tool: str, *, lock: bool = True) -> Any:
+    """`--config`, a config file flag (config_flags.DEFINE_config_file), for a launcher named
+    `tool`. Defining it already applies the command line's `--config.<key>` overrides (to
+    `default` when no --config is given), so the keys are checked first: a key the file does
+    not have exits with the valid keys listed instead of a bare AttributeError."""
+    from ml_collections import config_flags
+
+    try:
+        check_override_keys(sys.argv, default=default)
+    except ValueError as e:
+        raise SystemExit(f"{tool}: {e}") from None
+    return config_flags.DEFINE_config_file("config", default, help_text, lock_config=lock)
+
+
+def check_override_keys(
+    argv: Sequence[str], flag: str = "config", default: str | None = None
+) -> None:
     """Fails early, with the valid keys listed, when `--config.<key>=...` names a key the
-    config file does not have (config_flags would otherwise raise a bare AttributeError)."""
-    spec = None
+    config file (`--config`, else `default`) does not have."""
+    spec = default
     overrides = []
     for i, arg in enumerate(argv):
         if arg.startswith(f"--{flag}="):

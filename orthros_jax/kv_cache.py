@@ -43,8 +43,13 @@ class KVCache:
         return out
 
     def with_states(self, states: dict[str, Any], lengths: jax.Array) -> KVCache:
+        return KVCache.from_states({**self.states(), **states}, lengths)
+
+    @staticmethod
+    def from_states(states: dict[str, Any], lengths: jax.Array) -> KVCache:
+        """The cache holding these kind states (keyed as `states()` returns them)."""
         k, v = states["attention"]
-        return KVCache(k, v, lengths, states.get("gdn", self.linear))
+        return KVCache(k, v, lengths, states.get("gdn"))
 
     @property
     def batch_size(self) -> int:
@@ -79,15 +84,10 @@ def init_cache(
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"init_cache: {name} must be a positive int, got {value!r}")
     dtype = jnp.dtype(dtype or cfg.dtype)
-    shape = cache_shape(cfg, batch_size, max_len)
 
     def empty() -> KVCache:
-        return KVCache(
-            k=jnp.zeros(shape, dtype),
-            v=jnp.zeros(shape, dtype),
-            lengths=jnp.zeros((batch_size,), jnp.int32),
-            linear=_linear_state(cfg, batch_size, max_len, dtype),
-        )
+        states = kind_states(cfg, batch_size, max_len, dtype)
+        return KVCache.from_states(states, jnp.zeros((batch_size,), jnp.int32))
 
     if mesh is None:
         return empty()
@@ -97,14 +97,17 @@ def init_cache(
     return jax.jit(empty, out_shardings=sharding.cache_shardings(cfg, batch_size, max_len, mesh))()
 
 
-def _linear_state(cfg: ModelConfig, batch_size: int, max_len: int, dtype) -> Any:
-    """The GDN layers' zero state stacked over them (None when the stack has none)."""
-    n = cfg.layers_of("gdn")
-    if not n:
-        return None
-    from orthros_jax.gdn_layer import KIND  # it imports the layer machinery
+def kind_states(cfg: ModelConfig, batch_size: int, max_len: int, dtype) -> dict[str, Any]:
+    """Each layer kind's zero state stacked over its layers, by kind name, from the kind's
+    own init_state (what KVCache.states() returns). The attention kind is always there (with
+    0 layers in a pure GDN stack: its K/V give the cache its batch and slot sizes)."""
+    from orthros_jax.stack import KINDS  # the layer kinds import this module
 
-    return KIND.init_state(cfg, n, batch_size, max_len, dtype)
+    return {
+        name: kind.init_state(cfg, cfg.layers_of(name), batch_size, max_len, dtype)
+        for name, kind in KINDS.items()
+        if name == "attention" or cfg.layers_of(name)
+    }
 
 
 def _rows(slots_BT: jax.Array) -> jax.Array:

@@ -210,33 +210,26 @@ def put_tree(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(put, tree, shardings)
 
 
-CACHE_AXES = (model_lib.LAYERS, BATCH, model_lib.KV_HEADS, LENGTH, model_lib.HEAD_DIM)
-
-
 def cache_shardings(cfg: ModelConfig, batch_size: int, max_len: int, mesh: Mesh) -> Any:
-    """KVCache of NamedShardings: k/v [layers, B, K, S, H] split over batch, kv heads and slots by
-    the rules (head_dim whole), lengths [B] over batch, the GDN state (linear) over batch and
-    heads."""
-    from orthros_jax.kv_cache import KVCache, cache_shape
+    """KVCache of NamedShardings: every layer kind's state split by its own `state_axes` and
+    the rules (attention K/V [layers, B, K, S, H] over batch, kv heads and slots, head_dim
+    whole; the GDN state over batch and heads), lengths [B] over batch."""
+    from orthros_jax.kv_cache import KVCache, kind_states
+    from orthros_jax.stack import KINDS
 
-    kv = NamedSharding(mesh, shard_spec(CACHE_AXES, cache_shape(cfg, batch_size, max_len), mesh))
-    lengths = NamedSharding(mesh, shard_spec((BATCH,), (batch_size,), mesh))
-    return KVCache(k=kv, v=kv, lengths=lengths, linear=_linear_shardings(cfg, batch_size, mesh))
-
-
-def _linear_shardings(cfg: ModelConfig, batch_size: int, mesh: Mesh) -> Any:
-    """KVCache.linear's shardings (the GDN state, by the kind's state_axes); None without it."""
-    n = cfg.layers_of("gdn")
-    if not n:
-        return None
-    from orthros_jax.gdn_layer import KIND
-
-    shapes = jax.eval_shape(lambda: KIND.init_state(cfg, n, batch_size, 1, cfg.jnp_dtype))
-    return jax.tree.map(
-        lambda axes, a: NamedSharding(mesh, shard_spec(axes, a.shape, mesh)),
-        KIND.state_axes(cfg),
-        shapes,
-        is_leaf=lambda x: isinstance(x, tuple),
+    shapes = jax.eval_shape(lambda: kind_states(cfg, batch_size, max_len, cfg.jnp_dtype))
+    is_axes = lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+    states = {
+        name: jax.tree.map(
+            lambda axes, a: NamedSharding(mesh, shard_spec(axes, a.shape, mesh)),
+            KINDS[name].state_axes(cfg),
+            shape,
+            is_leaf=is_axes,
+        )
+        for name, shape in shapes.items()
+    }
+    return KVCache.from_states(
+        states, NamedSharding(mesh, shard_spec((BATCH,), (batch_size,), mesh))
     )
 
 

@@ -68,7 +68,7 @@ def test_benchmark_runs_end_to_end(tmp_path):
         "--config=configs/bench.py",
         f"--out={out}",
         "--config.model.d_model=32",
-        "--config.model.n_layers=2",
+        "--config.model.n_layers=4",  # one (gdn, gdn, gdn, attention) cycle for table4
         "--config.model.n_heads=4",
         "--config.model.n_kv_heads=2",
         "--config.model.head_dim=8",
@@ -84,7 +84,14 @@ def test_benchmark_runs_end_to_end(tmp_path):
         "--config.window_blocks=(4,8)",
         "--config.inference_len=24",
         "--config.inference_new_tokens=2",
-        "--suites=prefill,honesty,memory,decode,train,inference,window",
+        "--config.gdn.gdn_num_k_heads=2",
+        "--config.gdn.gdn_num_v_heads=4",
+        "--config.gdn.gdn_k_head_dim=8",
+        "--config.gdn.gdn_v_head_dim=8",
+        "--config.gdn.gdn_chunk=8",
+        "--config.table4_lengths=(40,)",
+        "--config.table4_contexts=(32,)",
+        "--suites=prefill,honesty,memory,decode,train,inference,window,table4",
     ]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
     results = json.loads((out / "bench.json").read_text())
@@ -103,6 +110,14 @@ def test_benchmark_runs_end_to_end(tmp_path):
         assert inf[arm]["ttft_s"] > 0 and inf[arm]["decode_step_tok_s"] > 0
         assert sorted(inf[arm]["timing"]) == ["decode_step", "generate_1", "generate_n", "ttft"]
     assert "| orthros | " in (out / "bench.md").read_text()
+    tab = json.loads((out / "table4.json").read_text())["table4"]
+    assert [r["T"] for r in tab["prefill"]] == [40] and [r["context"] for r in tab["decode"]] == [
+        32
+    ]
+    for row in (*tab["prefill"], *tab["decode"]):
+        assert row["hybrid_over_orthros_h"] > 0 and row["transformer_over_orthros"] > 0
+    assert tab["models"]["orthros_h"]["layer_types"] == ["gdn", "gdn", "gdn", "attention"]
+    assert "| 40 |" in (out / "table4.md").read_text()
 
 
 def test_headline_reads_each_target_from_its_suite():

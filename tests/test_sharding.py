@@ -46,7 +46,9 @@ def test_cache_is_split_over_batch_and_kv_heads():
     mesh = sharding.make_mesh(MeshConfig(1, 1, 1))
     sh = sharding.cache_shardings(tiny_model(), 4, 64, mesh)
     assert sh.k.spec == P() and sh.lengths.spec == P()  # one device: nothing to split
-    axes = sharding.CACHE_AXES
+    from orthros_jax import attention_layer
+
+    axes = attention_layer.state_axes(tiny_model())[0]
     assert sharding.shard_spec(axes, (2, 4, 2, 64, 8), _mesh(2, 1, 2)) == P(None, "data", "tensor")
 
 

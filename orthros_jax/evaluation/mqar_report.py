@@ -92,11 +92,11 @@ def markdown(results: Mapping[str, Any]) -> str:
         "| arm | all cells | " + " | ".join(names) + " |",
         "|---|---|" + "---|" * len(names),
     ]
-    for arm in report._arms(arms):
+    for arm in report.arms_in_order(arms):
         a = arms[arm]
         per = [_mean_over_runs(a["runs"], "cells", n) for n in names]
         lines.append(
-            f"| {report._label(arm)} | {a['accuracy_mean']:.2f} ± {a['accuracy_std']:.2f} | "
+            f"| {report.label(arm)} | {a['accuracy_mean']:.2f} ± {a['accuracy_std']:.2f} | "
             + " | ".join(_fmt(v) for v in per)
             + " |"
         )
@@ -107,9 +107,9 @@ def markdown(results: Mapping[str, Any]) -> str:
         "| arm | " + " | ".join(bins) + " |",
         "|---|" + "---|" * len(bins),
     ]
-    for arm in report._arms(arms):
+    for arm in report.arms_in_order(arms):
         per = [_mean_over_runs(arms[arm]["runs"], "by_distance", b) for b in bins]
-        lines.append(f"| {report._label(arm)} | " + " | ".join(_fmt(v) for v in per) + " |")
+        lines.append(f"| {report.label(arm)} | " + " | ".join(_fmt(v) for v in per) + " |")
     load = results.get("load_average")  # absent in hand-made results
     during = (
         f"; load average {load['start'][0]:.1f} at the start, {load['end'][0]:.1f} at the end"
@@ -129,7 +129,7 @@ def plot(results: Mapping[str, Any], path: str) -> None:
 
     s, arms = results["setup"], results["arms"]
     names = [cell_name(n, d) for n, d in s["cells"]]
-    order = report._arms(arms)
+    order = report.arms_in_order(arms)
     bins = mqar.distance_bins(s["distance_bins"])
     chance = 2 / s["vocab_size"]  # one of vocab / 2 values
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -139,11 +139,11 @@ def plot(results: Mapping[str, Any], path: str) -> None:
         x = np.arange(len(names)) + (i - (len(order) - 1) / 2) * width
         color = report.COLORS.get(arm)
         ax1.bar(x, [_mean_over_runs(runs, "cells", n) for n in names], width, color=color,
-                label=report._label(arm))  # fmt: skip
+                label=report.label(arm))  # fmt: skip
         dist = [_mean_over_runs(runs, "by_distance", b) for b in bins]
         # Distinct markers and sizes: arms at the same accuracy stay visible on top of each other.
         ax2.plot(range(len(bins)), [np.nan if v is None else v for v in dist], color=color,
-                 marker="osv^D*"[i % 6], markersize=9 - 1.5 * (i % 4), label=report._label(arm))  # fmt: skip
+                 marker="osv^D*"[i % 6], markersize=9 - 1.5 * (i % 4), label=report.label(arm))  # fmt: skip
     for ax in (ax1, ax2):
         ax.axhline(chance, color="k", ls=":", lw=1, label="chance")
     ax1.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)

@@ -58,11 +58,16 @@ def _pm(mean: float, std: float, digits: int = 3) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def _label(arm: str) -> str:
+def label(arm: str) -> str:
     return ARM_LABELS.get(arm, arm)
 
 
-def _arms(arms: Mapping[str, Any]) -> list[str]:
+def stage_label(stage: str) -> str:
+    """A conversion experiment's stage: the base model's continued pretraining or a converted arm."""
+    return "Transformer (base CPT)" if stage == "transformer" else f"{label(stage)} (converted)"
+
+
+def arms_in_order(arms: Mapping[str, Any]) -> list[str]:
     """Arm names in the canonical order (results.json is written with sorted keys)."""
     order = list(ARM_LABELS)
     return sorted(arms, key=lambda a: order.index(a) if a in order else len(order))
@@ -84,13 +89,13 @@ def markdown(results: Mapping[str, Any]) -> str:
             "| arm | accuracy (all lengths) | " + " | ".join(f"T={n}" for n in lengths) + " |",
             "|---|---|" + "---|" * len(lengths),
         ]
-        for arm in _arms(r["arms"]):
+        for arm in arms_in_order(r["arms"]):
             a = r["arms"][arm]
             per_len = [
                 np.mean([run["accuracy_by_length"][str(n)] for run in a["runs"]]) for n in lengths
             ]
             lines.append(
-                f"| {_label(arm)} | {_pm(a['accuracy_mean'], a['accuracy_std'], 2)} | "
+                f"| {label(arm)} | {_pm(a['accuracy_mean'], a['accuracy_std'], 2)} | "
                 + " | ".join(f"{v:.2f}" for v in per_len)
                 + " |"
             )
@@ -106,11 +111,11 @@ def markdown(results: Mapping[str, Any]) -> str:
             "| arm | NLL | bits/byte | per seed |",
             "|---|---|---|---|",
         ]
-        for arm in _arms(r["arms"]):
+        for arm in arms_in_order(r["arms"]):
             a = r["arms"][arm]
             seeds = ", ".join(f"{run['nll']:.3f}" for run in a["runs"])
             lines.append(
-                f"| {_label(arm)} | {_pm(a['nll_mean'], a['nll_std'])} | {a['bpb_mean']:.3f} | {seeds} |"
+                f"| {label(arm)} | {_pm(a['nll_mean'], a['nll_std'])} | {a['bpb_mean']:.3f} | {seeds} |"
             )
         lines += [""]
     if "convert" in results:
@@ -124,16 +129,12 @@ def markdown(results: Mapping[str, Any]) -> str:
             "| arm | NLL right after conversion | NLL after continued training | per seed |",
             "|---|---|---|---|",
         ]
-        for stage in _arms(r["arms"]):
+        for stage in arms_in_order(r["arms"]):
             a = r["arms"][stage]
-            label = (
-                "Transformer (base CPT)"
-                if stage == "transformer"
-                else f"{_label(stage)} (converted)"
-            )
+            name = stage_label(stage)
             seeds = ", ".join(f"{run['nll']:.3f}" for run in a["runs"])
             lines.append(
-                f"| {label} | {a['before']['nll']:.3f} | {_pm(a['nll_mean'], a['nll_std'])} | {seeds} |"
+                f"| {name} | {a['before']['nll']:.3f} | {_pm(a['nll_mean'], a['nll_std'])} | {seeds} |"
             )
         lines += [""]
     times = [
@@ -161,7 +162,7 @@ def plot(results: Mapping[str, Any], path: str) -> None:
         r = results[exp]
         if exp == "recall":
             lengths = r["setup"]["eval"]["context_lengths"]
-            arms = _arms(r["arms"])
+            arms = arms_in_order(r["arms"])
             width = 0.8 / max(len(arms), 1)
             for i, arm in enumerate(arms):
                 runs = r["arms"][arm]["runs"]
@@ -176,7 +177,7 @@ def plot(results: Mapping[str, Any], path: str) -> None:
                     means,
                     width,
                     yerr=[np.std(a) for a in acc],
-                    label=_label(arm),
+                    label=label(arm),
                     color=COLORS.get(arm),
                 )
             ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
@@ -186,7 +187,7 @@ def plot(results: Mapping[str, Any], path: str) -> None:
             ax.set_title("1. recall beyond the window")
             ax.legend(fontsize=8)
         elif exp == "lm":
-            arms = _arms(r["arms"])
+            arms = arms_in_order(r["arms"])
             means = [r["arms"][a]["nll_mean"] for a in arms]
             stds = [r["arms"][a]["nll_std"] for a in arms]
             ax.bar(
@@ -197,7 +198,7 @@ def plot(results: Mapping[str, Any], path: str) -> None:
                 ax.scatter(
                     xs, [run["nll"] for run in r["arms"][a]["runs"]], color="k", s=8, zorder=3
                 )
-            ax.set_xticks(range(len(arms)), [_label(a) for a in arms], rotation=15)
+            ax.set_xticks(range(len(arms)), [label(a) for a in arms], rotation=15)
             lo = min(m - s for m, s in zip(means, stds, strict=True))
             hi = max(m + s for m, s in zip(means, stds, strict=True))
             pad = max(0.05, 0.5 * (hi - lo))
@@ -205,20 +206,16 @@ def plot(results: Mapping[str, Any], path: str) -> None:
             ax.set_ylabel("held-out NLL (nats/byte)")
             ax.set_title("2. byte-level LM, equal steps")
         else:
-            for stage in _arms(r["arms"]):
+            for stage in arms_in_order(r["arms"]):
                 a = r["arms"][stage]
                 curves = [c for c in a["curves"] if c]
-                label = (
-                    "Transformer (base CPT)"
-                    if stage == "transformer"
-                    else f"{_label(stage)} (converted)"
-                )
+                name = stage_label(stage)
                 if curves:
                     steps = [s for s, _ in curves[0]]
                     loss = np.array([[v for _, v in c] for c in curves if len(c) == len(steps)])
                     steps = [0, *steps]
                     mean = [a["before"]["nll"], *loss.mean(0)]
-                    ax.plot(steps, mean, marker="o", label=label, color=COLORS.get(stage))
+                    ax.plot(steps, mean, marker="o", label=name, color=COLORS.get(stage))
             ax.axhline(r["pretrain"]["nll"], color="k", ls=":", lw=1, label="after pretraining")
             ax.set_xlabel("continued-training step")
             ax.set_ylabel("held-out NLL (nats/byte)")
@@ -243,7 +240,7 @@ def plot_recall_heatmaps(results: Mapping[str, Any], path: str) -> bool:
 
     r = results["recall"]
     lengths, depths = r["setup"]["eval"]["context_lengths"], r["setup"]["eval"]["depths"]
-    arms = _arms(r["arms"])
+    arms = arms_in_order(r["arms"])
     fig, axes = plt.subplots(
         1, len(arms), figsize=(0.9 + 2.6 * len(arms), 1.3 + 0.45 * len(depths)), squeeze=False
     )
@@ -257,7 +254,7 @@ def plot_recall_heatmaps(results: Mapping[str, Any], path: str) -> bool:
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
         ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
         ax.set_xlabel("context length")
-        ax.set_title(_label(arm), fontsize=10)
+        ax.set_title(label(arm), fontsize=10)
         if ax is not axes[0][0]:
             ax.tick_params(labelleft=False)
     axes[0][0].set_ylabel("needle depth")

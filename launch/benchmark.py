@@ -9,7 +9,8 @@ memory (compiled prefill temp bytes), decode (decode_step per context), train (a
 inference (TTFT and decode tokens/s through the serving API: prefill, decode_step, generate),
 window (the window-attention kernel alone; not run by default), sequence (sequence-parallel
 prefill on 8 devices, orthros_jax/bench_sequence.py; not run by default; configs/bench_sequence.py
-has its command).
+has its command), table4 (the paper's Table 4 pairs, Linear Hybrid vs Orthros-H and Transformer
+vs Orthros, orthros_jax/bench_table4.py; not run by default; configs/bench_hybrid.py).
 Everything is measured side by side in one process (the machine is shared and noisy, so only
 ratios from one run mean anything). Writes bench.json, bench.md and bench.png into --out.
 """

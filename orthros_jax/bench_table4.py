@@ -5,9 +5,10 @@ the bench shape, through the public prefill / decode_step.
     python launch/benchmark.py --config=configs/bench_hybrid.py --suites=table4 \
         --out=docs/bench/table4
 
-The hybrid arms are the bench model with `layer_types` cycle (gdn, gdn, gdn, attention) and
-the GDN dims of config.gdn; Orthros-H shares every weight with the hybrid (plus its SO), as
-Orthros does with the Transformer. Every call of a length is timed interleaved with the other
+The arms are the bench model with `table4_n_layers` layers (two cycles: with one, the only
+attention layer would be the last, whose base output prefill skips); the hybrid arms have the
+`layer_types` cycle (gdn, gdn, gdn, attention) and the GDN dims of config.gdn; Orthros-H
+shares every weight with the hybrid (plus its SO), as Orthros does with the Transformer. Every call of a length is timed interleaved with the other
 arms' (benchmarking.time_interleaved): only ratios from one run mean anything on a shared box.
 launch/benchmark.py writes table4.json, table4.md and table4.png next to bench.json.
 """
@@ -33,7 +34,7 @@ PAIRS = (("hybrid", "orthros_h"), ("transformer", "orthros"))
 
 def table4_arms(c: Any) -> dict[str, ModelConfig]:
     """The four arms from the bench config (bf16 on accelerators)."""
-    model = dict(c.model) | {"scale_offset": None}
+    model = dict(c.model) | {"scale_offset": None, "n_layers": c.table4_n_layers}
     if jax.default_backend() != "cpu":
         model.update(dtype="bfloat16", param_dtype="bfloat16")
     gdn = dict(c.gdn)

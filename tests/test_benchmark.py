@@ -89,6 +89,7 @@ def test_benchmark_runs_end_to_end(tmp_path):
         "--config.gdn.gdn_k_head_dim=8",
         "--config.gdn.gdn_v_head_dim=8",
         "--config.gdn.gdn_chunk=8",
+        "--config.table4_n_layers=4",
         "--config.table4_lengths=(40,)",
         "--config.table4_contexts=(32,)",
         "--suites=prefill,honesty,memory,decode,train,inference,window,table4",

@@ -166,20 +166,8 @@ def memory_suite(c, cfgs, params, results) -> None:
 def decode_suite(c, cfgs, params, results) -> None:
     rows = []
     for ctx in c.decode_contexts:
-        calls = {
-            name: bench.decode_steps_call(
-                cfg, params[name], ctx, c.decode_steps, c.repeats + 1, c.batch_size
-            )
-            for name, cfg in cfgs.items()
-        }
-        timing = bench.time_interleaved(calls, c.repeats)
-        row = {"context": ctx}
-        for name, cfg in cfgs.items():
-            row[name] = {
-                "step_s": timing[name]["median_s"] / c.decode_steps,
-                "gflop": flops.decode_flops(cfg, ctx) / 1e9,
-            }
-        row["orthros_over_transformer"] = bench.ratio(timing["orthros"], timing["transformer"])
+        row = bench.decode_row(cfgs, params, ctx, c)
+        row["orthros_over_transformer"] = bench.ratio(row["orthros"], row["transformer"])
         rows.append(row)
         print(f"decode ctx={ctx}: " + json.dumps(row), flush=True)
     results["decode"] = rows

@@ -115,22 +115,32 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: dict[str, Any], path: str) -> None:
-    """Log-log prefill time against T for Orthros, the Transformer arm and the floor."""
+def plot(
+    results: dict[str, Any],
+    path: str,
+    *,
+    rows: list[dict[str, Any]] | None = None,
+    styles: dict[str, str] | None = None,
+    title: str = "Prefill",
+) -> None:
+    """Log-log prefill time against T, one line per arm in `styles` (default Orthros, the
+    Transformer arm and the floor) over `rows` (default results["prefill"]), each row
+    {"T", arm: {"median_s"}}; the other suites' plots (sequence, table4) call it too."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt
 
-    pre = results.get("prefill", [])
+    rows = results.get("prefill", []) if rows is None else rows
+    styles = styles or {"orthros": "o-", "transformer": "s-", "floor": "^--"}
     fig, ax = plt.subplots(figsize=(6, 4.2))
-    for name, style in (("orthros", "o-"), ("transformer", "s-"), ("floor", "^--")):
-        pts = [(r["T"], r[name]["median_s"]) for r in pre if name in r]
+    for name, style in styles.items():
+        pts = [(r["T"], r[name]["median_s"]) for r in rows if name in r]
         if pts:
             ax.loglog(*zip(*pts, strict=True), style, label=name, base=2)
     ax.set_xlabel("prompt length T (tokens)")
     ax.set_ylabel("prefill time (s, median)")
-    ax.set_title(f"Prefill, {results['backend']} ({results['date']})")
+    ax.set_title(f"{title}, {results['backend']} ({results['date']})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -22,8 +22,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from orthros_jax import bench_report, flops
 from orthros_jax import benchmarking as bench
-from orthros_jax import flops
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import prefill
 from orthros_jax.kv_cache import init_cache
@@ -91,22 +91,9 @@ def table4_suite(c: Any, results: dict[str, Any]) -> None:
         print(f"table4 prefill T={t}: " + json.dumps(_brief(row)), flush=True)
     dec = []
     for ctx in c.table4_contexts:
-        calls = {
-            n: bench.decode_steps_call(
-                cfg, params[n], ctx, c.decode_steps, c.repeats + 1, c.batch_size
-            )
-            for n, cfg in cfgs.items()
-        }
-        timing = bench.time_interleaved(calls, c.repeats)
-        row = {"context": ctx}
-        for name, cfg in cfgs.items():
-            row[name] = {
-                "step_s": timing[name]["median_s"] / c.decode_steps,
-                "times_s": timing[name]["times_s"],
-                "gflop": flops.decode_flops(cfg, ctx) / 1e9,
-            }
+        row = bench.decode_row(cfgs, params, ctx, c)
         for single, two in PAIRS:
-            row[f"{single}_over_{two}"] = bench.ratio(timing[single], timing[two])
+            row[f"{single}_over_{two}"] = bench.ratio(row[single], row[two])
         dec.append(row)
         print(f"table4 decode ctx={ctx}: " + json.dumps(_brief(row)), flush=True)
     results["table4"] = {
@@ -163,24 +150,9 @@ def markdown(results: dict[str, Any]) -> str:
 
 def plot(results: dict[str, Any], path: str) -> None:
     """Log-log prefill time against T for the four arms."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4.2))
     styles = {"hybrid": "s-", "orthros_h": "o-", "transformer": "s--", "orthros": "o--"}
-    for name, style in styles.items():
-        pts = [(r["T"], r[name]["median_s"]) for r in results["table4"]["prefill"]]
-        ax.loglog(*zip(*pts, strict=True), style, label=name, base=2)
-    ax.set_xlabel("prompt length T (tokens)")
-    ax.set_ylabel("prefill time (s, median)")
-    ax.set_title(f"Table 4 pairs, prefill, {results['backend']} ({results['date']})")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    rows = results["table4"]["prefill"]
+    bench_report.plot(results, path, rows=rows, styles=styles, title="Table 4 pairs, prefill")
 
 
 def write_table4(results: dict[str, Any], out_dir: str) -> None:

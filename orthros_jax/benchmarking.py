@@ -10,8 +10,8 @@ the same prefill driver with another attention implementation (attend.py):
 Both return (logits [B, V], cache) like `prefill`; dense_prefill's logits equal the
 Transformer arm's (tested), so the comparison is of speed only.
 `window_attention_layers` isolates the base stream's sliding-window attention of one prefill
-chunk (what Orthros pays over the floor) to time its kernel on its own; `decode_steps_call`
-times decode steps on a `filled_cache` (suites decode and table4).
+chunk (what Orthros pays over the floor) to time its kernel on its own; `decode_row`
+times every arm's decode steps on a `filled_cache` (suites decode and table4).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from orthros_jax import flops
 from orthros_jax.attention import local_attention
 from orthros_jax.cached_forward import prefill
 from orthros_jax.config import ModelConfig
@@ -88,20 +89,34 @@ def filled_cache(cfg: ModelConfig, bsz: int, context: int, room: int) -> KVCache
     return cache.replace(k=k, v=v, lengths=jnp.full((bsz,), context, jnp.int32))
 
 
-def decode_steps_call(
-    cfg: ModelConfig, params: Params, context: int, steps: int, rounds: int, bsz: int
-) -> Callable[[], jax.Array]:
-    """A call of `steps` decode steps, continuing on one cache filled to `context`, with room
-    for `rounds` calls (the warm-up included). Returns the last step's logits."""
-    state = {"cache": filled_cache(cfg, bsz, context, steps * rounds)}
+def decode_row(
+    cfgs: dict[str, ModelConfig], params: dict[str, Params], context: int, c: Any
+) -> dict[str, Any]:
+    """Decode step time of every arm at one context, timed interleaved: each call is
+    c.decode_steps steps continuing on one cache filled to `context` (batch c.batch_size).
+    Returns {"context", arm: {"step_s", "times_s", "gflop"}}; `ratio` compares two arms."""
+    rounds, steps, bsz = c.repeats + 1, c.decode_steps, c.batch_size  # +1: the warm-up call
     tok = jnp.zeros((bsz,), jnp.int32)
 
-    def call() -> jax.Array:
-        for _ in range(steps):
-            logits, state["cache"] = decode_step(params, state["cache"], tok, cfg)
-        return logits
+    def call_for(name: str, cfg: ModelConfig) -> Callable[[], jax.Array]:
+        state = {"cache": filled_cache(cfg, bsz, context, steps * rounds)}
 
-    return call
+        def call() -> jax.Array:
+            for _ in range(steps):
+                logits, state["cache"] = decode_step(params[name], state["cache"], tok, cfg)
+            return logits
+
+        return call
+
+    timing = time_interleaved({n: call_for(n, cfg) for n, cfg in cfgs.items()}, c.repeats)
+    row: dict[str, Any] = {"context": context}
+    for name, cfg in cfgs.items():
+        row[name] = {
+            "step_s": timing[name]["median_s"] / steps,
+            "times_s": timing[name]["times_s"],
+            "gflop": flops.decode_flops(cfg, context) / 1e9,
+        }
+    return row
 
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, dict]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import numpy as np
 import oracle
 import oracle_gdn
@@ -20,10 +19,12 @@ from test_oracle import (
     _packing,
     _tokens,
     check_prefill_decode,
+    random_params,
+    sft_forward,
 )
+from test_oracle import _draw as oracle_draw
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.model import OrthrosLM, init_params
 
 ATOL = 2e-5
 ARCHS = ("gdn", "hybrid", "orthros_h")
@@ -40,47 +41,25 @@ def _cfg(arch: str) -> ModelConfig:
 
 
 def _draw(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """Random values far from the init, so every parameter matters (stacked [layers, ...])."""
-    if name.endswith("norm") or name.endswith("_scale"):
-        return rng.uniform(0.5, 1.5, shape)
-    if name.endswith("_offset"):
-        return 0.5 * rng.standard_normal(shape)
-    if name == "embedding":
-        return 0.3 * rng.standard_normal(shape)
+    """test_oracle's random draw, plus the GDN mixer's parameters ([layers, ...])."""
     if name == "gdn_a_log":  # decays e^g between ~0.2 and ~0.99 per token
         return np.log(rng.uniform(0.05, 1.0, shape))
     if name == "gdn_dt_bias":
         return rng.standard_normal(shape)
     if name.startswith("gdn_conv_"):
         return rng.standard_normal(shape) / np.sqrt(shape[1])
-    if name in ("wq", "wk", "wv") or name.startswith("gdn_w"):
-        fan_in = shape[1]  # [layers, D, ...]
-    elif name in ("wo", "gdn_out"):
-        fan_in = shape[1] * shape[2]
-    else:
-        fan_in = shape[-2]
-    return rng.standard_normal(shape) / np.sqrt(fan_in)
+    if name.startswith("gdn_w"):
+        return rng.standard_normal(shape) / np.sqrt(shape[1])  # [layers, D, ...] reads D
+    if name == "gdn_out":
+        return rng.standard_normal(shape) / np.sqrt(shape[1] * shape[2])
+    return oracle_draw(name, shape, rng)
 
 
 @functools.cache
 def _setup(arch: str):
     cfg = _cfg(arch)
-    shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
-    rng = np.random.default_rng(ARCHS.index(arch) + 40)
-
-    def fill(tree):
-        return {
-            name: fill(sub) if isinstance(sub, dict) else _draw(name, sub.shape, rng)
-            for name, sub in tree.items()
-        }
-
-    params32 = jax.tree.map(lambda a: np.asarray(a, np.float32), fill(shapes))
-    forward = jax.jit(
-        lambda p, t, pos, seg, idx: OrthrosLM(cfg).apply(
-            {"params": p}, t, positions=pos, segment_ids=seg, output_positions=idx
-        )
-    )
-    return cfg, params32, oracle.to_float64(params32), oracle.Spec.from_config(cfg), forward
+    params32, params64 = random_params(cfg, ARCHS.index(arch) + 40, _draw)
+    return cfg, params32, params64, oracle.Spec.from_config(cfg), sft_forward(cfg)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

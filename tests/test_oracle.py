@@ -77,32 +77,45 @@ def _draw(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.nda
     return rng.standard_normal(shape) / np.sqrt(fan_in)
 
 
-@functools.cache
-def _setup(arch: str, variant: str):
-    """(cfg, fp32 params for the model, float64 params for the oracle, spec, jitted forward)."""
-    cfg = _cfg(arch, variant)
+def random_params(cfg: ModelConfig, seed: int, draw=_draw) -> tuple[dict, dict]:
+    """(fp32 params for the model, the same in float64 for the oracle), every leaf from
+    `draw(name, shape, rng)`."""
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
-    rng = np.random.default_rng(sorted(ARCHS).index(arch) * 10 + len(variant))
+    rng = np.random.default_rng(seed)
 
     def fill(tree):
         return {
-            name: fill(sub) if isinstance(sub, dict) else _draw(name, sub.shape, rng)
+            name: fill(sub) if isinstance(sub, dict) else draw(name, sub.shape, rng)
             for name, sub in tree.items()
         }
 
     params32 = jax.tree.map(lambda a: np.asarray(a, np.float32), fill(shapes))
-    forward = jax.jit(
+    return params32, oracle.to_float64(params32)
+
+
+def sft_forward(cfg: ModelConfig):
+    """The jitted model forward with output copies at `idx`: (params, tokens, positions,
+    segment ids, idx) -> logits."""
+    return jax.jit(
         lambda p, t, pos, seg, idx: OrthrosLM(cfg).apply(
             {"params": p}, t, positions=pos, segment_ids=seg, output_positions=idx
         )
     )
+
+
+@functools.cache
+def _setup(arch: str, variant: str):
+    """(cfg, fp32 params for the model, float64 params for the oracle, spec, jitted forward)."""
+    cfg = _cfg(arch, variant)
+    params32, params64 = random_params(cfg, sorted(ARCHS).index(arch) * 10 + len(variant))
+    forward = sft_forward(cfg)
     pt_forward = jax.jit(
         lambda p, t, pos, seg: OrthrosLM(cfg).apply(
             {"params": p}, t, positions=pos, segment_ids=seg
         )
     )
     spec = oracle.Spec.from_config(cfg)
-    return cfg, params32, oracle.to_float64(params32), spec, forward, pt_forward
+    return cfg, params32, params64, spec, forward, pt_forward
 
 
 def _tokens(cfg: ModelConfig, shape: tuple[int, ...], seed: int) -> np.ndarray:

@@ -36,6 +36,7 @@ from orthros_jax.layer_kind import (
     block_param_shapes,
     default_init,
     ffn_residual,
+    finish_streams,
     norm,
 )
 
@@ -185,17 +186,12 @@ def step(
     out_attn = None
     if out is not None:
         q_out = layer_query(p, out.x, out.positions, cfg, "out")
+        if ctx.out_index is not None:  # SFT copies are not the keys' own queries
+            full = full.replace(aligned=False, default_positions=False)
         out_attn = attend(ctx.impl, q_out, out.positions, _q_segments(out, ctx), full, None, cfg)
-    if base_attn is not None and out_attn is not None and ctx.mode == DECODE:
-        # W_O and the FFN are token-wise and shared: both streams as one [B, 2, D] batch.
-        both = layer_finish(
-            p, jnp.concatenate([base.x, out.x], 1), jnp.concatenate([base_attn, out_attn], 1), cfg
-        )
-        return base.replace(x=both[:, :1]), out.replace(x=both[:, 1:]), state
-    if base_attn is not None:
-        base = base.replace(x=layer_finish(p, base.x, base_attn, cfg))
-    if out_attn is not None:
-        out = out.replace(x=layer_finish(p, out.x, out_attn, cfg))
+    # W_O and the FFN are token-wise and shared (decode: both streams as one batch).
+    finish = lambda x, a: layer_finish(p, x, a, cfg)
+    base, out = finish_streams(base, out, base_attn, out_attn, finish, ctx.mode == DECODE)
     return base, out, state
 
 

@@ -128,7 +128,6 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
             window_slots=pos[:, :1] - (w - 1) + jnp.arange(w - 1, dtype=jnp.int32),
             slot_segments=slot_seg,
             valid=valid,
-            reset=jnp.zeros_like(valid),
         )
         x = embed(params, jax.lax.dynamic_slice_in_dim(tokens, c * chunk, chunk, 1), cfg)
         base = Stream(x, pos, jnp.ones_like(pos))
@@ -181,7 +180,6 @@ def decode(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array,
         window_slots=_window_ending_at(pos, w),
         slot_segments=_slot_segments(s, slot_ids[None] <= pos[:, None]),
         valid=active[:, None],
-        reset=jnp.zeros((cache.batch_size, 1), bool),
         slot_offset=slot_offset,
     )
     x = embed(params, tokens[:, None], cfg)

@@ -42,7 +42,7 @@ from orthros_jax.layer_kind import (
     block_param_shapes,
     default_init,
     ffn_residual,
-    merge_streams,
+    finish_streams,
     norm,
 )
 
@@ -73,46 +73,29 @@ def _cross_so(p: Params, cfg: ModelConfig) -> gdn.CrossSO | None:
     return None
 
 
-def _resets(stream: Stream) -> jax.Array:
-    """[B, L] True where a packed document starts: the segment changes or the position does
-    not increase over the previous token."""
-    seg, pos = stream.segment_ids, stream.positions
-    new_seg = seg[:, 1:] != seg[:, :-1]
-    restart = pos[:, 1:] <= pos[:, :-1]
-    first = jnp.ones_like(seg[:, :1], bool)
-    return jnp.concatenate([first, new_seg | restart], axis=1)
+def _sequence(p: Params, cfg: ModelConfig, base: Stream, out: Stream | None, ctx: StepContext):
+    """Sequence mode: (y [B, T, D], cross_y [B, T_out, D] or None). The state restarts at
+    ctx.reset (packed-document starts).
 
-
-def copy_index(base: Stream, out: Stream) -> jax.Array:
-    """Index [B, T_out] into the base stream of each output copy's token: the base token with
-    the copy's (position, segment). O(B * T_out * T) compares, once per layer."""
-    same = (out.positions[:, :, None] == base.positions[:, None, :]) & (
-        out.segment_ids[:, :, None] == base.segment_ids[:, None, :]
-    )
-    return jnp.argmax(same, axis=-1).astype(jnp.int32)
-
-
-def _sequence(p: Params, cfg: ModelConfig, base: Stream, out: Stream | None):
-    """Sequence mode: (y [B, T, D], cross_y [B, T_out, D] or None).
-
-    The chunked rule needs each copy's query at its base token, so the copies' normed states
-    are scattered to base alignment (zeros where no copy), the cross outputs computed for every
-    base token, and gathered back by copy_index: with SFT's subset of output positions the
-    cross query, gated norm and out_proj run over T tokens instead of T_out, plus the match.
-    A base token is expected to have at most one copy (the PT/SFT batches' contract)."""
+    The chunked rule needs each copy's query at its base token: with SFT's output copies
+    (ctx.out_index) their normed states are scattered to base alignment (zeros where no copy),
+    the cross outputs computed for every base token and gathered back, so the cross query,
+    gated norm and out_proj run over T tokens instead of T_out."""
     h = norm(p, base.x, "attn_norm", cfg)
-    reset = _resets(base)
     if out is None:
-        y, _, _ = gdn.gdn_mix(p, h, cfg, reset_BL=reset)
+        y, _, _ = gdn.gdn_mix(p, h, cfg, reset_BL=ctx.reset)
         return y, None
-    idx = copy_index(base, out)
-    rows = jnp.arange(idx.shape[0], dtype=jnp.int32)[:, None]
-    h_out = norm(p, out.x, "attn_norm", cfg)
-    cross_h = jnp.zeros_like(h).at[rows, idx].set(h_out.astype(h.dtype))
+    h_out = norm(p, out.x, "attn_norm", cfg).astype(h.dtype)
+    idx = ctx.out_index
+    if idx is not None:
+        rows = jnp.arange(idx.shape[0], dtype=jnp.int32)[:, None]
+        h_out = jnp.zeros_like(h).at[rows, idx].set(h_out)
     y, cross_y, _ = gdn.gdn_mix(
-        p, h, cfg, reset_BL=reset, cross_h_BLD=cross_h, cross_so=_cross_so(p, cfg)
+        p, h, cfg, reset_BL=ctx.reset, cross_h_BLD=h_out, cross_so=_cross_so(p, cfg)
     )
-    return y, jnp.take_along_axis(cross_y, idx[:, :, None], axis=1)
+    if idx is not None:
+        cross_y = jnp.take_along_axis(cross_y, idx[:, :, None], axis=1)
+    return y, cross_y
 
 
 def _layer_state(state: gdn.GDNState, li) -> gdn.GDNState:
@@ -140,7 +123,7 @@ def step(
         raise ValueError("GDN layers do not run sequence-parallel (sp_forward.check_mesh)")
     y = cross_y = None
     if ctx.mode == SEQUENCE:
-        y, cross_y = _sequence(p, cfg, base, out)
+        y, cross_y = _sequence(p, cfg, base, out, ctx)
     elif ctx.mode == READ:
         if base is not None:
             raise ValueError("a GDN layer cannot read a base token alone (reads_last_token)")
@@ -165,15 +148,9 @@ def step(
         state = _write_state(state, li, new)
     if not compute_base:
         y = None
-    if y is not None and cross_y is not None and ctx.mode == DECODE:
-        # The FFN is token-wise and shared: both streams as one [B, 2, D] batch.
-        x, split = merge_streams(base.x, out.x)
-        bx, ox = split(ffn_residual(p, x, jnp.concatenate([y, cross_y], 1), cfg))
-        return base.replace(x=bx), out.replace(x=ox), state
-    if y is not None:
-        base = base.replace(x=ffn_residual(p, base.x, y.astype(base.x.dtype), cfg))
-    if cross_y is not None:
-        out = out.replace(x=ffn_residual(p, out.x, cross_y.astype(out.x.dtype), cfg))
+    # The FFN is token-wise and shared (decode: both streams as one batch).
+    finish = lambda x, mixed: ffn_residual(p, x, mixed.astype(x.dtype), cfg)
+    base, out = finish_streams(base, out, y, cross_y, finish, ctx.mode == DECODE)
     return base, out, state
 
 

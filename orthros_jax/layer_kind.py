@@ -30,7 +30,6 @@ from orthros_jax.config import ModelConfig
 
 Params = dict[str, Any]
 SEQUENCE, CHUNK, DECODE, READ = "sequence", "chunk", "decode", "read"
-MODES = (SEQUENCE, CHUNK, DECODE, READ)
 
 
 @flax.struct.dataclass
@@ -55,7 +54,11 @@ class StepContext:
       window ending at the query, itself last); negative or beyond the end = not visible.
     slot_segments [B, S]: 1 for slots a global query may read, padding otherwise.
     valid [B, Lb]: base tokens that exist (not padding, row active).
-    reset [B, Lb]: a token that starts a new document (recurrent kinds zero their state).
+    reset [B, Lb]: a token that starts a new document (recurrent kinds zero their state before
+      it; None: none does). Sequence mode: `document_starts(base)`, computed once per forward.
+    out_index [B, T_out]: sequence mode, the array index into the base stream of each output
+      copy's token (SFT's output positions); None when the output stream is the base stream
+      itself (PT), aligned with it token for token.
     default_positions: sequence mode with positions = arange and one segment.
     Sequence parallelism (inside shard_map; sp_forward.py), where a shard holds S of the cache's
     slots: slot_offset is the global slot id of its first slot; slots are its local slots (S =
@@ -71,6 +74,7 @@ class StepContext:
     slot_segments: jax.Array | None = None
     valid: jax.Array | None = None
     reset: jax.Array | None = None
+    out_index: jax.Array | None = None
     default_positions: bool = flax.struct.field(pytree_node=False, default=False)
     slot_offset: jax.Array | None = None
     halo: Any = None
@@ -141,7 +145,31 @@ def default_init(name: str, cfg: ModelConfig) -> Callable[..., jax.Array]:
     return nn.initializers.normal(std)
 
 
-def merge_streams(a: jax.Array, b: jax.Array) -> tuple[jax.Array, Callable]:
-    """Concatenates two [B, 1, D] token batches along L so token-wise work runs once; returns
-    the merged array and the function splitting a result back."""
-    return jnp.concatenate([a, b], 1), lambda y: (y[:, : a.shape[1]], y[:, a.shape[1] :])
+def finish_streams(
+    base: Stream | None,
+    out: Stream | None,
+    y: jax.Array | None,
+    y_out: jax.Array | None,
+    finish: Callable[[jax.Array, jax.Array], jax.Array],
+    merge: bool,
+) -> tuple[Stream | None, Stream | None]:
+    """The token-wise end of a layer, shared by both streams: finish(x [B, L, D], mixed
+    [B, L, ...]) -> new x, applied to each stream whose mixer output is not None. merge=True
+    (decode: one token per stream) runs both streams as one [B, 2, D] batch."""
+    if merge and y is not None and y_out is not None:
+        both = finish(jnp.concatenate([base.x, out.x], 1), jnp.concatenate([y, y_out], 1))
+        n = base.x.shape[1]
+        return base.replace(x=both[:, :n]), out.replace(x=both[:, n:])
+    if y is not None:
+        base = base.replace(x=finish(base.x, y))
+    if y_out is not None:
+        out = out.replace(x=finish(out.x, y_out))
+    return base, out
+
+
+def document_starts(stream: Stream) -> jax.Array:
+    """[B, L] True where a packed document starts: the first token, a segment change, or a
+    position that does not increase over the previous token's."""
+    seg, pos = stream.segment_ids, stream.positions
+    starts = (seg[:, 1:] != seg[:, :-1]) | (pos[:, 1:] <= pos[:, :-1])
+    return jnp.concatenate([jnp.ones_like(seg[:, :1], bool), starts], axis=1)

@@ -29,7 +29,7 @@ from orthros_jax import stack
 from orthros_jax.attention_layer import layer_finish, layer_kv, layer_query, param_shapes
 from orthros_jax.axes import EMBED, HEAD_DIM, HEADS, KV_HEADS, LAYERS, MLP, VOCAB
 from orthros_jax.config import ModelConfig
-from orthros_jax.layer_kind import SEQUENCE, LayerKind, Params, StepContext, Stream
+from orthros_jax.layer_kind import SEQUENCE, LayerKind, Params, StepContext, Stream, document_starts
 
 __all__ = [
     "EMBED", "HEAD_DIM", "HEADS", "KV_HEADS", "LAYERS", "MLP", "VOCAB",
@@ -44,14 +44,20 @@ def forward_streams(
     base: Stream,
     out: Stream | None,
     *,
+    out_index: jax.Array | None = None,
     default_positions: bool = False,
-    impl: str | None = None,
 ) -> tuple[Stream, Stream | None]:
     """The full-sequence driver: every layer's step in sequence mode. base [B, T]; out: the
-    output stream's copies [B, T_out] (orthros) or None. The last orthros layer's base stream
-    is dead (nothing reads it) and skipped. Returns the final (base, out)."""
+    output stream's copies [B, T_out] (two-stream arms) or None; out_index [B, T_out]: their
+    array indices into T (None: out is a copy of every base token, aligned with it). The last
+    two-stream layer's base stream is dead (nothing reads it) and skipped. Returns the final
+    (base, out)."""
     ctx = StepContext(
-        mode=SEQUENCE, impl=impl or cfg.attention_impl, default_positions=default_positions
+        mode=SEQUENCE,
+        impl=cfg.attention_impl,
+        reset=document_starts(base),
+        out_index=out_index,
+        default_positions=default_positions,
     )
 
     def body(streams, kind: LayerKind, p: Params, li, compute_base: bool = True):
@@ -141,12 +147,16 @@ class OrthrosLM(nn.Module):
         base = Stream(
             self.embed(tokens), positions.astype(jnp.int32), segment_ids.astype(jnp.int32)
         )
-        out = None
+        out = out_index = None
         if self.cfg.two_streams:
-            out = base if output_positions is None else gather_stream(base, output_positions)
+            out = base
+            if output_positions is not None:
+                out_index = output_positions.astype(jnp.int32)
+                out = gather_stream(base, out_index)
         base, out = forward_streams(
-            self.layer_params(), self.cfg, base, out, default_positions=default_positions
-        )
+            self.layer_params(), self.cfg, base, out, out_index=out_index,
+            default_positions=default_positions,
+        )  # fmt: skip
         final = out if self.cfg.two_streams else base
         if not self.cfg.two_streams and output_positions is not None:
             final = gather_stream(final, output_positions)

@@ -161,7 +161,6 @@ def _prefill_shard(params: Params, cache: KVCache, tokens: jax.Array, lengths: j
             window_slots=pos[:, :1] - (w - 1) + jnp.arange(w - 1, dtype=jnp.int32),
             slot_segments=slot_seg,
             valid=ok,
-            reset=jnp.zeros_like(ok),
             slot_offset=off,
             **remote,
         )

@@ -141,6 +141,13 @@ def test_model_modes_under_dot_product(arch):
         np.asarray(OrthrosLM(cfg).apply({"params": params}, tokens, **kw)),
         atol=1e-5, rtol=0,
     )  # fmt: skip
+    # SFT with default positions: the copies are not the keys' own queries, so the built-in
+    # (top-left aligned) causal mask must not be used for them (it was, off by up to 1.25).
+    np.testing.assert_allclose(
+        np.asarray(OrthrosLM(dp).apply({"params": params}, tokens, output_positions=idx)),
+        want[np.arange(2)[:, None], np.asarray(idx)],
+        atol=1e-5, rtol=0,
+    )  # fmt: skip
     # Chunked prefill (3 chunks, ragged) then two decode steps equal the PT forward.
     lengths = np.array([17, 6])
     cache = inf.init_cache(dp, 2, 24)

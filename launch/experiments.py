@@ -12,7 +12,9 @@
             (convert.from_transformer, window < T) and continue; continue the Transformer
             for the same steps (base CPT). Held-out NLL before/after, per seed.
 
-Arms: transformer, swa, orthros, orthros_noso (scale_offset=False). Everything goes into
+Arms (--arms): by default the four attention arms transformer, swa, orthros, orthros_noso
+(scale_offset=False), those of results/results.md. The gated-DeltaNet arms are opt-in via
+--arms=gdn,hybrid,orthros_h (recall only: lm and convert have no GDN arms). Everything goes into
 --out: results.json, results.md, results.png (a panel per experiment), results_niah.png
 (recall heatmaps per arm) and work/<experiment>/<run>/ (training workdirs, the converted
 model, per-run evaluation outputs and heatmaps). Rerunning with a subset of --experiments
@@ -39,7 +41,8 @@ from orthros_jax.evaluation import EvalSpec, evaluate, report, write_results
 from orthros_jax.training import TrainConfig, train
 
 ARMS = ("transformer", "swa", "orthros", "orthros_noso", "gdn", "hybrid", "orthros_h")
-# The recall experiment runs every arm; lm and convert have no gated-DeltaNet arms.
+# The default arms. The recall experiment also runs the gated-DeltaNet arms when --arms names
+# them; lm and convert have none.
 ATTENTION_ARMS = ("transformer", "swa", "orthros", "orthros_noso")
 EXPERIMENTS = ("recall", "lm", "convert")
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
@@ -47,7 +50,9 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "con
 _OUT = flags.DEFINE_string("out", None, "Output directory (results.*, work/).")
 _EXPERIMENTS = flags.DEFINE_list("experiments", list(EXPERIMENTS), "Which experiments to run.")
 _ARMS = flags.DEFINE_list(
-    "arms", list(ARMS), "Arms of the recall and lm experiments (lm: the attention arms only)."
+    "arms",
+    list(ATTENTION_ARMS),
+    f"Arms of the recall and lm experiments, of {list(ARMS)} (lm: the attention arms only).",
 )
 _SEEDS = flags.DEFINE_integer("seeds", 3, "lm: seeds per arm.")
 _RECALL_SEEDS = flags.DEFINE_integer("recall_seeds", 2, "recall: seeds per arm.")
@@ -104,6 +109,47 @@ def parse_value(text: str) -> Any:
         except ValueError:
             pass
     return text
+
+
+def parse_overrides(items: list[str], tool: str) -> dict[str, Any]:
+    """--override values ("key=value") -> {key: parse_value(value)}; SystemExit naming `tool`
+    for an item without "="."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"{tool}: --override needs key=value, got {item!r}")
+        overrides[key] = parse_value(value)
+    return overrides
+
+
+def use_compilation_cache(work: str) -> None:
+    """A persistent compilation cache in work/jax_cache: seeds of one arm compile the same
+    programs, and the cache skips recompiling them."""
+    jax.config.update("jax_compilation_cache_dir", os.path.join(work, "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def run_header() -> dict[str, str]:
+    """The "command" and "devices" entries of a results file."""
+    return {
+        "command": " ".join(["python", *sys.argv]),
+        "devices": f"{jax.device_count()} x {jax.devices()[0].platform}",
+    }
+
+
+def setup_record(cfg: TrainConfig, seeds: int) -> dict[str, Any]:
+    """The training setup a results file records: budget, shapes, model size, lr, seeds."""
+    m, d = cfg.model, cfg.data
+    return {
+        "steps": cfg.train.steps,
+        "seeds": seeds,
+        "seq_len": d.seq_len,
+        "batch_size": d.batch_size,
+        "window": m.window,
+        "model": f"d={m.d_model} L={m.n_layers} N={m.n_heads} K={m.n_kv_heads} F={m.d_ff}",
+        "lr": cfg.optimizer.lr,
+    }
 
 
 class Driver:
@@ -209,7 +255,7 @@ class Driver:
         first = self.config(f"lm_byte.py:{arms[0]}")
         self.results["lm"] = {
             "arms": out,
-            "setup": _setup(first, seeds),
+            "setup": setup_record(first, seeds),
             "seconds": time.perf_counter() - t0,
         }
 
@@ -255,26 +301,13 @@ class Driver:
         self.results["convert"] = {
             "arms": out,
             "pretrain": before["transformer"],
-            "setup": _setup(pre_cfg, seeds)
+            "setup": setup_record(pre_cfg, seeds)
             | {
                 "pretrain_steps": pre_cfg.train.steps,
                 "continue_steps": self.config(f"lm_convert.py:{stages[0]}").train.steps,
             },
             "seconds": time.perf_counter() - t0,
         }
-
-
-def _setup(cfg: TrainConfig, seeds: int) -> dict[str, Any]:
-    m, d = cfg.model, cfg.data
-    return {
-        "steps": cfg.train.steps,
-        "seeds": seeds,
-        "seq_len": d.seq_len,
-        "batch_size": d.batch_size,
-        "window": m.window,
-        "model": f"d={m.d_model} L={m.n_layers} N={m.n_heads} K={m.n_kv_heads} F={m.d_ff}",
-        "lr": cfg.optimizer.lr,
-    }
 
 
 def main(argv: list[str]) -> None:
@@ -287,26 +320,16 @@ def main(argv: list[str]) -> None:
     bad += [a for a in _CONVERT_ARMS.value if a not in ("orthros", "orthros_noso", "transformer")]
     if bad:
         raise SystemExit(f"experiments.py: unknown experiment/arm(s) {bad}")
-    overrides = {}
-    for item in _OVERRIDE.value:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"experiments.py: --override needs key=value, got {item!r}")
-        overrides[key] = parse_value(value)
-    driver = Driver(_OUT.value, _TINY.value, overrides)
+    driver = Driver(_OUT.value, _TINY.value, parse_overrides(_OVERRIDE.value, "experiments.py"))
     if _REPLOT.value:
         with open(os.path.join(driver.out, "results.json")) as f:
             driver.results = json.load(f)
         driver.save()
         print(report.markdown(driver.results))
         return
-    # Seeds of one arm compile the same programs: a persistent cache (inside --out) skips
-    # recompiling them.
-    jax.config.update("jax_compilation_cache_dir", os.path.join(driver.work, "jax_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    use_compilation_cache(driver.work)  # inside --out
     t0 = time.perf_counter()
-    driver.results["command"] = " ".join(["python", *sys.argv])
-    driver.results["devices"] = f"{jax.device_count()} x {jax.devices()[0].platform}"
+    driver.results.update(run_header())
     try:
         for exp in EXPERIMENTS:  # fixed order: cheap, informative ones first
             if exp not in _EXPERIMENTS.value:

@@ -23,12 +23,10 @@ import dataclasses
 import json
 import os
 import shutil
-import sys
 import time
 from typing import Any
 
-import experiments  # launch/experiments.py: flags, parse_value, TINY_OVERRIDES
-import jax
+import experiments  # launch/experiments.py: flags, TINY_OVERRIDES and the run helpers
 from absl import app, flags, logging
 
 from orthros_jax import configlib
@@ -79,28 +77,22 @@ def run_arm(cfg: TrainConfig, ev: mqar_report.MQAREval, workdir: str) -> dict[st
         eval_batches=mqar.eval_batches(cfg.data, cfg.train.eval_batches),
     )
     seconds = time.perf_counter() - t0
-    out = mqar_report.score(cfg.model, state.params, ev, cfg.data.vocab_size)
+    out = mqar_report.score(cfg.model, state.params, ev, cfg.data)
     curve = report.eval_curve(workdir)
     logging.warning("%s: accuracy %.3f, trained in %.0fs", workdir, out["accuracy"], seconds)
     return out | {"train_seconds": seconds, "eval_loss": curve[-1][1] if curve else None}
 
 
 def setup(cfg: TrainConfig, ev: mqar_report.MQAREval, seeds: int) -> dict[str, Any]:
-    m, d = cfg.model, cfg.data
-    return {
+    """experiments.setup_record plus the MQAR data and the scoring grid."""
+    d = cfg.data
+    return experiments.setup_record(cfg, seeds) | {
         "cells": ev.cells(),
         "examples": ev.examples,
         "distance_bins": ev.distance_bins,
         "vocab_size": d.vocab_size,
         "train_shapes": d.shapes(),
         "power_a": d.power_a,
-        "model": f"d={m.d_model} L={m.n_layers} N={m.n_heads} K={m.n_kv_heads} F={m.d_ff}",
-        "window": m.window,
-        "steps": cfg.train.steps,
-        "batch_size": d.batch_size,
-        "seq_len": d.seq_len,
-        "lr": cfg.optimizer.lr,
-        "seeds": seeds,
     }
 
 
@@ -130,21 +122,12 @@ def main(argv: list[str]) -> None:
         return
     arms = FLAGS.arms if FLAGS["arms"].present else list(DEFAULT_ARMS)
     seeds = FLAGS.seeds if FLAGS["seeds"].present else 1
-    overrides = dict(experiments.TINY_OVERRIDES | TINY_MQAR) if FLAGS.tiny else {}
-    for item in FLAGS.override:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"mqar.py: --override needs key=value, got {item!r}")
-        overrides[key] = experiments.parse_value(value)
+    tiny = experiments.TINY_OVERRIDES | TINY_MQAR if FLAGS.tiny else {}
+    overrides = tiny | experiments.parse_overrides(FLAGS.override, "mqar.py")
     work = os.path.join(out, "work")
-    jax.config.update("jax_compilation_cache_dir", os.path.join(work, "jax_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    experiments.use_compilation_cache(work)
     t0, load0 = time.perf_counter(), os.getloadavg()
-    results: dict[str, Any] = {
-        "command": " ".join(["python", *sys.argv]),
-        "devices": f"{jax.device_count()} x {jax.devices()[0].platform}",
-        "arms": {},
-    }
+    results: dict[str, Any] = experiments.run_header() | {"arms": {}}
     try:
         for arm in arms:  # every arm's config is checked before anything trains
             arm_config(arm, overrides)

@@ -226,6 +226,9 @@ def test_eval_configs_become_frozen_jobs():
     job = _job(**{"tasks": ("lm,mqar",), "harness.tasks": ("piqa, arc_easy",), "samples": 2})
     assert job.suite.tasks == ("lm", "mqar") and job.suite.samples == 2
     assert job.harness.tasks == ("piqa", "arc_easy")  # a comma list from the command line
+    from orthros_jax.evaluation.harness_run import HarnessSpec
+
+    assert HarnessSpec(tasks="piqa, arc_easy").tasks == ("piqa", "arc_easy")  # a bare string too
     job = _job(config="eval_paper.py")
     assert job.suite is None and job.harness.num_fewshot == 0
     assert job.harness.tasks == (

@@ -56,6 +56,13 @@ def test_convert_stages():
     assert orth.data.seed != pre.data.seed
 
 
+def test_default_arms_are_the_attention_arms():
+    """The README command (no --arms) reproduces results/: the GDN arms are opt-in."""
+    cmd = [sys.executable, os.path.join(REPO, "launch", "experiments.py"), "--help"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert f"(default: '{','.join(ARMS)}')" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_driver_end_to_end_tiny(tmp_path):
     """All three experiments, one arm each, a couple of steps: results.json/md/png appear."""
     out = tmp_path / "exp"

@@ -30,6 +30,7 @@ from orthros_jax.convert import from_transformer, hf_tokenizer_file, load_hf  # 
 from orthros_jax.evaluation.harness import OrthrosHarnessLM  # noqa: E402
 from orthros_jax.evaluation.harness_run import load_tasks  # noqa: E402
 from orthros_jax.evaluation.scoring import batches, bucket, score_row  # noqa: E402
+from orthros_jax.evaluation.text import HarnessTokenizer  # noqa: E402
 from orthros_jax.model import OrthrosLM  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -229,3 +230,14 @@ def test_errors_name_what_is_wrong(hf_dir, tasks_here, tmp_path):
         load_tasks(("orthros_tiny_missing",), tasks_here)
     with pytest.raises(ValueError, match="'no_such_task' is unknown"):
         load_tasks(("no_such_task",), tasks_here)
+
+
+def test_unknown_eos_token_is_a_value_error(hf_dir):
+    """An eos_token the tokenizer lacks fails, though the tokenizer has a common EOS (</s>)
+    that a name lookup would fall back to."""
+    path = hf_tokenizer_file(hf_dir)
+    tok = HarnessTokenizer(path, eos_token="</s>")
+    assert (tok.bos_id, tok.eos_id, tok.eot_id) == (1, 2, 2)
+    assert tok.encode("the cat", add_special_tokens=True) == [1, 3, 4]
+    with pytest.raises(ValueError, match="eos_token='<eot>' is not a token of"):
+        HarnessTokenizer(path, eos_token="<eot>")

@@ -95,13 +95,16 @@ def test_accuracy_by_distance_bins_on_hand_examples():
         tokens=np.array([1, 40, 2, 50, 9, 1, 40, 2, 50], np.int32),
         answer_mask=np.array([0, 0, 0, 0, 0, 0, 1, 0, 1], bool),
         distances=np.array([4, 4], np.int32),
-        num_pairs=2,
     )
-    far = mqar.MQARExample(ex.tokens, ex.answer_mask, np.array([20, 70], np.int32), 2)
-    got = mqar.accuracy_by_distance([ex, far], [np.array([40, 0]), np.array([40, 50])], (16, 64))
+    far = mqar.MQARExample(ex.tokens, ex.answer_mask, np.array([20, 70], np.int32))
+    ok = mqar.queries_correct([ex, far], [np.array([40, 0]), np.array([40, 50])])
+    np.testing.assert_array_equal(ok, [True, False, True, True])
+    got = mqar.accuracy_by_distance([ex, far], ok, (16, 64))
     assert got == {"<=16": 0.5, "17-64": 1.0, ">64": 1.0}
-    got = mqar.accuracy_by_distance([ex], [np.array([40, 50])], (2, 16))
+    got = mqar.accuracy_by_distance([ex], np.array([True, True]), (2, 16))
     assert got == {"<=2": None, "3-16": 1.0, ">16": None}
+    with pytest.raises(ValueError, match="3 query results for 2 queries"):
+        mqar.accuracy_by_distance([ex], np.ones(3, bool), (2, 16))
 
 
 def test_score_with_an_oracle_and_the_report(monkeypatch, tmp_path):
@@ -115,12 +118,13 @@ def test_score_with_an_oracle_and_the_report(monkeypatch, tmp_path):
     cfg = ModelConfig(architecture="transformer", scale_offset=False, vocab_size=64)
     ev = mqar_report.MQAREval(lengths=(32, 64), pairs=(4, 16), examples=3, distance_bins=(8,))
     assert ev.cells() == [(32, 4), (64, 4), (64, 16)]
+    data = mqar.MQARConfig(vocab_size=64)
     monkeypatch.setattr(metrics, "_answer_argmax", oracle)
-    right = mqar_report.score(cfg, None, ev, vocab_size=64)
+    right = mqar_report.score(cfg, None, ev, data)
     assert right["accuracy"] == 1.0 and set(right["cells"].values()) == {1.0}
     assert right["by_distance"] == {"<=8": 1.0, ">8": 1.0}
     monkeypatch.setattr(metrics, "_answer_argmax", lambda p, b, cfg: oracle(p, b, cfg, 1))
-    wrong = mqar_report.score(cfg, None, ev, vocab_size=64)
+    wrong = mqar_report.score(cfg, None, ev, data)
     assert wrong["accuracy"] == 0.0 and list(wrong["cells"]) == [
         "L=32 D=4",
         "L=64 D=4",
@@ -155,6 +159,31 @@ def test_score_with_an_oracle_and_the_report(monkeypatch, tmp_path):
     assert mqar.distance_bins((8, 16, 32)) == ["<=8", "9-16", "17-32", ">32"]
     mqar_report.plot(results, str(tmp_path / "mqar.png"))
     assert (tmp_path / "mqar.png").stat().st_size > 0
+
+
+def test_score_draws_the_training_distribution(monkeypatch):
+    """score() draws its examples with the trained data's vocab_size and power_a (not the
+    defaults): here power_a=1 (uniform query slots) and vocab 32."""
+    from orthros_jax.config import ModelConfig
+
+    scored = []
+
+    def predictions(cfg, params, exs, batch_size):
+        scored.extend(exs)
+        return [e.answers for e in exs]
+
+    monkeypatch.setattr(mqar_report, "teacher_forced_predictions", predictions)
+    cfg = ModelConfig(architecture="transformer", scale_offset=False, vocab_size=64)
+    ev = mqar_report.MQAREval(lengths=(64,), pairs=(4,), examples=4, distance_bins=(8,))
+    data = mqar.MQARConfig(vocab_size=32, power_a=1.0, train_lengths=(64,), train_pairs=(4,))
+    assert mqar_report.score(cfg, None, ev, data)["accuracy"] == 1.0
+    want = mqar.examples(64, 4, 4, 32, seed=ev.seed, power_a=1.0)
+    default = mqar.examples(64, 4, 4, 32, seed=ev.seed)
+    assert not all((a.tokens == b.tokens).all() for a, b in zip(want, default, strict=True))
+    assert len(scored) == 4
+    for got, ex in zip(scored, want, strict=True):
+        np.testing.assert_array_equal(got.tokens, ex.tokens)
+        np.testing.assert_array_equal(got.distances, ex.distances)
 
 
 def test_launch_mqar_tiny(tmp_path):

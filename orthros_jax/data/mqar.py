@@ -88,7 +88,6 @@ class MQARExample:
     tokens: np.ndarray
     answer_mask: np.ndarray
     distances: np.ndarray
-    num_pairs: int
 
     @property
     def answers(self) -> np.ndarray:
@@ -129,7 +128,6 @@ def mqar_example(
         tokens=tokens.astype(np.int32),
         answer_mask=mask,
         distances=(at - (2 * asked + 1)).astype(np.int32),
-        num_pairs=pairs,
     )
 
 
@@ -189,12 +187,21 @@ def distance_bins(edges: Sequence[int]) -> list[str]:
     return names + [f">{edges[-1]}"]
 
 
+def queries_correct(
+    examples_: Sequence[MQARExample], predictions: Sequence[np.ndarray]
+) -> np.ndarray:
+    """Per query of every example, in order: whether its predicted value is the answer."""
+    return np.concatenate([p == e.answers for e, p in zip(examples_, predictions, strict=True)])
+
+
 def accuracy_by_distance(
-    examples_: Sequence[MQARExample], predictions: Sequence[np.ndarray], edges: Sequence[int]
+    examples_: Sequence[MQARExample], ok: np.ndarray, edges: Sequence[int]
 ) -> dict[str, float | None]:
-    """Query accuracy per distance bin (distance_bins(edges) names; None when empty)."""
+    """Query accuracy per distance bin (distance_bins(edges) names; None when empty). ok:
+    queries_correct(examples_, predictions), one entry per query."""
     dist = np.concatenate([e.distances for e in examples_])
-    ok = np.concatenate([p == e.answers for e, p in zip(examples_, predictions, strict=True)])
+    if len(dist) != len(ok):
+        raise ValueError(f"{len(ok)} query results for {len(dist)} queries")
     bins = np.digitize(dist, edges, right=True)
     return {
         name: (float(ok[bins == i].mean()) if (bins == i).any() else None)

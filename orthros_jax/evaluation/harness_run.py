@@ -24,6 +24,13 @@ RESULTS_JSON = "harness_results.json"
 SAMPLES_JSONL = "harness_samples.jsonl"
 
 
+def split_names(values: Any) -> tuple[str, ...]:
+    """('lm,passkey',) or 'lm,passkey' -> ('lm', 'passkey'): ml_collections keeps a comma
+    list given on the command line for a tuple of strings as one string."""
+    items = (values,) if isinstance(values, str) else tuple(values)
+    return tuple(t.strip() for item in items for t in str(item).split(",") if t.strip())
+
+
 @dataclasses.dataclass(frozen=True)
 class HarnessSpec:
     """Which lm-eval tasks and how. num_fewshot: -1 = each task's default. limit: examples
@@ -44,8 +51,7 @@ class HarnessSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        tasks = tuple(t.strip() for item in self.tasks for t in str(item).split(",") if t.strip())
-        object.__setattr__(self, "tasks", tasks)
+        object.__setattr__(self, "tasks", split_names(self.tasks))
         for name in ("batch_size", "max_length", "max_gen_toks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"harness.{name} must be >= 1, got {getattr(self, name)}")

@@ -17,15 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from orthros_jax.configlib import dataclass_from_dict, to_plain
-from orthros_jax.evaluation.harness_run import HarnessSpec
+from orthros_jax.evaluation.harness_run import HarnessSpec, split_names
 from orthros_jax.evaluation.suite import EvalSpec, evaluate, write_results
-
-
-def split_names(values: Any) -> tuple[str, ...]:
-    """('lm,passkey',) or 'lm,passkey' -> ('lm', 'passkey'): ml_collections keeps a comma
-    list given on the command line for a tuple of strings as one string."""
-    items = (values,) if isinstance(values, str) else tuple(values)
-    return tuple(t.strip() for item in items for t in str(item).split(",") if t.strip())
 
 
 @dataclasses.dataclass(frozen=True)

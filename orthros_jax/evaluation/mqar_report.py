@@ -1,6 +1,6 @@
 """MQAR scoring and its report: query accuracy per (length, pairs) cell and per distance.
 
-    cells = score(cfg, params, MQAREval(), vocab_size=256)      # one trained arm
+    cells = score(cfg, params, MQAREval(), data)      # one trained arm; data: its MQARConfig
     text = markdown(results); plot(results, "mqar.png")           # launch/mqar.py's outputs
 
 The results dict (mqar.json): {"arms": {arm: {accuracy_mean, accuracy_std, n, runs: [score()
@@ -50,22 +50,25 @@ def cell_name(length: int, pairs: int) -> str:
     return f"L={length} D={pairs}"
 
 
-def score(cfg: ModelConfig, params: Params, ev: MQAREval, vocab_size: int) -> dict[str, Any]:
+def score(cfg: ModelConfig, params: Params, ev: MQAREval, data: mqar.MQARConfig) -> dict[str, Any]:
     """{"accuracy": over every query, "cells": {cell_name: accuracy}, "by_distance": {bin:
-    accuracy}}: teacher-forced argmax at each query key (one token per answer)."""
-    cells, all_ex, all_pred = {}, [], []
+    accuracy}}: teacher-forced argmax at each query key (one token per answer). The examples
+    are drawn as the arm was trained on them: data's vocab_size and power_a."""
+    cells, all_ex, all_ok = {}, [], []
     for length, pairs in ev.cells():
-        exs = mqar.examples(length, pairs, ev.examples, vocab_size, seed=ev.seed)
+        exs = mqar.examples(
+            length, pairs, ev.examples, data.vocab_size, seed=ev.seed, power_a=data.power_a
+        )
         pred = teacher_forced_predictions(cfg, params, exs, batch_size=ev.batch_size)
-        ok = np.concatenate([p == e.answers for e, p in zip(exs, pred, strict=True)])
+        ok = mqar.queries_correct(exs, pred)
         cells[cell_name(length, pairs)] = float(ok.mean())
         all_ex += exs
-        all_pred += pred
-    ok = np.concatenate([p == e.answers for e, p in zip(all_ex, all_pred, strict=True)])
+        all_ok.append(ok)
+    ok = np.concatenate(all_ok)
     return {
         "accuracy": float(ok.mean()),
         "cells": cells,
-        "by_distance": mqar.accuracy_by_distance(all_ex, all_pred, ev.distance_bins),
+        "by_distance": mqar.accuracy_by_distance(all_ex, ok, ev.distance_bins),
     }
 
 

@@ -30,12 +30,11 @@ class HarnessTokenizer:
             self.name = "bytes"
             self.eot_id = NEWLINE_ID
             return
-        from tokenizers import Tokenizer
-
         hf = HFTokenizer(tokenizer_file, eos_token=eos_token)  # validates the path, finds EOS
-        if eos_token is not None and hf.eos_id is None:
+        self._tok = hf._tok  # its loaded `tokenizers.Tokenizer`: the file is parsed once
+        # HFTokenizer falls back to a common EOS name when eos_token is unknown: ask directly.
+        if eos_token is not None and self._tok.token_to_id(eos_token) is None:
             raise ValueError(f"eos_token={eos_token!r} is not a token of {tokenizer_file}")
-        self._tok = Tokenizer.from_file(tokenizer_file)
         self.vocab_size = hf.vocab_size
         self.eos_id = hf.eos_id
         self.name = os.path.abspath(tokenizer_file)

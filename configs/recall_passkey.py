@@ -3,7 +3,8 @@
     python launch/train.py --config=configs/recall_passkey.py:orthros --workdir=runs/rc_orthros
     python launch/evaluate.py --model=runs/rc_orthros --out=runs/rc_orthros_eval \
         --config.tasks=passkey --config.context_lengths=128,192,256
-    python launch/experiments.py --experiments=recall --out=runs/exp     # every arm
+    python launch/experiments.py --experiments=recall --out=runs/exp     # the attention arms
+    python launch/experiments.py --experiments=recall --arms=gdn,hybrid,orthros_h --out=runs/g
 
 SFT on generated passkey examples (data/recall.py): a 2-digit key hidden at a random depth
 of 128 tokens of filler, asked for at the end; loss and output copies only on the answer.

@@ -30,6 +30,7 @@ from orthros_jax.attention import (
     few_query_attention,
     global_attention,
     local_attention,
+    visibility,
 )
 from orthros_jax.config import ModelConfig
 from orthros_jax.sequence_parallel import (
@@ -92,23 +93,8 @@ class Keys:
         )
 
 
-def visibility(
-    q_positions: jax.Array,
-    q_segment_ids: jax.Array,
-    k_positions: jax.Array,
-    k_segment_ids: jax.Array,
-    window: int | None,
-) -> jax.Array:
-    """[B, Lq, Lk] bool: same segment, key at or before the query, within the window if any."""
-    qp, kp = q_positions[:, :, None], k_positions[:, None, :]
-    mask = (kp <= qp) & (q_segment_ids[:, :, None] == k_segment_ids[:, None, :])
-    if window is not None:
-        mask &= qp - kp < window
-    return mask
-
-
 def _few(q, q_pos, q_seg, keys: Keys, window: int | None) -> jax.Array:
-    keys = keys.with_prefix() if keys.prefix is not None else keys
+    keys = keys.with_prefix()
     k, v = keys.head_major_kv()
     mask = visibility(q_pos, q_seg, keys.positions, keys.segment_ids, window)
     return few_query_attention(q, k, v, mask)
@@ -129,7 +115,7 @@ def _xla(q, q_pos, q_seg, keys: Keys, window: int | None, cfg: ModelConfig) -> j
             f"window attention of {q.shape[1]} queries needs keys aligned with them "
             "(a sequence or a prefill chunk)"
         )
-    keys = keys.with_prefix() if keys.prefix is not None else keys
+    keys = keys.with_prefix()
     return global_attention(
         q, keys.k, keys.v, q_positions=q_pos, k_positions=keys.positions,
         q_segment_ids=q_seg, k_segment_ids=keys.segment_ids,

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 _MASKED = -1e30  # finite, so rows with no visible key stay finite (and are sliced away)
-_PAD_POS = jnp.iinfo(jnp.int32).max // 2
+# A key position no query reaches (padding keys; a halo before the sequence start).
+PAD_POSITION = jnp.iinfo(jnp.int32).max // 2
 KEY_PAD_SEGMENT = -1
 QUERY_PAD_SEGMENT = -2
 
@@ -89,7 +90,7 @@ def local_attention(
     q = _pad_axis1(q, t_pad, 0)
     q_pos = _pad_axis1(jnp.asarray(q_positions, jnp.int32), t_pad, 0)
     q_seg = _pad_axis1(q_seg, t_pad, QUERY_PAD_SEGMENT)
-    k_pos = _pad_axis1(jnp.asarray(k_positions, jnp.int32), t_pad, _PAD_POS)
+    k_pos = _pad_axis1(jnp.asarray(k_positions, jnp.int32), t_pad, PAD_POSITION)
     k_seg = _pad_axis1(k_seg, t_pad, KEY_PAD_SEGMENT)
     k = _pad_axis1(k, t_pad, 0)
     v = _pad_axis1(v, t_pad, 0)
@@ -98,7 +99,7 @@ def local_attention(
         if prefix is None:
             pk = jnp.zeros((bsz, p_len, kv, h), k.dtype)
             pv = jnp.zeros((bsz, p_len, kv, h), v.dtype)
-            ppos = jnp.full((bsz, p_len), _PAD_POS, jnp.int32)
+            ppos = jnp.full((bsz, p_len), PAD_POSITION, jnp.int32)
             pseg = jnp.full((bsz, p_len), KEY_PAD_SEGMENT, jnp.int32)
         else:
             pk, pv, ppos, pseg = prefix
@@ -106,7 +107,7 @@ def local_attention(
             ppos, pseg = ppos[:, -p_len:].astype(jnp.int32), pseg[:, -p_len:].astype(jnp.int32)
             pk = _pad_axis1(pk.astype(k.dtype), p_len, 0, front=True)
             pv = _pad_axis1(pv.astype(v.dtype), p_len, 0, front=True)
-            ppos = _pad_axis1(ppos, p_len, _PAD_POS, front=True)
+            ppos = _pad_axis1(ppos, p_len, PAD_POSITION, front=True)
             pseg = _pad_axis1(pseg, p_len, KEY_PAD_SEGMENT, front=True)
         k = jnp.concatenate([pk, k], axis=1)
         v = jnp.concatenate([pv, v], axis=1)
@@ -135,10 +136,9 @@ def local_attention(
         & (qp - kpos_w[:, :, None] < window)
         & (kseg_w[:, :, None] == q_seg.reshape(bsz, nq, b, 1))
     )  # [B, nq, b, nb*b]
-    # Scale q (T x H values), not the scores (T x nb*b): one pass less over the largest array.
-    qb = qb * jnp.asarray(1.0 / math.sqrt(h), qb.dtype)
+    scale = 1.0 / math.sqrt(h)
     s = jnp.einsum("bkqxh,bkqyh->bkqxy", qb, kw, preferred_element_type=jnp.float32)
-    s = s.reshape(bsz, kv, nq, g, b, nb * b)
+    s = s.reshape(bsz, kv, nq, g, b, nb * b) * scale
     s = jnp.where(visible[:, None, :, None], s, _MASKED)
     e = jnp.exp(s - s.max(axis=-1, keepdims=True))
     # Normalise after PV: one pass over [.., H] instead of one over the scores.
@@ -171,7 +171,7 @@ class KeyBlocks(NamedTuple):
     seg: jax.Array
 
 
-def block_queries(q: jax.Array, pos: jax.Array, seg: jax.Array, kv: int, bq: int) -> QueryBlocks:
+def _block_queries(q: jax.Array, pos: jax.Array, seg: jax.Array, kv: int, bq: int) -> QueryBlocks:
     """q [B, Lq, N, H] with positions/segments [B, Lq] and kv key heads -> blocks of bq rows."""
     bsz, lq, n, h = q.shape
     lq_pad = _round_up(lq, bq)
@@ -183,7 +183,7 @@ def block_queries(q: jax.Array, pos: jax.Array, seg: jax.Array, kv: int, bq: int
     return QueryBlocks(qb, jnp.moveaxis(pos_b, 1, 0), jnp.moveaxis(seg_b, 1, 0))
 
 
-def block_keys(k: jax.Array, v: jax.Array, pos: jax.Array, seg: jax.Array, bk: int) -> KeyBlocks:
+def _block_keys(k: jax.Array, v: jax.Array, pos: jax.Array, seg: jax.Array, bk: int) -> KeyBlocks:
     """Head-major k, v [B, K, Lk, H] with positions/segments [B, Lk] -> blocks of bk keys (a
     free reshape when bk divides Lk: a head-major cache is read in place)."""
     bsz, kv, lk, h = k.shape
@@ -193,7 +193,7 @@ def block_keys(k: jax.Array, v: jax.Array, pos: jax.Array, seg: jax.Array, bk: i
     return KeyBlocks(
         jnp.pad(k, pad).reshape(bsz, kv, nk, bk, h),
         jnp.pad(v, pad).reshape(bsz, kv, nk, bk, h),
-        _pad_axis1(jnp.asarray(pos, jnp.int32), lk_pad, _PAD_POS).reshape(bsz, nk, bk),
+        _pad_axis1(jnp.asarray(pos, jnp.int32), lk_pad, PAD_POSITION).reshape(bsz, nk, bk),
         _pad_axis1(seg, lk_pad, KEY_PAD_SEGMENT).reshape(bsz, nk, bk),
     )
 
@@ -210,7 +210,7 @@ def _ranges(pos: jax.Array, seg: jax.Array, pad_seg: int) -> tuple[jax.Array, ..
     )
 
 
-def block_kinds(queries: QueryBlocks, keys: KeyBlocks) -> jax.Array:
+def _block_kinds(queries: QueryBlocks, keys: KeyBlocks) -> jax.Array:
     """Per (query block, key block), over the batch: 0 = no query sees a key (skipped), 1 =
     some do (masked), 2 = every query sees every key (no mask). Conservative: built from
     position and segment ranges. Returns int [nq, nk]."""
@@ -222,23 +222,12 @@ def block_kinds(queries: QueryBlocks, keys: KeyBlocks) -> jax.Array:
     return jnp.where(every.all(axis=0), 2, jnp.where(some.any(axis=0), 1, 0))
 
 
-def softmax_state(q_block: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Empty online-softmax state (acc, max, sum; float32) of query blocks [.., G*bq, H], built
-    *_like them so that under shard_map it varies over their mesh axes (check_vma)."""
-    acc = jnp.zeros_like(q_block, jnp.float32)
-    return acc, jnp.full_like(acc[..., 0], _MASKED), jnp.zeros_like(acc[..., 0])
-
-
-def attend_key_blocks(
-    state: tuple[jax.Array, jax.Array, jax.Array],
-    q_i: jax.Array,
-    pos_i: jax.Array,
-    seg_i: jax.Array,
-    kind_i: jax.Array,
-    keys: KeyBlocks,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Folds one query block (q_i [B, K, G*bq, H], positions/segments [B, bq]) into its online-
-    softmax state over every key block, skipped or masked by kind_i [nk] (`block_kinds`)."""
+def _attend_key_blocks(
+    q_i: jax.Array, pos_i: jax.Array, seg_i: jax.Array, kind_i: jax.Array, keys: KeyBlocks
+) -> jax.Array:
+    """One query block (q_i [B, K, G*bq, H], positions/segments [B, bq]) over every key block,
+    skipped or masked by kind_i [nk] (`_block_kinds`), with an online softmax. Returns the
+    normalised float32 output [B, K, G*bq, H]."""
     bsz, kv, rows, h = q_i.shape
     bq = pos_i.shape[1]
     bk = keys.k.shape[3]
@@ -273,17 +262,11 @@ def attend_key_blocks(
         ]
         return jax.lax.switch(kind_i[j], branches, carry), None
 
-    return jax.lax.scan(visit, state, jnp.arange(keys.k.shape[2]))[0]
-
-
-def finish_blocks(acc: jax.Array, total: jax.Array, n: int, lq: int) -> jax.Array:
-    """Normalised output of every query block: acc [nq, B, K, G*bq, H] and its sum ->
-    [B, lq, N, H] float32 (a row that saw nothing is 0)."""
-    nq, bsz, kv, rows, h = acc.shape
-    bq = rows // (n // kv)
-    out = acc / jnp.where(total > 0, total, 1.0)[..., None]
-    out = out.reshape(nq, bsz, kv, n // kv, bq, h).transpose(1, 0, 4, 2, 3, 5)
-    return out.reshape(bsz, nq * bq, n, h)[:, :lq]
+    # *_like the query block: under shard_map the carry then varies over its mesh axes.
+    acc = jnp.zeros_like(q_i, jnp.float32)
+    state = (acc, jnp.full_like(acc[..., 0], _MASKED), jnp.zeros_like(acc[..., 0]))
+    acc, _, total = jax.lax.scan(visit, state, jnp.arange(keys.k.shape[2]))[0]
+    return acc / total[..., None]
 
 
 def global_attention(
@@ -308,7 +291,7 @@ def global_attention(
     """
     if not kv_head_major:
         k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
-    lq, n = q.shape[1], q.shape[2]
+    lq, n, h = q.shape[1:]
     kv, lk = k.shape[1], k.shape[2]
     q_seg = _default_segments(q_segment_ids, q)
     k_seg = _default_segments(k_segment_ids, k_positions)
@@ -316,37 +299,63 @@ def global_attention(
     k_pos = jnp.asarray(k_positions, jnp.int32)
 
     if lq == 1:  # one query per row: a plain dot over the keys
-        visible = (k_pos[:, None, :] <= q_pos[:, :, None]) & (
-            k_seg[:, None, :] == q_seg[:, :, None]
-        )
-        return few_query_attention(q, k, v, visible)
+        return few_query_attention(q, k, v, visibility(q_pos, q_seg, k_pos, k_seg))
 
-    queries = block_queries(q, q_pos, q_seg, kv, min(block_q, _round_up(lq, 8)))
-    keys = block_keys(k, v, k_pos, k_seg, min(block_k, _round_up(lk, 8)))
-    kind = block_kinds(queries, keys)
+    bq = min(block_q, _round_up(lq, 8))
+    queries = _block_queries(q, q_pos, q_seg, kv, bq)
+    keys = _block_keys(k, v, k_pos, k_seg, min(block_k, _round_up(lk, 8)))
+    kind = _block_kinds(queries, keys)
+    out = jax.lax.map(lambda a: _attend_key_blocks(*a, keys), (*queries, kind))
+    nq, bsz = out.shape[:2]  # out [nq, B, K, G*bq, H]
+    out = out.reshape(nq, bsz, kv, n // kv, bq, h).transpose(1, 0, 4, 2, 3, 5)
+    return out.reshape(bsz, nq * bq, n, h)[:, :lq].astype(q.dtype)
 
-    def one_query_block(args):
-        q_i, pos_i, seg_i, kind_i = args
-        return attend_key_blocks(softmax_state(q_i), q_i, pos_i, seg_i, kind_i, keys)
 
-    acc, _, total = jax.lax.map(one_query_block, (*queries, kind))
-    return finish_blocks(acc, total, n, lq).astype(q.dtype)
+def visibility(
+    q_positions: jax.Array,
+    q_segment_ids: jax.Array,
+    k_positions: jax.Array,
+    k_segment_ids: jax.Array,
+    window: int | None = None,
+) -> jax.Array:
+    """[B, Lq, Lk] bool, the one mask rule: same segment, key at or before the query, and
+    within `window` keys (itself included) if given."""
+    qp, kp = q_positions[:, :, None], k_positions[:, None, :]
+    mask = (kp <= qp) & (q_segment_ids[:, :, None] == k_segment_ids[:, None, :])
+    if window is not None:
+        mask &= qp - kp < window
+    return mask
+
+
+def few_query_partial(
+    q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Unnormalised attention of a few queries per row over head-major keys, with its
+    statistics: q [B, Q, N, H]; k, v [B, K, S, H]; visible [B, Q, S] bool. Returns float32
+    acc [B, Q, N, H] = sum_j p_j v_j with p_j = exp(s_j - max), max and sum [B, Q, N]; invisible
+    keys weigh exactly 0 (a query that sees nothing has acc = sum = 0, max = -1e30), so shards
+    of a key set combine by log-sum-exp (sequence_parallel.merge_partials)."""
+    bsz, nq, n, h = q.shape
+    kv = k.shape[1]
+    qg = q.reshape(bsz, nq, kv, n // kv, h)
+    s = jnp.einsum("bqkgh,bksh->bkgqs", qg, k, preferred_element_type=jnp.float32)
+    mask = visible[:, None, None]
+    s = jnp.where(mask, s / math.sqrt(h), _MASKED)
+    m = s.max(axis=-1)
+    p = jnp.where(mask, jnp.exp(s - m[..., None]), 0.0)
+    # [B, K, G, Q, H] then transposed (small): XLA:CPU has no bf16 x bf16 -> f32 dot for the
+    # "bqkgh" output order.
+    acc = jnp.einsum("bkgqs,bksh->bkgqh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    to_bqn = lambda a: jnp.moveaxis(a, 3, 1).reshape(bsz, nq, n, *a.shape[4:])
+    return to_bqn(acc), to_bqn(m), to_bqn(p.sum(axis=-1))
 
 
 def few_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
     """A few queries per row over head-major keys (decode, a prompt's last token, a window read
     from a cache): q [B, Q, N, H]; k, v [B, K, S, H]; visible [B, Q, S] bool.
-    Returns [B, Q, N, H] in q's dtype. Scores and softmax in float32."""
-    bsz, nq, n, h = q.shape
-    kv = k.shape[1]
-    qg = q.reshape(bsz, nq, kv, n // kv, h)
-    s = jnp.einsum("bqkgh,bksh->bkgqs", qg, k, preferred_element_type=jnp.float32)
-    s = jnp.where(visible[:, None, None], s / math.sqrt(h), _MASKED)
-    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    # Output kept as [B, K, G, Q, H] then transposed (small): XLA:CPU has no bf16 x bf16 -> f32
-    # dot for the "bqkgh" output order.
-    out = jnp.einsum("bkgqs,bksh->bkgqh", p, v, preferred_element_type=jnp.float32)
-    return jnp.moveaxis(out, 3, 1).reshape(bsz, nq, n, h).astype(q.dtype)
+    Returns [B, Q, N, H] in q's dtype (0 for a query that sees no key). Softmax in float32."""
+    acc, _, total = few_query_partial(q, k, v, visible)
+    return (acc / jnp.where(total > 0, total, 1.0)[..., None]).astype(q.dtype)
 
 
 def check_positions_contract(positions: Any, segment_ids: Any | None = None) -> None:
@@ -392,9 +401,6 @@ def reference_attention(
     kr = jnp.repeat(k, n // kv, axis=2).astype(jnp.float32)
     vr = jnp.repeat(v, n // kv, axis=2).astype(jnp.float32)
     s = jnp.einsum("bqnh,bsnh->bnqs", q.astype(jnp.float32), kr) / math.sqrt(h)
-    qp, kp = q_positions[:, :, None], k_positions[:, None, :]
-    mask = (kp <= qp) & (q_seg[:, :, None] == k_seg[:, None, :])
-    if window is not None:
-        mask &= qp - kp < window
+    mask = visibility(q_positions, q_seg, k_positions, k_seg, window)
     s = jnp.where(mask[:, None], s, _MASKED)
     return jnp.einsum("bnqs,bsnh->bqnh", jax.nn.softmax(s, axis=-1), vr).astype(q.dtype)

@@ -8,33 +8,26 @@ their segment (KEY_PAD_SEGMENT), never by array index.
 
   halo                          the `halo_len` rows before this shard, by `lax.ppermute`
                                 (several hops when halo_len > Ls); bytes independent of T
-  sharded_window_attention      the base stream's sliding window: own keys + a (w-1)-row halo,
-                                through attention.local_attention's `prefix`
   sharded_global_attention_partial, merge_partials
                                 split-K attention for a few replicated queries per row over
                                 sharded keys, merged across shards by log-sum-exp
-  allgather_causal_attention    the Transformer arm's baseline: K/V all-gathered, then the
-                                blocked attention.global_attention (skips invisible blocks)
-The ring variant of the baseline is in ring_attention.py; bytes per collective from compiled
+The prefill driver (sp_forward.py) builds the base stream's window from `halo` and the
+Transformer arm's keys by all-gathering each layer's K/V; bytes per collective from compiled
 HLO in hlo_stats.py.
 """
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from orthros_jax.attention import KEY_PAD_SEGMENT, global_attention, local_attention
+from orthros_jax.attention import few_query_partial, visibility
 
 # The mesh axis a sequence (and a KV cache's slot axis) is split over; sharding.RULES maps the
 # logical "length" axis to it.
 SEQUENCE_AXIS = "sequence"
-_MASKED = -1e30  # finite, as in attention.py: a row with no visible key stays finite
-# Position given to halo rows that do not exist (before the sequence start): never <= a query's.
-FAR_POSITION = jnp.iinfo(jnp.int32).max // 2
 
 
 def check_sequence_split(length: int, n_shards: int, what: str = "sequence length") -> int:
@@ -66,8 +59,8 @@ def halo(x_shard: jax.Array, halo_len: int, axis_name: str, *, axis: int = 1, fi
     head-major cache layer [B, K, Ls, H] with axis=2. Returns x_shard's shape with
     shape[axis] = halo_len; the last row is the one right before this shard's first row.
     Rows before the start of the sequence (shard 0, or near shards when the halo spans more
-    shards than exist before this one) are `fill`: give positions FAR_POSITION and segments
-    KEY_PAD_SEGMENT so that attention masks them. Hop j receives from shard i - j: every hop
+    shards than exist before this one) are `fill`: give positions attention.PAD_POSITION and
+    segments KEY_PAD_SEGMENT so that attention masks them. Hop j receives from shard i - j: every hop
     but the farthest moves a whole shard, the farthest only the rows still needed, so each
     shard receives exactly halo_len rows whatever T is.
     """
@@ -95,60 +88,6 @@ def halo(x_shard: jax.Array, halo_len: int, axis_name: str, *, axis: int = 1, fi
     return jnp.concatenate(parts, axis=axis)
 
 
-def sharded_window_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    q_positions: jax.Array,
-    k_positions: jax.Array,
-    q_segment_ids: jax.Array | None = None,
-    k_segment_ids: jax.Array | None = None,
-    *,
-    window: int,
-    axis_name: str,
-    block_size: int | None = None,
-) -> jax.Array:
-    """Sliding-window self-attention of this shard's tokens (inside shard_map).
-
-    q: [B, Ls, N, H]; k, v: [B, Ls, K, H] aligned with q; positions/segment ids: [B, Ls].
-    Each query sees its own shard's keys plus the previous `window - 1` keys of the unsplit
-    sequence, received as a halo (several hops when window - 1 > Ls). Equals
-    attention.local_attention on the unsplit arrays. Returns [B, Ls, N, H] in q's dtype.
-    """
-    if not isinstance(window, int) or window < 1:
-        raise ValueError(f"sharded_window_attention: window must be an int >= 1, got {window!r}")
-    bsz, ls = q.shape[:2]
-    for name, a in (("k", k), ("v", v), ("q_positions", q_positions), ("k_positions", k_positions)):
-        _check_seq_shapes(name, a.shape, bsz, ls)
-    k_pos = jnp.asarray(k_positions, jnp.int32)
-    k_seg = (
-        jnp.ones((bsz, ls), jnp.int32)
-        if k_segment_ids is None
-        else jnp.asarray(k_segment_ids, jnp.int32)
-    )
-    prefix = None
-    if window > 1:
-        hl = window - 1
-        prefix = (
-            halo(k, hl, axis_name),
-            halo(v, hl, axis_name),
-            halo(k_pos, hl, axis_name, fill=FAR_POSITION),
-            halo(k_seg, hl, axis_name, fill=KEY_PAD_SEGMENT),
-        )
-    return local_attention(
-        q,
-        k,
-        v,
-        q_positions=q_positions,
-        k_positions=k_pos,
-        window=window,
-        q_segment_ids=q_segment_ids,
-        k_segment_ids=k_seg,
-        prefix=prefix,
-        block_size=block_size,
-    )
-
-
 class Partial(NamedTuple):
     """One shard's share of an attention: out [B, Q, N, H] (normalised over this shard's
     visible keys, 0 where it sees none), max and sum [B, Q, N] of its scores (float32)."""
@@ -156,29 +95,6 @@ class Partial(NamedTuple):
     out: jax.Array
     max: jax.Array
     sum: jax.Array
-
-
-def _partial_scores(
-    qg: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, *, kv_head_major: bool = True
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Unnormalised attention of grouped queries over keys, with its statistics.
-
-    qg: [B, Q, K, G, H]; k, v: [B, K, S, H] ([B, S, K, H] with kv_head_major=False, read as
-    they are: no transposed copy); visible: [B, Q, S] bool.
-    Returns acc [B, K, G, Q, H], max [B, K, G, Q], sum [B, K, G, Q], all float32: invisible
-    keys get weight exactly 0, so a query that sees nothing has acc = sum = 0, max = -1e30.
-    """
-    scale = 1.0 / math.sqrt(qg.shape[-1])
-    kv_sub = "bksh" if kv_head_major else "bskh"
-    s = jnp.einsum(f"bqkgh,{kv_sub}->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale
-    mask = visible[:, None, None]
-    s = jnp.where(mask, s, _MASKED)
-    m = s.max(axis=-1)
-    p = jnp.where(mask, jnp.exp(s - m[..., None]), 0.0)
-    acc = jnp.einsum(
-        f"bkgqs,{kv_sub}->bkgqh", p.astype(v.dtype), v, preferred_element_type=jnp.float32
-    )
-    return acc, m, p.sum(axis=-1)
 
 
 def sharded_global_attention_partial(
@@ -220,22 +136,17 @@ def sharded_global_attention_partial(
         )
     _check_seq_shapes("q_positions", q_positions.shape, bsz, nq)
     _check_seq_shapes("k_positions_shard", k_positions_shard.shape, bsz, ls)
-    q_pos = jnp.asarray(q_positions, jnp.int32)
-    k_pos = jnp.asarray(k_positions_shard, jnp.int32)
-    visible = k_pos[:, None, :] <= q_pos[:, :, None]
-    if window is not None:
-        visible &= q_pos[:, :, None] - k_pos[:, None, :] < window
-    if q_segment_ids is not None or k_segment_ids_shard is not None:
-        q_seg = jnp.ones((bsz, nq), jnp.int32) if q_segment_ids is None else q_segment_ids
-        k_seg = (
-            jnp.ones((bsz, ls), jnp.int32) if k_segment_ids_shard is None else k_segment_ids_shard
-        )
-        visible &= jnp.asarray(k_seg)[:, None, :] == jnp.asarray(q_seg)[:, :, None]
-    qg = q.reshape(bsz, nq, kv, n // kv, h)
-    acc, m, total = _partial_scores(qg, k_shard, v_shard, visible, kv_head_major=kv_head_major)
-    out = acc / jnp.where(total > 0, total, 1.0)[..., None]
-    to_bqn = lambda a: jnp.moveaxis(a, 3, 1).reshape(bsz, nq, n, *a.shape[4:])
-    return Partial(to_bqn(out), to_bqn(m), to_bqn(total))
+    ones = lambda n: jnp.ones((bsz, n), jnp.int32)
+    q_seg = ones(nq) if q_segment_ids is None else jnp.asarray(q_segment_ids, jnp.int32)
+    k_seg = ones(ls) if k_segment_ids_shard is None else jnp.asarray(k_segment_ids_shard, jnp.int32)
+    visible = visibility(
+        jnp.asarray(q_positions, jnp.int32), q_seg, jnp.asarray(k_positions_shard, jnp.int32),
+        k_seg, window,
+    )  # fmt: skip
+    if not kv_head_major:
+        k_shard, v_shard = jnp.swapaxes(k_shard, 1, 2), jnp.swapaxes(v_shard, 1, 2)
+    acc, m, total = few_query_partial(q, k_shard, v_shard, visible)
+    return Partial(acc / jnp.where(total > 0, total, 1.0)[..., None], m, total)
 
 
 def merge_partials(
@@ -259,44 +170,3 @@ def merge_partials(
     both = jax.lax.psum(jnp.concatenate([out * w[..., None], w[..., None]], axis=-1), axis_name)
     den = both[..., -1:]
     return both[..., :-1] / jnp.where(den > 0, den, 1.0)
-
-
-def allgather_causal_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    q_positions: jax.Array,
-    k_positions: jax.Array,
-    q_segment_ids: jax.Array | None = None,
-    k_segment_ids: jax.Array | None = None,
-    *,
-    axis_name: str,
-    block_q: int = 512,
-    block_k: int = 512,
-    kv_head_major: bool = False,
-) -> jax.Array:
-    """The Transformer arm's sequence-parallel causal attention (MaxText's default strategy).
-
-    q: [B, Ls, N, H] this shard's queries; k, v: this shard's keys [B, Ls, K, H] ([B, K, Ls, H]
-    with kv_head_major=True); positions/segment ids [B, Ls]. K/V, positions and segments are
-    all-gathered over `axis_name` (O(T) bytes per shard), then attention.global_attention runs
-    blocked, skipping key blocks no query of a block can see (the future shards' blocks).
-    Returns [B, Ls, N, H] in q's dtype.
-    """
-    seq_axis = 2 if kv_head_major else 1
-    gather = lambda a, ax: jax.lax.all_gather(a, axis_name, axis=ax, tiled=True)
-    kf, vf = gather(k, seq_axis), gather(v, seq_axis)
-    k_pos = gather(jnp.asarray(k_positions, jnp.int32), 1)
-    k_seg = None if k_segment_ids is None else gather(jnp.asarray(k_segment_ids, jnp.int32), 1)
-    return global_attention(
-        q,
-        kf,
-        vf,
-        q_positions=q_positions,
-        k_positions=k_pos,
-        q_segment_ids=q_segment_ids,
-        k_segment_ids=k_seg,
-        block_q=block_q,
-        block_k=block_k,
-        kv_head_major=kv_head_major,
-    )

@@ -14,8 +14,8 @@ continues a partly filled cache and slots outside [start, end) keep what they ho
   window arms (orthros, swa): the shard's last min(W-1, Ls) slots are written first, then each
     shard receives the W-1 slots before it (sequence_parallel.halo; several hops when W-1 > Ls):
     the same bytes at any prompt length.
-  transformer: every slot is written first, then the layer's K/V is all-gathered (the
-    baseline part 1 measured faster than the ring at 16K-64K on 8 devices).
+  transformer: every slot is written first, then the layer's K/V is all-gathered (MaxText's
+    default strategy for the baseline).
   then the step runs over the slice's chunks that hold prompt tokens.
 Why layer by layer: the first chunk of shard i needs shard i-1's last keys of the same layer, so
 chunk-by-chunk order would make every shard wait for the previous one's whole slice. Memory per

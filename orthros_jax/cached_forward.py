@@ -40,7 +40,7 @@ def logits_of(params: Params, x_BD: jax.Array, cfg: ModelConfig) -> jax.Array:
     return nnl.lm_logits(h, head)[:, 0]
 
 
-def _slot_segments(s: int, visible_BS: jax.Array) -> jax.Array:
+def slot_segments(visible_BS: jax.Array) -> jax.Array:
     return jnp.where(visible_BS, 1, KEY_PAD_SEGMENT).astype(jnp.int32)
 
 
@@ -49,7 +49,12 @@ def _window_ending_at(pos_B: jax.Array, w: int) -> jax.Array:
     return pos_B[:, None] - (w - 1) + jnp.arange(w, dtype=jnp.int32)
 
 
-def _stepper(cfg: ModelConfig, ctx: StepContext, with_out: bool, compute_base: bool = True):
+def window_before(pos_B: jax.Array, w: int) -> jax.Array:
+    """[B, W-1] slots right before pos: what a chunk starting at pos reads of earlier ones."""
+    return _window_ending_at(pos_B - 1, w - 1)
+
+
+def _stepper(cfg: ModelConfig, ctx: StepContext, compute_base: bool = True):
     """A layer_loop body running each kind's step on (base, out, states)."""
 
     def body(carry, kind: LayerKind, p: Params, li):
@@ -76,17 +81,16 @@ def read_pass(params: Params, cfg: ModelConfig, cache: KVCache, x_BD: jax.Array,
     prompt token through the last layer only (base=True, last_only=True). Returns [B, D].
     slot_offset: sequence parallelism (inside shard_map, impl "sequence"): the cache holds this
     shard's slots, the first at this global slot id."""
-    s = cache.max_len
     slot_ids, w = _slots_and_window(cache, cfg, slot_offset)
     pos = cache.lengths - 1
-    slot_seg = _slot_segments(s, slot_ids[None] < cache.lengths[:, None])
+    slot_seg = slot_segments(slot_ids[None] < cache.lengths[:, None])
     ctx = StepContext(
         mode=READ, impl=impl, window_slots=_window_ending_at(pos, w), slot_segments=slot_seg,
         slot_offset=slot_offset,
     )  # fmt: skip
     tok = Stream(x_BD[:, None], pos[:, None], jnp.ones((cache.batch_size, 1), jnp.int32))
     streams = (tok, None) if base else (None, tok)
-    body = _stepper(cfg, ctx, with_out=not base)
+    body = _stepper(cfg, ctx)
     carry = (*streams, cache.states())
     if last_only:
         carry = stack.layer_loop(params, cfg, carry, lambda c, *a: c, by_index=True, last=body)
@@ -111,7 +115,7 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
     s, w = cache.max_len, cfg.window
     start = cache.lengths  # rows may already hold a prefix (continued prefill)
     end = start + lengths
-    slot_seg = _slot_segments(s, jnp.arange(s)[None] < end[:, None])
+    slot_seg = slot_segments(jnp.arange(s)[None] < end[:, None])
     last_kind = stack.KINDS[cfg.layer_types[-1]]
     # A single-stream arm whose last layer cannot run its last token alone runs it in full.
     last_in_chunks = not cfg.two_streams and not last_kind.reads_last_token
@@ -125,14 +129,14 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
             mode=CHUNK,
             impl=impl,
             slots=jnp.where(valid, pos, s),  # padding -> slot S: dropped
-            window_slots=pos[:, :1] - (w - 1) + jnp.arange(w - 1, dtype=jnp.int32),
+            window_slots=window_before(pos[:, 0], w),
             slot_segments=slot_seg,
             valid=valid,
         )
         x = embed(params, jax.lax.dynamic_slice_in_dim(tokens, c * chunk, chunk, 1), cfg)
         base = Stream(x, pos, jnp.ones_like(pos))
-        body = _stepper(cfg, ctx, with_out=False)
-        last = _stepper(cfg, ctx, with_out=False, compute_base=last_in_chunks)
+        body = _stepper(cfg, ctx)
+        last = _stepper(cfg, ctx, compute_base=last_in_chunks)
         base, _, states = stack.layer_loop(
             params, cfg, (base, None, states), body, by_index=True, last=last
         )
@@ -178,14 +182,14 @@ def decode(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array,
         slots=jnp.where(active & (local >= 0) & (local < s), local, s)[:, None],
         # The sliding-window stream reads only its last W slots: O(W).
         window_slots=_window_ending_at(pos, w),
-        slot_segments=_slot_segments(s, slot_ids[None] <= pos[:, None]),
+        slot_segments=slot_segments(slot_ids[None] <= pos[:, None]),
         valid=active[:, None],
         slot_offset=slot_offset,
     )
     x = embed(params, tokens[:, None], cfg)
     base = Stream(x, pos[:, None], jnp.ones((cache.batch_size, 1), jnp.int32))
     out = base if cfg.two_streams else None
-    body = _stepper(cfg, ctx, with_out=cfg.two_streams)
+    body = _stepper(cfg, ctx)
     base, out, states = stack.layer_loop(
         params, cfg, (base, out, cache.states()), body, by_index=True
     )

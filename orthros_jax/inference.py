@@ -30,11 +30,11 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from orthros_jax import cached_forward as fwd
-from orthros_jax import sp_forward
+from orthros_jax import sharding, sp_forward
 from orthros_jax.config import ModelConfig
 from orthros_jax.kv_cache import KVCache, cache_shape, init_cache
 from orthros_jax.model import Params
@@ -140,8 +140,8 @@ def prefill(
         slots = sp_forward.slot_tokens(toks, lens, held, cache.max_len)
         _, rows = sp_forward.specs(cfg, mesh, bsz, cache.max_len)
         return sp_forward.prefill(
-            params, cache, sp_forward.put(slots, mesh, P(rows, sp_forward.SEQ)),
-            sp_forward.put(lens.astype(np.int32), mesh, P(rows)), cfg=cfg, mesh=mesh,
+            params, cache, sharding.put(slots, NamedSharding(mesh, P(rows, sp_forward.SEQ))),
+            sharding.put(lens.astype(np.int32), NamedSharding(mesh, P(rows))), cfg=cfg, mesh=mesh,
         )  # fmt: skip
     t_pad = prompt_bucket(int(lens.max()), cfg)
     padded = np.zeros((bsz, t_pad), np.int32)  # padding is 0: never an invalid id on device
@@ -174,7 +174,7 @@ def decode_step(
     mesh = sp_forward.mesh_of(cache)
     if mesh is not None:
         _, rows = sp_forward.specs(cfg, mesh, cache.batch_size, cache.max_len)
-        on_rows = lambda a: sp_forward.put(a, mesh, P(rows))
+        on_rows = lambda a: sharding.put(a, NamedSharding(mesh, P(rows)))
         active = on_rows(np.ones((cache.batch_size,), bool))
         toks = on_rows(toks.astype(np.int32))
         return sp_forward.decode_jit(params, cache, toks, active, cfg=cfg, mesh=mesh)

@@ -26,15 +26,13 @@ import jax.numpy as jnp
 
 from orthros_jax import layers as nnl
 from orthros_jax import stack
-from orthros_jax.attention_layer import layer_finish, layer_kv, layer_query, param_shapes
-from orthros_jax.axes import EMBED, HEAD_DIM, HEADS, KV_HEADS, LAYERS, MLP, VOCAB
+from orthros_jax.axes import EMBED, VOCAB
 from orthros_jax.config import ModelConfig
 from orthros_jax.layer_kind import SEQUENCE, LayerKind, Params, StepContext, Stream, document_starts
 
 __all__ = [
-    "EMBED", "HEAD_DIM", "HEADS", "KV_HEADS", "LAYERS", "MLP", "VOCAB",
     "OrthrosLM", "Params", "Stream", "forward_streams", "gather_stream", "init_params",
-    "layer_finish", "layer_kv", "layer_query", "param_logical_axes", "param_shapes",
+    "param_logical_axes",
 ]  # fmt: skip
 
 

@@ -26,23 +26,23 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from orthros_jax import gdn
 from orthros_jax import model as model_lib
+from orthros_jax.axes import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, LAYERS, LENGTH, MLP, VOCAB
 from orthros_jax.config import ModelConfig
 from orthros_jax.sequence_parallel import SEQUENCE_AXIS
 
 MESH_AXES = ("data", "fsdp", "tensor")
-BATCH, LENGTH = "batch", "length"
 MeshAxes = str | tuple[str, ...] | None
 
 RULES: dict[str, MeshAxes] = {
     BATCH: ("data", "fsdp"),
     LENGTH: SEQUENCE_AXIS,
-    model_lib.LAYERS: None,
-    model_lib.VOCAB: "tensor",
-    model_lib.EMBED: "fsdp",
-    model_lib.HEADS: "tensor",
-    model_lib.KV_HEADS: "tensor",
-    model_lib.HEAD_DIM: None,
-    model_lib.MLP: "tensor",
+    LAYERS: None,
+    VOCAB: "tensor",
+    EMBED: "fsdp",
+    HEADS: "tensor",
+    KV_HEADS: "tensor",
+    HEAD_DIM: None,
+    MLP: "tensor",
     # GDN layers: key and value heads on the same axis as attention heads (a key head's value
     # heads then live on its device when Hk divides over it); the conv taps stay whole.
     gdn.GDN_K_HEADS: "tensor",
@@ -181,13 +181,22 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(RULES[BATCH], *([None] * (ndim - 1))))
 
 
-def check_batch_divisible(global_batch: int, mesh: Mesh) -> None:
-    """The global batch must split evenly over data x fsdp (before any compile)."""
-    n = mesh.shape["data"] * mesh.shape["fsdp"]
-    if global_batch % n:
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+    """The mesh axes that batch rows split over: RULES[BATCH]'s axes of size > 1 in `mesh`."""
+    axes = RULES[BATCH]
+    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    return tuple(a for a in axes if mesh.shape.get(a, 1) > 1)
+
+
+def check_batch_divisible(batch: int, mesh: Mesh, what: str = "global batch size") -> None:
+    """ValueError (before any compile) unless `batch` rows split evenly over the mesh's batch
+    axes."""
+    sizes = {a: mesh.shape[a] for a in batch_axes(mesh)}
+    n = math.prod(sizes.values())
+    if batch % n:
         raise ValueError(
-            f"global batch size {global_batch} is not divisible by data*fsdp = {n} "
-            f"(mesh {dict(mesh.shape)}); change data.batch_size or the mesh"
+            f"{what} {batch} is not divisible by the mesh's batch axes {sizes} = {n}; use a "
+            f"multiple of {n} (or another mesh)"
         )
 
 
@@ -200,13 +209,14 @@ def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Ar
     }
 
 
+def put(x: Any, sharding: NamedSharding) -> jax.Array:
+    """A host array (the same on every process) as a global array with this sharding."""
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+
 def put_tree(tree: Any, shardings: Any) -> Any:
     """Host numpy pytree (same values on every process) -> global arrays with these shardings."""
-
-    def put(x, sh):
-        x = np.asarray(x)
-        return jax.make_array_from_callback(x.shape, sh, lambda idx: x[idx])
-
     return jax.tree.map(put, tree, shardings)
 
 

@@ -32,7 +32,6 @@ across shards by log-sum-exp.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import jax
@@ -46,7 +45,6 @@ from orthros_jax import kv_cache as kvc
 from orthros_jax import sequence_parallel as sp
 from orthros_jax import sharding, stack
 from orthros_jax.attend import Keys
-from orthros_jax.attention import KEY_PAD_SEGMENT
 from orthros_jax.config import ModelConfig
 from orthros_jax.kv_cache import KVCache
 from orthros_jax.layer_kind import CHUNK, LayerKind, Params, StepContext, Stream
@@ -69,22 +67,10 @@ def mesh_of(cache: KVCache) -> Mesh | None:
     return None
 
 
-def _batch_axes(mesh: Mesh) -> tuple[str, ...]:
-    axes = sharding.RULES[sharding.BATCH]
-    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
-    return tuple(a for a in axes if mesh.shape.get(a, 1) > 1)
-
-
 def check_mesh(cfg: ModelConfig, batch_size: int, max_len: int, mesh: Mesh) -> None:
     """ValueError (before anything compiles) unless a cache of batch_size rows and max_len
     slots can be split over the mesh: rows over its batch axes, slots over "sequence"."""
-    axes = _batch_axes(mesh)
-    rows = math.prod(mesh.shape[a] for a in axes)
-    if batch_size % rows:
-        raise ValueError(
-            f"batch size {batch_size} is not divisible by the mesh's batch axes "
-            f"{dict((a, mesh.shape[a]) for a in axes)} = {rows}; use a multiple of {rows}"
-        )
+    sharding.check_batch_divisible(batch_size, mesh, "batch size")
     seq = sequence_size(mesh)
     if seq == 1:
         return
@@ -107,12 +93,6 @@ def specs(cfg: ModelConfig, mesh: Mesh, batch: int, max_len: int) -> tuple[KVCac
     sh = sharding.cache_shardings(cfg, batch, max_len, mesh)
     rows = sh.lengths.spec[0] if len(sh.lengths.spec) else None
     return KVCache(k=sh.k.spec, v=sh.v.spec, lengths=sh.lengths.spec), rows
-
-
-def put(x: Any, mesh: Mesh, spec: P) -> jax.Array:
-    """A host array (the same on every process) as a global array with this sharding."""
-    x = np.asarray(x)
-    return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), lambda idx: x[idx])
 
 
 def slot_tokens(tokens: np.ndarray, lengths: np.ndarray, held: np.ndarray, max_len: int):
@@ -142,7 +122,7 @@ def _prefill_shard(params: Params, cache: KVCache, tokens: jax.Array, lengths: j
     grid = jnp.arange(n_chunks * chunk, dtype=jnp.int32)  # local rows; >= Ls: padding
     glob = off + grid
     valid = (glob[None] >= start[:, None]) & (glob[None] < end[:, None]) & (grid < ls)[None]
-    slot_seg = jnp.where((off + grid[:ls])[None] < end[:, None], 1, KEY_PAD_SEGMENT)
+    slot_seg = fwd.slot_segments((off + grid[:ls])[None] < end[:, None])
     # Only chunks holding a prompt token of some row run (a short prompt in a long cache).
     has = valid.reshape(bsz, n_chunks, chunk).any(axis=(0, 2))
     lo = jnp.where(has.any(), jnp.argmax(has), 0)
@@ -158,7 +138,7 @@ def _prefill_shard(params: Params, cache: KVCache, tokens: jax.Array, lengths: j
             mode=CHUNK,
             impl=IMPL,
             slots=jnp.where(ok, idx, ls),  # slots without a prompt token -> Ls: dropped
-            window_slots=pos[:, :1] - (w - 1) + jnp.arange(w - 1, dtype=jnp.int32),
+            window_slots=fwd.window_before(pos[:, 0], w),
             slot_segments=slot_seg,
             valid=ok,
             slot_offset=off,
@@ -220,8 +200,8 @@ def _halo(states, li, off, rows: int, end: jax.Array) -> Keys:
     k = sp.halo(kvc.layer_view(ck, li), rows, SEQ, axis=2)
     v = sp.halo(kvc.layer_view(cv, li), rows, SEQ, axis=2)
     slots = jnp.broadcast_to(off - rows + jnp.arange(rows, dtype=jnp.int32), (end.shape[0], rows))
-    seg = jnp.where((slots >= 0) & (slots < end[:, None]), 1, KEY_PAD_SEGMENT)
-    return Keys(k, v, slots, seg.astype(jnp.int32), head_major=True)
+    seg = fwd.slot_segments((slots >= 0) & (slots < end[:, None]))
+    return Keys(k, v, slots, seg, head_major=True)
 
 
 def _gathered(states, li, end: jax.Array) -> Keys:
@@ -230,7 +210,7 @@ def _gathered(states, li, end: jax.Array) -> Keys:
     gather = lambda a: jax.lax.all_gather(kvc.layer_view(a, li), SEQ, axis=2, tiled=True)
     k, v = gather(ck), gather(cv)
     slots = jnp.broadcast_to(jnp.arange(k.shape[2], dtype=jnp.int32), (end.shape[0], k.shape[2]))
-    seg = jnp.where(slots < end[:, None], 1, KEY_PAD_SEGMENT).astype(jnp.int32)
+    seg = fwd.slot_segments(slots < end[:, None])
     return Keys(k, v, slots, seg, head_major=True)
 
 

@@ -260,8 +260,12 @@ def test_orthros_collective_bytes_do_not_grow_with_t_transformer_does(runs):
 def test_two_processes_agree_with_one(runs):
     res, _, procs = runs
     p0, p1 = procs
-    for key in (*STEPS, "k", "v", "lengths"):
+    # The logits are replicated: each process reads its own copy, so they must agree. The cache
+    # is gathered from both processes (identical by construction): only the one-process run
+    # checks it.
+    for key in STEPS:
         np.testing.assert_array_equal(p0[key], p1[key], err_msg=key)
+    for key in (*STEPS, "k", "v", "lengths"):
         np.testing.assert_allclose(p0[key], res[f"orthros/seq8/{key}"], atol=1e-5, rtol=0)
 
 

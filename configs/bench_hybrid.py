@@ -6,22 +6,15 @@ half an hour.
         --out=docs/bench/table4
 """
 
-import importlib.util
 import os
 
 import ml_collections
 
-
-def _bench_config() -> ml_collections.ConfigDict:
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.py")
-    spec = importlib.util.spec_from_file_location("_bench_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+from orthros_jax.configlib import load_config_file
 
 
 def get_config() -> ml_collections.ConfigDict:
-    c = _bench_config()
+    c = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.py"))
     c.table4_lengths = (1024, 2048, 4096, 8192)
     c.table4_contexts = (1024, 4096, 8192)
     c.decode_steps = 8

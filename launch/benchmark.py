@@ -12,7 +12,9 @@ prefill on 8 devices, orthros_jax/bench_sequence.py; not run by default; configs
 has its command), table4 (the paper's Table 4 pairs, Linear Hybrid vs Orthros-H and Transformer
 vs Orthros, orthros_jax/bench_table4.py; not run by default; configs/bench_hybrid.py).
 Everything is measured side by side in one process (the machine is shared and noisy, so only
-ratios from one run mean anything). Writes bench.json, bench.md and bench.png into --out.
+ratios from one run mean anything). Writes bench.json (every number) into --out; bench.md and
+bench.png when one of the suites before `sequence` ran, sequence.md/png and table4.md/png when
+those did.
 """
 
 from __future__ import annotations
@@ -39,56 +41,21 @@ from orthros_jax.kv_cache import init_cache
 from orthros_jax.model import OrthrosLM, init_params
 
 _CONFIG = configlib.define_config_flag("configs/bench.py", "Benchmark config.", "benchmark.py")
-_OUT = flags.DEFINE_string("out", None, "Directory for bench.json / bench.md / bench.png.")
+_OUT = flags.DEFINE_string("out", None, "Directory for bench.json and the reports.")
 _SUITES = flags.DEFINE_list(
     "suites", ["prefill", "honesty", "memory", "decode", "train", "inference"], "Suites to run."
-)
-SUITES = (
-    "prefill",
-    "honesty",
-    "memory",
-    "decode",
-    "train",
-    "inference",
-    "window",
-    "sequence",
-    "table4",
 )
 
 
 def arms(c) -> dict[str, ModelConfig]:
     """Orthros and the Transformer arm with the same shared weights (bf16 on accelerators)."""
-    model = dict(c.model)
-    if jax.default_backend() != "cpu":
-        model.update(dtype="bfloat16", param_dtype="bfloat16")
-    orthros = ModelConfig.from_dict({**model, "architecture": "orthros"})
-    transformer = orthros.replace(architecture="transformer", scale_offset=False)
-    return {"orthros": orthros, "transformer": transformer}
-
-
-def single_stream(params):
-    layers = {k: v for k, v in params["layers"].items() if not k.startswith("so_")}
-    return {**params, "layers": layers}
-
-
-def prefill_call(cfg, params, fn, t: int, c, *, library: bool):
-    """A no-argument call of one prefill variant on a full-length prompt of t tokens."""
-    tokens = jax.random.randint(jax.random.PRNGKey(c.seed), (c.batch_size, t), 0, cfg.vocab_size)
-    lengths = jnp.full((c.batch_size,), t, jnp.int32)
-    state = {"cache": init_cache(cfg, c.batch_size, t)}
-
-    def call():
-        args = (
-            (params, state["cache"], tokens, lengths, cfg)
-            if library
-            else (params, state["cache"], tokens)
-        )
-        logits, cache = fn(*args)
-        # Reuse the (donated) buffers for the next repeat, emptied.
-        state["cache"] = cache.replace(lengths=jnp.zeros_like(cache.lengths))
-        return logits
-
-    return call
+    return bench.model_configs(
+        c.model,
+        {
+            "orthros": {"architecture": "orthros"},
+            "transformer": {"architecture": "transformer", "scale_offset": False},
+        },
+    )
 
 
 def prefill_suite(c, cfgs, params, results) -> None:
@@ -96,12 +63,12 @@ def prefill_suite(c, cfgs, params, results) -> None:
     rows = []
     for t in c.prefill_lengths:
         calls = {
-            name: prefill_call(cfg, params[name], prefill, t, c, library=True)
+            name: bench.prefill_call(cfg, params[name], t, c)
             for name, cfg in cfgs.items()
             if name != "transformer" or t <= c.transformer_max_len
         }
-        calls["floor"] = prefill_call(
-            cfgs["transformer"], params["transformer"], floor, t, c, library=False
+        calls["floor"] = bench.prefill_call(
+            cfgs["transformer"], params["transformer"], t, c, fn=floor
         )
         row = {"T": t, **bench.time_interleaved(calls, c.repeats)}
         for name, cfg in cfgs.items():
@@ -128,9 +95,9 @@ def honesty_suite(c, cfgs, params, results) -> None:
     rows = []
     for t in [t for t in c.prefill_lengths if t <= c.dense_max_len]:
         calls = {
-            "transformer": prefill_call(cfg, params["transformer"], prefill, t, c, library=True),
-            "dense_dot_product_attention": prefill_call(
-                cfg, params["transformer"], dense, t, c, library=False
+            "transformer": bench.prefill_call(cfg, params["transformer"], t, c),
+            "dense_dot_product_attention": bench.prefill_call(
+                cfg, params["transformer"], t, c, fn=dense
             ),
         }
         row = {"T": t, **bench.time_interleaved(calls, c.repeats)}
@@ -211,9 +178,7 @@ def inference_suite(c, cfgs, params, results) -> None:
     slot (masked), so its cost is set by S, not by how many slots are filled."""
     t, n, bsz = c.inference_len, c.inference_new_tokens, c.batch_size
     slots = t + n * (c.repeats + 1)
-    vocab = cfgs["orthros"].vocab_size
-    prompts = np.asarray(jax.random.randint(jax.random.PRNGKey(c.seed), (bsz, t), 0, vocab))
-    lengths = np.full((bsz,), t, np.int32)
+    prompts, lengths = (np.asarray(x) for x in bench.prompt(cfgs["orthros"], t, c))
     first_token = jax.jit(lambda logits: jnp.argmax(logits, -1))
     calls = {}
     for name, cfg in cfgs.items():
@@ -285,6 +250,21 @@ def window_suite(c, cfgs, params, results) -> None:
     results["window"] = rows
 
 
+# name -> suite(c, cfgs, params, results), run in this order.
+SUITE_FNS = {
+    "prefill": prefill_suite,
+    "honesty": honesty_suite,
+    "memory": memory_suite,
+    "decode": decode_suite,
+    "train": train_suite,
+    "inference": inference_suite,
+    "window": window_suite,
+    "sequence": bench_sequence.sequence_suite,
+    "table4": bench_table4.table4_suite,
+}
+SUITES = tuple(SUITE_FNS)
+
+
 def main(argv) -> None:
     del argv
     c = _CONFIG.value
@@ -292,11 +272,11 @@ def main(argv) -> None:
     if unknown:
         raise ValueError(f"unknown suite(s) {unknown}; valid: {', '.join(SUITES)}")
     if not _OUT.value:
-        raise ValueError("--out is required (a directory for bench.json/md/png)")
+        raise ValueError("--out is required (a directory for bench.json and the reports)")
     os.makedirs(_OUT.value, exist_ok=True)
     cfgs = arms(c)
     p = init_params(cfgs["orthros"], jax.random.PRNGKey(c.seed))
-    params = {"orthros": p, "transformer": single_stream(p)}
+    params = {"orthros": p, "transformer": bench.drop_so(p)}
     results = {
         "date": time.strftime("%Y-%m-%d"),
         "device": str(jax.devices()[0].device_kind),
@@ -311,27 +291,16 @@ def main(argv) -> None:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
     t0 = time.time()
-    suites = {
-        "prefill": prefill_suite,
-        "honesty": honesty_suite,
-        "memory": memory_suite,
-        "decode": decode_suite,
-        "train": train_suite,
-        "inference": inference_suite,
-        "window": window_suite,
-        "sequence": bench_sequence.sequence_suite,
-        "table4": lambda c, cfgs, params, results: bench_table4.table4_suite(c, results),
-    }
-    for name in SUITES:
+    for name, suite in SUITE_FNS.items():
         if name in _SUITES.value:
-            suites[name](c, cfgs, params, results)
+            suite(c, cfgs, params, results)
     results["wall_s"] = time.time() - t0
-    write_report(results, _OUT.value)
+    written = write_report(results, _OUT.value)
     if "sequence" in results:
-        bench_sequence.write_report(results, _OUT.value)
+        written += bench_sequence.write_report(results, _OUT.value)
     if "table4" in results:
-        bench_table4.write_table4(results, _OUT.value)
-    print(f"wrote {_OUT.value}/bench.json, bench.md, bench.png in {results['wall_s']:.0f}s")
+        written += bench_table4.write_report(results, _OUT.value)
+    print(f"wrote {', '.join(written)} into {_OUT.value} in {results['wall_s']:.0f}s")
 
 
 if __name__ == "__main__":

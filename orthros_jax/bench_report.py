@@ -1,11 +1,15 @@
 """The benchmark's report (launch/benchmark.py): headline figures against their targets, and
-bench.json, bench.md and bench.png written from one results dict."""
+bench.json, bench.md and bench.png written from one results dict. `targets_table` and `plot`
+render the sequence and table4 suites' reports too."""
 
 from __future__ import annotations
 
 import json
 import os
 from typing import Any
+
+# The suites bench.md and bench.png report (sequence and table4 write reports of their own).
+SUITES = ("prefill", "honesty", "memory", "decode", "train", "inference", "window")
 
 # key -> (figure, target): the README's "Performance" table, in its order.
 TARGETS = {
@@ -45,8 +49,24 @@ def headline(results: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
-def _fmt(value: float | None, spec: str = ".3f") -> str:
+def fmt(value: float | None, spec: str = ".3f") -> str:
+    """A number of a report table, "—" where it was not measured."""
     return "—" if value is None else format(value, spec)
+
+
+def targets_table(
+    values: dict[str, float | None],
+    targets: dict[str, tuple[str, str]],
+    specs: dict[str, str] | None = None,
+) -> list[str]:
+    """The markdown "| figure | target | measured |" table: a row per key of `values` (a
+    headline), named and targeted by `targets` (key -> (figure, target)), each value formatted
+    with specs[key] (default ".3f")."""
+    lines = ["| figure | target | measured |", "|---|---|---|"]
+    for key, value in values.items():
+        name, target = targets[key]
+        lines.append(f"| {name} | {target} | {fmt(value, (specs or {}).get(key, '.3f'))} |")
+    return lines
 
 
 def _prefill_table(pre: list[dict]) -> list[str]:
@@ -57,8 +77,8 @@ def _prefill_table(pre: list[dict]) -> list[str]:
     for r in pre:
         lines.append(
             f"| {r['T']} | {r['orthros']['median_s']:.3f} | "
-            f"{_fmt(r.get('transformer', {}).get('median_s'))} | {r['floor']['median_s']:.3f} | "
-            f"{_fmt(r.get('speedup'), '.2f')} | {_fmt(r.get('flop_ideal_speedup'), '.2f')} | "
+            f"{fmt(r.get('transformer', {}).get('median_s'))} | {r['floor']['median_s']:.3f} | "
+            f"{fmt(r.get('speedup'), '.2f')} | {fmt(r.get('flop_ideal_speedup'), '.2f')} | "
             f"{r['orthros_over_floor']:.3f} |"
         )
     return lines
@@ -76,7 +96,7 @@ def _inference_table(inf: dict) -> list[str]:
         r = inf[name]
         lines.append(
             f"| {name} | {r['ttft_s']:.3f} | {r['decode_step_tok_s']:.1f} | "
-            f"{_fmt(r['generate_tok_s'], '.1f')} |"
+            f"{fmt(r['generate_tok_s'], '.1f')} |"
         )
     lines += ["", f"TTFT Transformer / Orthros: {inf['ttft_speedup']:.2f}"]
     return lines
@@ -91,12 +111,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"Times are medians of {results['repeats']} rounds, each running every compared call "
         "once; a ratio is the median of its per-round ratios.",
         "",
-        "| figure | target | measured |",
-        "|---|---|---|",
+        *targets_table(headline(results), TARGETS),
     ]
-    for key, value in headline(results).items():
-        name, target = TARGETS[key]
-        lines.append(f"| {name} | {target} | {_fmt(value)} |")
     if results.get("prefill"):
         lines += ["", *_prefill_table(results["prefill"])]
     if results.get("decode"):
@@ -148,11 +164,16 @@ def plot(
     plt.close(fig)
 
 
-def write_report(results: dict[str, Any], out_dir: str) -> None:
-    """Adds results["headline"], then writes bench.json, bench.md and bench.png into out_dir."""
-    results["headline"] = headline(results)
+def write_report(results: dict[str, Any], out_dir: str) -> list[str]:
+    """Writes bench.json (every number) into out_dir, and, when one of SUITES ran, first adds
+    results["headline"] and writes bench.md and bench.png. Returns the names written."""
+    written = ["bench.json"]
+    if any(name in results for name in SUITES):
+        results["headline"] = headline(results)
+        with open(os.path.join(out_dir, "bench.md"), "w") as f:
+            f.write(markdown(results))
+        plot(results, os.path.join(out_dir, "bench.png"))
+        written += ["bench.md", "bench.png"]
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
         json.dump(results, f, indent=2)
-    with open(os.path.join(out_dir, "bench.md"), "w") as f:
-        f.write(markdown(results))
-    plot(results, os.path.join(out_dir, "bench.png"))
+    return written

@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 from orthros_jax import bench_report, sharding, sp_forward
 from orthros_jax import benchmarking as bench
 from orthros_jax.hlo_stats import collective_bytes
-from orthros_jax.inference import init_cache, prefill
+from orthros_jax.inference import init_cache
 
 TARGETS = {
     "doubling": ("Orthros SP prefill wall time per doubling, 64K -> 1M (worst)", "<= 2.2"),
@@ -43,21 +43,16 @@ TARGETS = {
 
 
 def _prefill_call(cfg, params, t: int, c, mesh) -> tuple[Any, dict]:
-    """A no-argument call of the public prefill of a full t-token prompt into a t-slot cache
-    (split over `mesh`, or on one device if None); state["logits"] holds its last logits,
-    state["cpu_s"] the host CPU seconds of every call (the call waits for its result)."""
-    tokens = np.asarray(
-        jax.random.randint(jax.random.PRNGKey(c.seed), (c.batch_size, t), 0, cfg.vocab_size)
-    )
-    lengths = np.full((c.batch_size,), t, np.int32)
-    state = {"cache": init_cache(cfg, c.batch_size, t, mesh=mesh), "cpu_s": []}
+    """benchmarking.prefill_call of a full t-token prompt into a t-slot cache split over `mesh`
+    (or on one device if None), waiting for its result; state["logits"] holds its last logits,
+    state["cpu_s"] the host CPU seconds of every call."""
+    prefill_once = bench.prefill_call(cfg, params, t, c, mesh=mesh)
+    state: dict[str, Any] = {"cpu_s": []}
 
     def call():
         start = time.process_time()
-        logits, cache = prefill(params, state["cache"], tokens, lengths, cfg)
-        jax.block_until_ready(logits)
+        logits = jax.block_until_ready(prefill_once())
         state["cpu_s"].append(time.process_time() - start)
-        state["cache"] = cache.replace(lengths=jnp.zeros_like(cache.lengths))  # reuse, emptied
         state["logits"] = logits
         return logits
 
@@ -198,21 +193,15 @@ def headline(seq: dict[str, Any]) -> dict[str, float | None]:
 def markdown(results: dict[str, Any]) -> str:
     """sequence.md: the headline against the targets, then one table per figure."""
     seq = results["sequence"]
-    fmt = lambda x, spec=".3f": "—" if x is None else format(x, spec)
+    fmt = bench_report.fmt
     lines = [
         f"Sequence-parallel prefill, {results['date']}, {seq['devices']} x {seq['device_kind']} "
         f"({results['backend']}, {results['cpu_count']} host CPUs), jax {results['jax']}: "
         f"`{results['command']}` ({results['wall_s']:.0f} s). Times are medians of the timed "
         "rounds after a warm-up; ratios of interleaved calls are medians of per-round ratios.",
         "",
-        "| figure | target | measured |",
-        "|---|---|---|",
+        *bench_report.targets_table(seq["headline"], TARGETS, {"collectives": ".2e"}),
     ]
-    for key, value in seq["headline"].items():
-        name, target = TARGETS[key]
-        lines.append(
-            f"| {name} | {target} | {fmt(value, '.2e' if key == 'collectives' else '.3f')} |"
-        )
     lines += ["", "| T | Orthros SP s | time / previous | host CPU s | CPU / previous | "
               "peak MB/device | cache shard + params MB | peak / resident |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -256,8 +245,10 @@ def plot(results: dict[str, Any], path: str) -> None:
     bench_report.plot(results, path, rows=rows, title="Sequence-parallel prefill")
 
 
-def write_report(results: dict[str, Any], out_dir: str) -> None:
-    """sequence.md and sequence.png into out_dir (bench.json holds every number)."""
+def write_report(results: dict[str, Any], out_dir: str) -> list[str]:
+    """sequence.md and sequence.png into out_dir (bench.json holds every number); returns their
+    names."""
     with open(os.path.join(out_dir, "sequence.md"), "w") as f:
         f.write(markdown(results))
     plot(results, os.path.join(out_dir, "sequence.png"))
+    return ["sequence.md", "sequence.png"]

@@ -8,9 +8,11 @@ the bench shape, through the public prefill / decode_step.
 The arms are the bench model with `table4_n_layers` layers (two cycles: with one, the only
 attention layer would be the last, whose base output prefill skips); the hybrid arms have the
 `layer_types` cycle (gdn, gdn, gdn, attention) and the GDN dims of config.gdn; Orthros-H
-shares every weight with the hybrid (plus its SO), as Orthros does with the Transformer. Every call of a length is timed interleaved with the other
-arms' (benchmarking.time_interleaved): only ratios from one run mean anything on a shared box.
-launch/benchmark.py writes table4.json, table4.md and table4.png next to bench.json.
+shares every weight with the hybrid (plus its SO), as Orthros does with the Transformer. Every
+call of a length is timed interleaved with the other arms' (benchmarking.time_interleaved):
+only ratios from one run mean anything on a shared box.
+launch/benchmark.py writes table4.md and table4.png next to bench.json (which holds every
+number, under "table4").
 """
 
 from __future__ import annotations
@@ -20,13 +22,10 @@ import os
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from orthros_jax import bench_report, flops
 from orthros_jax import benchmarking as bench
 from orthros_jax.config import ModelConfig
-from orthros_jax.inference import prefill
-from orthros_jax.kv_cache import init_cache
 from orthros_jax.model import init_params
 
 PAIRS = (("hybrid", "orthros_h"), ("transformer", "orthros"))
@@ -35,22 +34,16 @@ PAIRS = (("hybrid", "orthros_h"), ("transformer", "orthros"))
 def table4_arms(c: Any) -> dict[str, ModelConfig]:
     """The four arms from the bench config (bf16 on accelerators)."""
     model = dict(c.model) | {"scale_offset": None, "n_layers": c.table4_n_layers}
-    if jax.default_backend() != "cpu":
-        model.update(dtype="bfloat16", param_dtype="bfloat16")
     gdn = dict(c.gdn)
-    return {
-        "transformer": ModelConfig.from_dict(model | {"architecture": "transformer"}),
-        "orthros": ModelConfig.from_dict(model | {"architecture": "orthros"}),
-        "hybrid": ModelConfig.from_dict(model | gdn | {"architecture": "hybrid"}),
-        "orthros_h": ModelConfig.from_dict(model | gdn | {"architecture": "orthros_h"}),
-    }
-
-
-def _drop_so(params: dict) -> dict:
-    return {
-        k: {n: a for n, a in v.items() if "so_" not in n} if isinstance(v, dict) else v
-        for k, v in params.items()
-    }
+    return bench.model_configs(
+        model,
+        {
+            "transformer": {"architecture": "transformer"},
+            "orthros": {"architecture": "orthros"},
+            "hybrid": gdn | {"architecture": "hybrid"},
+            "orthros_h": gdn | {"architecture": "orthros_h"},
+        },
+    )
 
 
 def table4_params(cfgs: dict[str, ModelConfig], seed: int) -> dict[str, dict]:
@@ -58,30 +51,22 @@ def table4_params(cfgs: dict[str, ModelConfig], seed: int) -> dict[str, dict]:
     out = {}
     for single, two in PAIRS:
         out[two] = init_params(cfgs[two], jax.random.PRNGKey(seed))
-        out[single] = _drop_so(out[two])
+        out[single] = bench.drop_so(out[two])
     return out
 
 
-def _prefill_call(cfg: ModelConfig, params: dict, t: int, c: Any):
-    tokens = jax.random.randint(jax.random.PRNGKey(c.seed), (c.batch_size, t), 0, cfg.vocab_size)
-    lengths = jnp.full((c.batch_size,), t, jnp.int32)
-
-    def call():
-        # A fresh cache per call (zeros, a small share of the time): the GDN state of a reused
-        # one would carry over into the next prompt.
-        logits, _ = prefill(params, init_cache(cfg, c.batch_size, t), tokens, lengths, cfg)
-        return logits
-
-    return call
-
-
-def table4_suite(c: Any, results: dict[str, Any]) -> None:
-    """Adds results["table4"] = {"prefill": rows per T, "decode": rows per context}."""
+def table4_suite(c: Any, cfgs: Any, params: Any, results: dict[str, Any]) -> None:
+    """Adds results["table4"] = {"prefill": rows per T, "decode": rows per context, "models"}.
+    A suite of launch/benchmark.py: its arms are its own (table4_arms), not `cfgs` / `params`."""
+    del cfgs, params
     cfgs = table4_arms(c)
     params = table4_params(cfgs, c.seed)
     pre = []
     for t in c.table4_lengths:
-        calls = {n: _prefill_call(cfg, params[n], t, c) for n, cfg in cfgs.items()}
+        # A fresh cache per call: the GDN state of a reused one would carry over.
+        calls = {
+            n: bench.prefill_call(cfg, params[n], t, c, fresh_cache=True) for n, cfg in cfgs.items()
+        }
         row: dict[str, Any] = {"T": t, **bench.time_interleaved(calls, c.repeats)}
         for name, cfg in cfgs.items():
             row[name]["gflop"] = flops.prefill_flops(cfg, t) / 1e9
@@ -155,11 +140,10 @@ def plot(results: dict[str, Any], path: str) -> None:
     bench_report.plot(results, path, rows=rows, styles=styles, title="Table 4 pairs, prefill")
 
 
-def write_table4(results: dict[str, Any], out_dir: str) -> None:
-    """table4.json, table4.md and table4.png into out_dir."""
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "table4.json"), "w") as f:
-        json.dump(results, f, indent=2)
+def write_report(results: dict[str, Any], out_dir: str) -> list[str]:
+    """table4.md and table4.png into out_dir (bench.json holds every number); returns their
+    names."""
     with open(os.path.join(out_dir, "table4.md"), "w") as f:
         f.write(markdown(results))
     plot(results, os.path.join(out_dir, "table4.png"))
+    return ["table4.md", "table4.png"]

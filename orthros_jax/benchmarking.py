@@ -11,7 +11,9 @@ Both return (logits [B, V], cache) like `prefill`; dense_prefill's logits equal 
 Transformer arm's (tested), so the comparison is of speed only.
 `window_attention_layers` isolates the base stream's sliding-window attention of one prefill
 chunk (what Orthros pays over the floor) to time its kernel on its own; `decode_row`
-times every arm's decode steps on a `filled_cache` (suites decode and table4).
+times every arm's decode steps on a `filled_cache` (suites decode and table4). Shared by the
+suites: `model_configs` (the arms' configs), `drop_so` (a single-stream arm's weights from its
+two-stream partner's), `prompt` and `prefill_call` (the timed prefill of a full prompt).
 """
 
 from __future__ import annotations
@@ -23,14 +25,72 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from orthros_jax import flops
+from orthros_jax import flops, inference
 from orthros_jax.attention import local_attention
 from orthros_jax.cached_forward import prefill
 from orthros_jax.config import ModelConfig
-from orthros_jax.inference import decode_step
 from orthros_jax.kv_cache import KVCache, init_cache
 from orthros_jax.model import Params
+
+
+def model_configs(model: Any, arms: dict[str, dict[str, Any]]) -> dict[str, ModelConfig]:
+    """One ModelConfig per arm: the `model` mapping (a config's c.model) updated by the arm's
+    fields, in bfloat16 on accelerators (as given on CPU)."""
+    base = dict(model)
+    if jax.default_backend() != "cpu":
+        base.update(dtype="bfloat16", param_dtype="bfloat16")
+    return {name: ModelConfig.from_dict(base | dict(fields)) for name, fields in arms.items()}
+
+
+def drop_so(params: Params) -> Params:
+    """A two-stream model's weights without its scale-offset vectors ("so_" in the name, in
+    `layers` and `gdn_layers`): the single-stream arm that shares every other weight."""
+    return {
+        k: {n: a for n, a in v.items() if "so_" not in n} if isinstance(v, dict) else v
+        for k, v in params.items()
+    }
+
+
+def prompt(cfg: ModelConfig, t: int, c: Any) -> tuple[jax.Array, jax.Array]:
+    """The benchmark's prompt of t tokens: c.batch_size rows of random ids drawn from
+    PRNGKey(c.seed), each row full (lengths t)."""
+    tokens = jax.random.randint(jax.random.PRNGKey(c.seed), (c.batch_size, t), 0, cfg.vocab_size)
+    return tokens, jnp.full((c.batch_size,), t, jnp.int32)
+
+
+def prefill_call(
+    cfg: ModelConfig,
+    params: Params,
+    t: int,
+    c: Any,
+    *,
+    fn: Callable[..., tuple[jax.Array, KVCache]] | None = None,
+    fresh_cache: bool = False,
+    mesh: Any = None,
+) -> Callable[[], jax.Array]:
+    """A no-argument call of one prefill of the t-token `prompt` into a t-slot cache, returning
+    the logits: the public `inference.prefill` (host token ids in, as a server gets them), or
+    fn(params, cache, tokens) (floor_prefill, dense_prefill). The cache is donated and reused,
+    emptied, by the next call; with fresh_cache every call gets a new one instead (a GDN state
+    would carry over into the next prompt). mesh: split the cache over it (sequence-parallel)."""
+    tokens, lengths = prompt(cfg, t, c)
+    host = np.asarray(tokens), np.asarray(lengths)
+    new_cache = lambda: init_cache(cfg, c.batch_size, t, mesh=mesh)
+    state = {"cache": None if fresh_cache else new_cache()}
+
+    def call() -> jax.Array:
+        cache = new_cache() if fresh_cache else state["cache"]
+        if fn is None:
+            logits, cache = inference.prefill(params, cache, *host, cfg)
+        else:
+            logits, cache = fn(params, cache, tokens)
+        if not fresh_cache:
+            state["cache"] = cache.replace(lengths=jnp.zeros_like(cache.lengths))
+        return logits
+
+    return call
 
 
 def _full_prompt_prefill(cfg: ModelConfig, impl: str):
@@ -103,7 +163,9 @@ def decode_row(
 
         def call() -> jax.Array:
             for _ in range(steps):
-                logits, state["cache"] = decode_step(params[name], state["cache"], tok, cfg)
+                logits, state["cache"] = inference.decode_step(
+                    params[name], state["cache"], tok, cfg
+                )
             return logits
 
         return call

@@ -111,7 +111,7 @@ def test_benchmark_runs_end_to_end(tmp_path):
         assert inf[arm]["ttft_s"] > 0 and inf[arm]["decode_step_tok_s"] > 0
         assert sorted(inf[arm]["timing"]) == ["decode_step", "generate_1", "generate_n", "ttft"]
     assert "| orthros | " in (out / "bench.md").read_text()
-    tab = json.loads((out / "table4.json").read_text())["table4"]
+    tab = results["table4"]
     assert [r["T"] for r in tab["prefill"]] == [40] and [r["context"] for r in tab["decode"]] == [
         32
     ]
@@ -159,3 +159,12 @@ def test_headline_reads_each_target_from_its_suite():
     # A run without the long lengths or suites leaves those figures empty.
     short = bench_report.headline({"prefill": results["prefill"][:1]})
     assert all(value is None for value in short.values())
+
+
+def test_report_of_a_run_without_core_suites_is_bench_json_only(tmp_path):
+    """A table4- or sequence-only run: bench.json holds its numbers, with no headline of
+    unmeasured figures, and no bench.md / bench.png."""
+    results = {"date": "d", "backend": "cpu", "table4": {"prefill": [], "decode": []}}
+    assert bench_report.write_report(results, str(tmp_path)) == ["bench.json"]
+    assert sorted(os.listdir(tmp_path)) == ["bench.json"]
+    assert json.loads((tmp_path / "bench.json").read_text()) == results

@@ -1,4 +1,4 @@
-"""Config files: every section builds, the paper's recipes have the paper's numbers, overrides
+"""Config files: every file in configs/ loads, every section builds, the paper's recipes have the paper's numbers, overrides
 of unknown keys fail listing the valid ones, and tiny_sft runs through the loop."""
 
 from __future__ import annotations
@@ -7,10 +7,12 @@ import dataclasses
 import json
 import os
 
+import ml_collections
 import pytest
+from conftest import tiny_config
 from training_helpers import REPO, TINY_FLAGS, run_train
 
-from orthros_jax import configlib
+from orthros_jax import checkpoint, configlib
 from orthros_jax.config import ModelConfig
 from orthros_jax.data import DataConfig
 from orthros_jax.training import TrainConfig
@@ -29,6 +31,28 @@ def _sections(c):
     data = DataConfig.from_dict({**configlib.to_plain(c.data), "tokenizer": None})
     assert set(c.keys()) == {f.name for f in dataclasses.fields(TrainConfig)}
     return model, data, opt, loop
+
+
+@pytest.mark.parametrize(
+    "name", sorted(f for f in os.listdir(os.path.join(REPO, "configs")) if f.endswith(".py"))
+)
+def test_every_config_file_loads(name, tmp_path):
+    """Every file in configs/ (the bench configs too) loads as the README's commands load it:
+    configlib.load_config_file, with get_config's default argument where it has one."""
+    spec = name
+    if name == "convert_tiny.py":  # its argument, a converted model's directory, is required
+        checkpoint.write_model_json(str(tmp_path), tiny_config(), None)
+        spec = f"{name}:{tmp_path}"
+    c = _load(spec)
+    assert isinstance(c, ml_collections.ConfigDict) and len(c) > 0
+
+
+def test_bench_hybrid_is_bench_with_a_cpu_sized_table4_run():
+    bench, hybrid = _load("bench.py"), _load("bench_hybrid.py")
+    sized = {"table4_lengths", "table4_contexts", "decode_steps", "repeats"}
+    assert set(hybrid) == set(bench)
+    for key in set(bench) - sized:
+        assert configlib.to_plain(hybrid[key]) == configlib.to_plain(bench[key]), key
 
 
 @pytest.mark.parametrize("spec", ["tiny_pt.py", "tiny_sft.py"])

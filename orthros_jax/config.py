@@ -8,12 +8,13 @@ functions read. Launchers build it from an `ml_collections` config with
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import jax.numpy as jnp
 
-from orthros_jax.gdn import validate_gdn_cfg
+from orthros_jax.gdn import gdn_param_shapes
 
 Architecture = Literal["orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h"]
 ARCHITECTURES: tuple[str, ...] = ("orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h")
@@ -48,7 +49,8 @@ class ModelConfig:
 
     vocab_size: int = 256
     d_model: int = 128
-    n_layers: int = 2
+    # 4: a multiple of every arm's default cycle (the hybrids' is four layers long).
+    n_layers: int = 4
     n_heads: int = 4
     n_kv_heads: int = 2
     head_dim: int = 32
@@ -122,6 +124,12 @@ class ModelConfig:
             "attention_block_k",
             "attention_block_local",
             "prefill_chunk",
+            "gdn_num_k_heads",
+            "gdn_num_v_heads",
+            "gdn_k_head_dim",
+            "gdn_v_head_dim",
+            "gdn_conv_kernel",
+            "gdn_chunk",
         )
         for name in positive:
             value = getattr(self, name)
@@ -183,8 +191,13 @@ class ModelConfig:
                 f"({', '.join(TWO_STREAM_ARCHITECTURES)}), got {self.architecture!r}; the "
                 "single-stream arms have no query scale-offset"
             )
+        if self.gdn_num_v_heads % self.gdn_num_k_heads:
+            raise ValueError(
+                f"ModelConfig.gdn_num_v_heads={self.gdn_num_v_heads} must be a multiple of "
+                f"gdn_num_k_heads={self.gdn_num_k_heads} (each key head serves Hv/Hk consecutive "
+                "value heads)"
+            )
         self._check_layer_types_of_arm()
-        validate_gdn_cfg(self)  # the gdn_* fields (ValueError naming the field)
 
     def _check_layer_types_of_arm(self) -> None:
         """gdn: every layer GDN; hybrid / orthros_h: both kinds; the others: attention only."""
@@ -220,6 +233,22 @@ class ModelConfig:
     def layers_of(self, kind: str) -> int:
         """How many layers of a kind the stack has."""
         return self.n_cycles * self.layer_types.count(kind)
+
+    def layer_index(self, c: Any, j: int) -> Any:
+        """Index in its kind's stack of the layer at position j of cycle c: c * count + rank,
+        count = how often the kind occurs in the cycle, rank = its occurrences before j. c may
+        be a traced int (the layer loop's scan counter)."""
+        kind = self.layer_types[j]
+        return c * self.layer_types.count(kind) + self.layer_types[:j].count(kind)
+
+    def layer_slots(self) -> tuple[tuple[str, int], ...]:
+        """(kind, index in the kind's stack) of every layer of the model, in order."""
+        n = len(self.layer_types)
+        return tuple(
+            (self.layer_types[j], self.layer_index(c, j))
+            for c in range(self.n_cycles)
+            for j in range(n)
+        )
 
     @property
     def jnp_dtype(self) -> jnp.dtype:
@@ -268,18 +297,9 @@ class ModelConfig:
             per_layer += 2 * h
         if self.scale_offset:
             per_layer += 4 * n * h
-        hk, hv, dk, dv = (
-            self.gdn_num_k_heads,
-            self.gdn_num_v_heads,
-            self.gdn_k_head_dim,
-            self.gdn_v_head_dim,
-        )
-        conv_dim = 2 * hk * dk + hv * dv
-        # q/k/v/z projections, conv, beta/a projections, dt_bias + A_log, norm, out_proj.
-        per_gdn = d * conv_dim + d * hv * dv + self.gdn_conv_kernel * conv_dim
-        per_gdn += 2 * d * hv + 2 * hv + dv + hv * dv * d + block
+        per_gdn = block + sum(math.prod(s) for s, _ in gdn_param_shapes(self).values())
         if self.scale_offset:
-            per_gdn += 2 * hk * dk  # the cross query's SO (orthros_h)
+            per_gdn += 2 * self.gdn_num_k_heads * self.gdn_k_head_dim  # the cross query's SO
         head = 0 if self.tie_embeddings else d * v
         layers = self.layers_of("attention") * per_layer + self.layers_of("gdn") * per_gdn
         return v * d + layers + d + head

@@ -12,6 +12,7 @@ its own query, gate, out_proj and FFN.
 from __future__ import annotations
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.gdn import gdn_dims
 
 
 def tokenwise_per_token(cfg: ModelConfig) -> dict[str, int]:
@@ -36,12 +37,7 @@ def gdn_per_token(cfg: ModelConfig) -> dict[str, int]:
     (k/v/beta/decay projections, their conv, the rank-1 update with its k^T S read) and what
     reads it (q projection and conv, the gate z, q^T S, out_proj, FFN)."""
     d, kc = cfg.d_model, cfg.gdn_conv_kernel
-    hk, hv, dk, dv = (
-        cfg.gdn_num_k_heads,
-        cfg.gdn_num_v_heads,
-        cfg.gdn_k_head_dim,
-        cfg.gdn_v_head_dim,
-    )
+    hk, hv, dk, dv = gdn_dims(cfg)
     return {
         "state": 2 * d * (hk * dk + hv * dv + 2 * hv) + 2 * kc * (hk * dk + hv * dv)
         + 4 * hv * dk * dv,
@@ -51,8 +47,8 @@ def gdn_per_token(cfg: ModelConfig) -> dict[str, int]:
 
 
 def _kinds(cfg: ModelConfig) -> list[str]:
-    cycle = cfg.layer_types
-    return [cycle[i % len(cycle)] for i in range(cfg.n_layers)]
+    """The kind of every layer, in order."""
+    return [kind for kind, _ in cfg.layer_slots()]
 
 
 def prefill_flops(cfg: ModelConfig, t: int) -> int:

@@ -25,7 +25,7 @@ Parameters (per layer, no layers axis; HF tensor in brackets, mapped by gdn_hf.h
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.struct
 import jax
@@ -40,40 +40,22 @@ from orthros_jax.gdn_kernels import (
     l2_normalize,
 )
 
+if TYPE_CHECKING:  # config.py imports this module
+    from orthros_jax.config import ModelConfig
+
 # Logical axis names (sharding.RULES maps them); "embed" and "head_dim" are the model's.
 GDN_K_HEADS, GDN_V_HEADS, GDN_CONV_KERNEL = "gdn_k_heads", "gdn_v_heads", "gdn_conv_kernel"
 Params = dict[str, Any]
 CrossSO = tuple[jax.Array, jax.Array]
 
 
-def validate_gdn_cfg(cfg: Any) -> None:
-    """Raise ValueError when the GDN fields of cfg cannot describe a Qwen3.5 GDN layer."""
-    for name in (
-        "gdn_num_k_heads",
-        "gdn_num_v_heads",
-        "gdn_k_head_dim",
-        "gdn_v_head_dim",
-        "gdn_conv_kernel",
-        "gdn_chunk",
-    ):
-        value = getattr(cfg, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if cfg.gdn_num_v_heads % cfg.gdn_num_k_heads:
-        raise ValueError(
-            f"gdn_num_v_heads={cfg.gdn_num_v_heads} must be a multiple of gdn_num_k_heads="
-            f"{cfg.gdn_num_k_heads} (each key head serves Hv/Hk consecutive value heads)"
-        )
-
-
-def gdn_dims(cfg: Any) -> tuple[int, int, int, int]:
+def gdn_dims(cfg: ModelConfig) -> tuple[int, int, int, int]:
     """(Hk, Hv, dk, dv): key heads, value heads, key head dim, value head dim."""
     return cfg.gdn_num_k_heads, cfg.gdn_num_v_heads, cfg.gdn_k_head_dim, cfg.gdn_v_head_dim
 
 
-def gdn_param_shapes(cfg: Any) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+def gdn_param_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
     """Shape and logical axes of every per-layer GDN parameter (without a layers axis)."""
-    validate_gdn_cfg(cfg)
     d, kc = cfg.d_model, cfg.gdn_conv_kernel
     hk, hv, dk, dv = gdn_dims(cfg)
     return {
@@ -93,7 +75,7 @@ def gdn_param_shapes(cfg: Any) -> dict[str, tuple[tuple[int, ...], tuple[str, ..
     }
 
 
-def gdn_init(name: str, cfg: Any) -> Callable[..., jax.Array]:
+def gdn_init(name: str, cfg: ModelConfig) -> Callable[..., jax.Array]:
     """Flax-style initializer (key, shape, dtype) for parameter `name`, as transformers'
     Qwen3.5 initialises it: A = exp(A_log) ~ U(0.01, 16), dt_bias = 1, norm weight = 1,
     projections and conv ~ N(0, init_std); gdn_out is depth-scaled like the model's wo."""
@@ -113,6 +95,15 @@ def gdn_init(name: str, cfg: Any) -> Callable[..., jax.Array]:
     return jax.nn.initializers.normal(std)
 
 
+def check_params(p: Params, cfg: ModelConfig) -> None:
+    """ValueError unless p holds every GDN parameter at its gdn_param_shapes shape (one layer,
+    no layers axis; other entries are ignored)."""
+    for name, (shape, _) in gdn_param_shapes(cfg).items():
+        if name not in p or tuple(p[name].shape) != shape:
+            got = tuple(p[name].shape) if name in p else "missing"
+            raise ValueError(f"GDN parameter {name}: got {got}, expected shape {shape}")
+
+
 # ------------------------------------------------------------------ state
 
 
@@ -127,9 +118,8 @@ class GDNState:
     recurrent: jax.Array  # [B, Hv, dk, dv] float32
 
 
-def gdn_state_shapes(cfg: Any, batch: int) -> dict[str, tuple[int, ...]]:
+def gdn_state_shapes(cfg: ModelConfig, batch: int) -> dict[str, tuple[int, ...]]:
     """The shape of each GDNState field for a batch."""
-    validate_gdn_cfg(cfg)
     j = cfg.gdn_conv_kernel - 1
     hk, hv, dk, dv = gdn_dims(cfg)
     return {
@@ -140,7 +130,7 @@ def gdn_state_shapes(cfg: Any, batch: int) -> dict[str, tuple[int, ...]]:
     }
 
 
-def init_gdn_state(cfg: Any, batch: int, dtype: Any = None) -> GDNState:
+def init_gdn_state(cfg: ModelConfig, batch: int, dtype: Any = None) -> GDNState:
     """An empty (all-zero) GDN state; dtype is the conv window's (default cfg.jnp_dtype)."""
     dtype = cfg.jnp_dtype if dtype is None else dtype
     shapes = gdn_state_shapes(cfg, batch)
@@ -154,7 +144,7 @@ def init_gdn_state(cfg: Any, batch: int, dtype: Any = None) -> GDNState:
 def _check_inputs(
     p: Params,
     h: jax.Array,
-    cfg: Any,
+    cfg: ModelConfig,
     state: GDNState | None,
     masks: dict[str, tuple[jax.Array | None, tuple[int, ...]]],
     cross_h: jax.Array | None,
@@ -162,11 +152,7 @@ def _check_inputs(
 ) -> None:
     """Shape checks that would otherwise surface as XLA shape errors (raised while tracing,
     before any compile). masks: name -> (array or None, expected shape)."""
-    validate_gdn_cfg(cfg)
-    for name, (shape, _) in gdn_param_shapes(cfg).items():
-        if name not in p or tuple(p[name].shape) != shape:
-            got = tuple(p[name].shape) if name in p else "missing"
-            raise ValueError(f"GDN parameter {name}: got {got}, expected shape {shape}")
+    check_params(p, cfg)
     if h.ndim != 3 or h.shape[-1] != cfg.d_model:
         raise ValueError(f"h must be [B, L, D={cfg.d_model}], got shape {h.shape}")
     for name, (m, shape) in masks.items():
@@ -198,19 +184,19 @@ def _proj(h: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.tensordot(h, w.astype(h.dtype), axes=1)
 
 
-def _to_value_heads(x: jax.Array, cfg: Any) -> jax.Array:
+def _to_value_heads(x: jax.Array, cfg: ModelConfig) -> jax.Array:
     """[..., Hk, dk] -> [..., Hv, dk]: value head j reads key head j // (Hv/Hk)."""
     return jnp.repeat(x, cfg.gdn_num_v_heads // cfg.gdn_num_k_heads, axis=-2)
 
 
-def _query(q: jax.Array, cfg: Any) -> jax.Array:
+def _query(q: jax.Array, cfg: ModelConfig) -> jax.Array:
     """Raw query [..., Hk, dk] -> L2-normalised, scaled by dk^-1/2, value heads, float32."""
     q = l2_normalize(q.astype(jnp.float32)) * cfg.gdn_k_head_dim**-0.5
     return _to_value_heads(q, cfg)
 
 
 def _cross_query(
-    p: Params, cross_h: jax.Array, cfg: Any, cross_so: CrossSO | None, cross_silu: bool
+    p: Params, cross_h: jax.Array, cfg: ModelConfig, cross_so: CrossSO | None, cross_silu: bool
 ) -> jax.Array:
     """The cross stream's query [..., Hv, dk] (float32): no conv, optional SiLU, optional SO
     before the L2 norm, then normalised and scaled as the base query."""
@@ -222,7 +208,7 @@ def _cross_query(
     return _query(q, cfg)
 
 
-def _finish(p: Params, o: jax.Array, h: jax.Array, cfg: Any) -> jax.Array:
+def _finish(p: Params, o: jax.Array, h: jax.Array, cfg: ModelConfig) -> jax.Array:
     """Gated RMSNorm per value head with z = h Wz, then out_proj: o [..., Hv, dv] float32,
     h [..., D] -> [..., D] in h's dtype, cast where transformers' Qwen3_5RMSNormGated casts."""
     dt = h.dtype
@@ -243,7 +229,7 @@ def _mix(
     h: jax.Array,
     cross_h: jax.Array | None,
     valid: jax.Array,
-    cfg: Any,
+    cfg: ModelConfig,
     state: GDNState,
     conv: ConvFn,
     rule: RuleFn,
@@ -290,7 +276,7 @@ def _mix(
 def gdn_mix(
     p: Params,
     h_BLD: jax.Array,
-    cfg: Any,
+    cfg: ModelConfig,
     *,
     state: GDNState | None = None,
     valid_BL: jax.Array | None = None,
@@ -331,7 +317,7 @@ def gdn_mix(
 def gdn_decode(
     p: Params,
     h_B1D: jax.Array,
-    cfg: Any,
+    cfg: ModelConfig,
     *,
     state: GDNState,
     active_B: jax.Array,
@@ -367,7 +353,7 @@ def gdn_decode(
 def gdn_read(
     p: Params,
     cross_h_B1D: jax.Array,
-    cfg: Any,
+    cfg: ModelConfig,
     *,
     state: GDNState,
     cross_so: CrossSO | None = None,

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from orthros_jax.gdn import gdn_dims, gdn_param_shapes, validate_gdn_cfg
+from orthros_jax.config import ModelConfig
+from orthros_jax.gdn import check_params, gdn_dims
 
 HF_NAMES: tuple[str, ...] = (
     "in_proj_qkv.weight",
@@ -27,18 +28,12 @@ HF_NAMES: tuple[str, ...] = (
 )
 
 
-def _check_hf(tensors: dict[str, np.ndarray], cfg: Any) -> None:
-    missing = [n for n in HF_NAMES if n not in tensors]
-    extra = [n for n in tensors if n not in HF_NAMES]
-    if missing or extra:
-        raise ValueError(
-            f"GDN layer tensors: missing {missing}, unexpected {extra}; expected exactly "
-            f"{list(HF_NAMES)} (the keys of one Qwen3_5GatedDeltaNet's state_dict)"
-        )
+def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of each HF_NAMES tensor of one layer (torch Linear layout [out, in])."""
     d, kc = cfg.d_model, cfg.gdn_conv_kernel
     hk, hv, dk, dv = gdn_dims(cfg)
     conv_dim = 2 * hk * dk + hv * dv
-    want = {
+    return {
         "in_proj_qkv.weight": (conv_dim, d),
         "in_proj_z.weight": (hv * dv, d),
         "in_proj_b.weight": (hv, d),
@@ -49,18 +44,30 @@ def _check_hf(tensors: dict[str, np.ndarray], cfg: Any) -> None:
         "norm.weight": (dv,),
         "out_proj.weight": (d, hv * dv),
     }
-    for name, shape in want.items():
+
+
+def _check_hf(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> None:
+    """ValueError unless tensors are exactly one layer's HF_NAMES at hf_tensor_shapes."""
+    missing = [n for n in HF_NAMES if n not in tensors]
+    extra = [n for n in tensors if n not in HF_NAMES]
+    if missing or extra:
+        raise ValueError(
+            f"GDN layer tensors: missing {missing}, unexpected {extra}; expected exactly "
+            f"{list(HF_NAMES)} (the keys of one Qwen3_5GatedDeltaNet's state_dict)"
+        )
+    for name, shape in hf_tensor_shapes(cfg).items():
         if tuple(tensors[name].shape) != shape:
+            hk, hv, dk, dv = gdn_dims(cfg)
             raise ValueError(
                 f"GDN tensor {name} has shape {tuple(tensors[name].shape)}, expected {shape} "
-                f"for the config (D={d}, Hk={hk}, Hv={hv}, dk={dk}, dv={dv}, kernel={kc})"
+                f"for the config (D={cfg.d_model}, Hk={hk}, Hv={hv}, dk={dk}, dv={dv}, "
+                f"kernel={cfg.gdn_conv_kernel})"
             )
 
 
-def hf_to_gdn(hf_layer_tensors: dict[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
+def hf_to_gdn(hf_layer_tensors: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
     """One layer's `linear_attn.*` tensors (keys without that prefix, as HF_NAMES; torch
     Linear layout [out, in]) -> this module's parameter dict. Exact (reshapes/transposes)."""
-    validate_gdn_cfg(cfg)
     t = {n: np.asarray(x) for n, x in hf_layer_tensors.items()}
     _check_hf(t, cfg)
     d = cfg.d_model
@@ -82,14 +89,10 @@ def hf_to_gdn(hf_layer_tensors: dict[str, np.ndarray], cfg: Any) -> dict[str, np
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
-def gdn_to_hf(params: dict[str, Any], cfg: Any) -> dict[str, np.ndarray]:
+def gdn_to_hf(params: dict[str, Any], cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Inverse of hf_to_gdn: this module's parameter dict -> HF_NAMES tensors (numpy)."""
-    shapes = gdn_param_shapes(cfg)
     p = {n: np.asarray(x) for n, x in params.items()}
-    for name, (shape, _) in shapes.items():
-        if name not in p or p[name].shape != shape:
-            got = p[name].shape if name in p else "missing"
-            raise ValueError(f"GDN parameter {name}: got {got}, expected shape {shape}")
+    check_params(p, cfg)
     d = cfg.d_model
     qkv = np.concatenate([p[f"gdn_w{k}"].reshape(d, -1).T for k in "qkv"], axis=0)
     kc = cfg.gdn_conv_kernel

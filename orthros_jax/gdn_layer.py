@@ -155,11 +155,10 @@ def step(
 
 
 def init_state(cfg: ModelConfig, n_layers: int, batch: int, max_len: int, dtype) -> gdn.GDNState:
-    """GDNState zeros with every field stacked on a leading [layers] axis (max_len unused: the
-    state does not grow with the sequence)."""
-    one = gdn.gdn_state_shapes(cfg, batch)
-    conv = {n: jnp.zeros((n_layers, *one[n]), dtype) for n in ("conv_q", "conv_k", "conv_v")}
-    return gdn.GDNState(**conv, recurrent=jnp.zeros((n_layers, *one["recurrent"]), jnp.float32))
+    """gdn.init_gdn_state (conv windows in dtype, recurrent float32) with every field stacked
+    on a leading [layers] axis; max_len is unused (the state does not grow with the sequence)."""
+    one = jax.eval_shape(lambda: gdn.init_gdn_state(cfg, batch, dtype))
+    return jax.tree.map(lambda a: jnp.zeros((n_layers, *a.shape), a.dtype), one)
 
 
 def state_axes(cfg: ModelConfig) -> gdn.GDNState:

@@ -3,20 +3,23 @@
 A stack is `cfg.n_cycles` repetitions of the cycle `cfg.layer_types` (e.g. three gated
 DeltaNet layers then one attention layer). Each kind's parameters are stacked on a leading
 axis over the layers of that kind, under the kind's `params_key` ("layers" for attention, so
-uniform stacks keep the historic layout). Layer j of cycle c is layer c * count + rank of its
-kind's stack, where count is how often the kind occurs in the cycle and rank its occurrence
-index within the cycle. `layer_loop` is the only loop over layers: a scan over cycles (reading
-parameters as scanned xs for the training forward, or by dynamic index out of the whole stack
-for the cached modes, which measured faster there), unrolled with cfg.scan_layers=False.
+uniform stacks keep the historic layout). Layer j of cycle c is entry cfg.layer_index(c, j) of
+its kind's stack (cfg.layer_slots() lists every layer's). `layer_loop` is the only loop over
+layers: a scan over cycles (reading parameters as scanned xs for the training forward, or by
+dynamic index out of the whole stack for the cached modes, which measured faster there),
+unrolled with cfg.scan_layers=False. `fill_identity_so` adds the scale-offset vectors a
+single-stream checkpoint lacks, for every kind.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
 import jax
+import numpy as np
 
 from orthros_jax import attention_layer, gdn_layer
 from orthros_jax.axes import LAYERS
@@ -29,6 +32,34 @@ KINDS: dict[str, LayerKind] = {"attention": attention_layer.KIND, "gdn": gdn_lay
 def kinds_of(cfg: ModelConfig) -> list[LayerKind]:
     """The kinds a config uses, in cycle order, each once."""
     return [KINDS[name] for name in dict.fromkeys(cfg.layer_types)]
+
+
+def so_names(kind: LayerKind, cfg: ModelConfig) -> tuple[str, ...]:
+    """The kind's scale-offset parameters under cfg: the names its param_shapes has only with
+    scale_offset (none for a single-stream arm or scale_offset=False)."""
+    plain = kind.param_shapes(cfg.replace(scale_offset=False))
+    return tuple(name for name in kind.param_shapes(cfg) if name not in plain)
+
+
+def fill_identity_so(params: Params, cfg: ModelConfig) -> tuple[Params, list[str]]:
+    """params with every scale-offset vector of cfg's layers that it lacks added as the
+    identity: scale 1, offset 0, [layers of the kind, *shape] in cfg.param_dtype (a
+    Transformer's / Linear Hybrid's weights as Orthros / Orthros-H). A kind's stack params lacks
+    altogether stays absent; params is not modified. Returns (params, "params_key/name" of each
+    vector added)."""
+    out, added = dict(params), []
+    for kind in kinds_of(cfg):
+        if kind.params_key not in params:
+            continue
+        stack, shapes = dict(params[kind.params_key]), kind.param_shapes(cfg)
+        for name in so_names(kind, cfg):
+            if name not in stack:
+                fill = np.ones if name.endswith("_scale") else np.zeros
+                shape = (cfg.layers_of(kind.name), *shapes[name][0])
+                stack[name] = fill(shape, np.dtype(cfg.param_dtype))
+                added.append(f"{kind.params_key}/{name}")
+        out[kind.params_key] = stack
+    return out, added
 
 
 class KindStack(nn.Module):
@@ -69,8 +100,6 @@ def layer_loop(
     (cached modes: no stack is sliced or copied; kinds write their cache state in place).
     """
     cycle = cfg.layer_types
-    counts = {name: cycle.count(name) for name in cycle}
-    ranks = [cycle[:j].count(name) for j, name in enumerate(cycle)]
     stacks = {k.name: params[k.params_key] for k in kinds_of(cfg)}
     n_loop = cfg.n_cycles - (last is not None)
 
@@ -81,12 +110,11 @@ def layer_loop(
 
     def run_cycle(carry, c, cycle_params, upto: int):
         for j in range(upto):
-            name = cycle[j]
-            li = c * counts[name] + ranks[j]
+            name, li = cycle[j], cfg.layer_index(c, j)
             if cycle_params is None:
                 p = layer_at(name, li)
-            else:
-                p = jax.tree.map(lambda a, r=ranks[j]: a[r], cycle_params[name])
+            else:  # this cycle's slice of the stack: entry layer_index(0, j)
+                p = jax.tree.map(operator.itemgetter(cfg.layer_index(0, j)), cycle_params[name])
             carry = body(carry, KINDS[name], p, li)
         return carry
 
@@ -96,12 +124,12 @@ def layer_loop(
                 0, n_loop, lambda c, x: run_cycle(x, c, None, len(cycle)), carry
             )
         else:
-            xs = {
-                name: jax.tree.map(
-                    lambda a, n=counts[name]: a[: n_loop * n].reshape(n_loop, n, *a.shape[1:]), s
+            xs = {}  # [layers of the kind, ...] -> [cycles, occurrences in a cycle, ...]
+            for name, s in stacks.items():
+                n = cycle.count(name)
+                xs[name] = jax.tree.map(
+                    lambda a, n=n: a[: n_loop * n].reshape(n_loop, n, *a.shape[1:]), s
                 )
-                for name, s in stacks.items()
-            }
 
             def scan_body(carry, inputs):
                 c, cycle_params = inputs
@@ -114,8 +142,7 @@ def layer_loop(
     if last is not None:
         c = cfg.n_cycles - 1
         carry = run_cycle(carry, c, None, len(cycle) - 1)
-        name = cycle[-1]
-        li = c * counts[name] + ranks[-1]
+        name, li = cycle[-1], cfg.layer_index(c, len(cycle) - 1)
         carry = last(carry, KINDS[name], layer_at(name, li), li)
     return carry
 

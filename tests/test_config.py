@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import pytest
 
-from orthros_jax.config import ModelConfig
+from orthros_jax.config import ARCHITECTURES, TWO_STREAM_ARCHITECTURES, ModelConfig
 from orthros_jax.model import init_params
 
 BAD = [
@@ -24,6 +24,8 @@ BAD = [
     ({"rope_type": "yarn"}, "rope_type"),
     ({"d_model": -4}, "d_model"),
     ({"norm_eps": 0.0}, "norm_eps"),
+    ({"gdn_chunk": 0}, "gdn_chunk"),
+    ({"gdn_num_k_heads": 2, "gdn_num_v_heads": 3}, "gdn_num_v_heads"),
 ]
 
 
@@ -33,10 +35,10 @@ def test_bad_config_names_the_field(changes, field):
         ModelConfig(**changes)
 
 
-@pytest.mark.parametrize("arch", ["orthros", "transformer", "swa"])
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_defaults_are_valid_for_every_arm(arch):
     cfg = ModelConfig(architecture=arch)
-    assert cfg.scale_offset == (arch == "orthros")
+    assert cfg.scale_offset == (arch in TWO_STREAM_ARCHITECTURES)
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
 
 
@@ -87,3 +89,13 @@ def test_paper_size_shapes(name):
         # 8.03B for Llama-3.1-8B plus the four SO vectors per layer.
         so = 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim
         assert total - so == 8_030_261_248
+
+
+def test_layer_slots_number_each_kinds_layers_in_order():
+    cfg = ModelConfig(architecture="hybrid", n_layers=6, layer_types=("gdn", "attention", "gdn"))
+    assert cfg.layer_slots() == (
+        ("gdn", 0), ("attention", 0), ("gdn", 1), ("gdn", 2), ("attention", 1), ("gdn", 3),
+    )  # fmt: skip
+    assert all(
+        cfg.layer_index(c, j) == cfg.layer_slots()[3 * c + j][1] for c in (0, 1) for j in (0, 1, 2)
+    )

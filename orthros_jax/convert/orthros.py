@@ -12,15 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from orthros_jax.config import ModelConfig
-from orthros_jax.gdn_layer import SO_NAMES as GDN_SO_KEYS
+from orthros_jax.stack import fill_identity_so, kinds_of, so_names
 
 Params = dict[str, Any]
-SO_KEYS: tuple[str, ...] = tuple(
-    f"so_{stream}_{part}" for stream in ("base", "out") for part in ("scale", "offset")
-)
 
 
 def from_transformer(
@@ -45,30 +40,22 @@ def from_transformer(
             "from_transformer needs architecture='transformer' (-> orthros) or 'hybrid' "
             f"(-> orthros_h), got {cfg.architecture!r}"
         )
-    layers = params.get("layers")
-    if not isinstance(layers, dict):
+    if not isinstance(params.get("layers"), dict):
         raise ValueError("params has no 'layers' dict: expected an OrthrosLM parameter tree")
-    present = sorted(k for k in SO_KEYS if k in layers)
-    if present:
-        raise ValueError(f"transformer params already hold scale-offset vectors {present}")
     orthros_cfg = cfg.replace(
         architecture=target,
         scale_offset=scale_offset,
         window=cfg.window if window is None else window,
     )
-    new_layers = dict(layers)
-    if scale_offset:
-        shape = (cfg.layers_of("attention"), cfg.n_heads, cfg.head_dim)
-        dtype = np.dtype(cfg.param_dtype)
-        for key in SO_KEYS:
-            fill = np.ones if key.endswith("scale") else np.zeros
-            new_layers[key] = fill(shape, dtype)
-    out = {**params, "layers": new_layers}
-    if target == "orthros_h" and scale_offset:
-        gdn = dict(params["gdn_layers"])
-        shape = (cfg.layers_of("gdn"), cfg.gdn_num_k_heads, cfg.gdn_k_head_dim)
-        for key in GDN_SO_KEYS:
-            fill = np.ones if key.endswith("scale") else np.zeros
-            gdn[key] = fill(shape, np.dtype(cfg.param_dtype))
-        out["gdn_layers"] = gdn
-    return orthros_cfg, out
+    with_so = orthros_cfg.replace(scale_offset=True)
+    present = sorted(
+        f"{kind.params_key}/{name}"
+        for kind in kinds_of(with_so)
+        for name in so_names(kind, with_so)
+        if name in params.get(kind.params_key, {})
+    )
+    if present:
+        raise ValueError(f"transformer params already hold scale-offset vectors {present}")
+    if not scale_offset:
+        return orthros_cfg, dict(params)
+    return orthros_cfg, fill_identity_so(params, orthros_cfg)[0]

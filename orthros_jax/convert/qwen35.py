@@ -20,7 +20,7 @@ import numpy as np
 from orthros_jax.config import ModelConfig
 from orthros_jax.convert.hf_config import shape_fields
 from orthros_jax.gdn_hf import HF_NAMES as GDN_HF_NAMES
-from orthros_jax.gdn_hf import gdn_to_hf, hf_to_gdn
+from orthros_jax.gdn_hf import gdn_to_hf, hf_tensor_shapes, hf_to_gdn
 
 QWEN35, QWEN35_TYPE = "Qwen3_5ForCausalLM", "qwen3_5_text"
 HF_KIND = {"linear_attention": "gdn", "full_attention": "attention"}
@@ -156,9 +156,7 @@ def qwen35_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> d
             "rope_theta": cfg.rope_theta,
             "partial_rotary_factor": cfg.partial_rotary_factor,
         },
-        "layer_types": [
-            OUR_KIND[cfg.layer_types[i % len(cfg.layer_types)]] for i in range(cfg.n_layers)
-        ],  # fmt: skip
+        "layer_types": [OUR_KIND[kind] for kind, _ in cfg.layer_slots()],
         "linear_conv_kernel_dim": cfg.gdn_conv_kernel,
         "linear_key_head_dim": cfg.gdn_k_head_dim,
         "linear_value_head_dim": cfg.gdn_v_head_dim,
@@ -188,36 +186,15 @@ def check_exportable(cfg: ModelConfig) -> None:
         raise ValueError(f"a Qwen3.5 export needs {need}; this config has {wrong}")
 
 
-def _layer_slots(cfg: ModelConfig) -> list[tuple[str, int]]:
-    """(kind, index in the kind's stack) of every model layer, in order (stack.layer_loop's)."""
-    cycle = cfg.layer_types
-    counts = {k: cycle.count(k) for k in cycle}
-    ranks = [cycle[:j].count(k) for j, k in enumerate(cycle)]
-    return [
-        (cycle[j], c * counts[cycle[j]] + ranks[j])
-        for c in range(cfg.n_cycles)
-        for j in range(len(cycle))
-    ]
-
-
 def qwen35_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every HF tensor name of a Qwen3.5 checkpoint of cfg, with its shape."""
     d, n, k, h, f, v = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
                         cfg.vocab_size)  # fmt: skip
-    hk, hv, dk, dv = (
-        cfg.gdn_num_k_heads,
-        cfg.gdn_num_v_heads,
-        cfg.gdn_k_head_dim,
-        cfg.gdn_v_head_dim,
-    )
-    conv = 2 * hk * dk + hv * dv
-    gdn_shapes = dict(zip(GDN_HF_NAMES, [(conv, d), (hv * dv, d), (hv, d), (hv, d),
-                      (conv, 1, cfg.gdn_conv_kernel), (hv,), (hv,), (dv,), (d, hv * dv)],
-                      strict=True))  # fmt: skip
+    gdn_shapes = hf_tensor_shapes(cfg)
     attn_shapes = {"q_proj": (2 * n * h, d), "k_proj": (k * h, d), "v_proj": (k * h, d),
                    "o_proj": (d, n * h), "q_norm": (h,), "k_norm": (h,)}  # fmt: skip
     out = {"model.embed_tokens.weight": (v, d)}
-    for i, (kind, _) in enumerate(_layer_slots(cfg)):
+    for i, (kind, _) in enumerate(cfg.layer_slots()):
         pre = f"model.layers.{i}."
         block = {"attn_norm": (d,), "mlp_norm": (d,), "w_gate": (f, d), "w_up": (f, d),
                  "w_down": (d, f)}  # fmt: skip
@@ -263,7 +240,7 @@ def params_from_qwen35(tensors: Mapping[str, Any], cfg: ModelConfig, dtype: Any 
             stack[name] = np.empty((cfg.layers_of(kind), *value.shape), dtype)
         stack[name][li] = value
 
-    for i, (kind, li) in enumerate(_layer_slots(cfg)):
+    for i, (kind, li) in enumerate(cfg.layer_slots()):
         pre = f"model.layers.{i}."
         for name, hf_name in _BLOCK.items():
             put(
@@ -307,7 +284,7 @@ def qwen35_from_params(
         lambda a: np.ascontiguousarray(a).astype(np.dtype(dtype)))  # fmt: skip
     out = {"model.embed_tokens.weight": cast(np.asarray(params["embedding"]))}
     stacks = {"attention": params.get("layers"), "gdn": params.get("gdn_layers")}
-    for i, (kind, li) in enumerate(_layer_slots(cfg)):
+    for i, (kind, li) in enumerate(cfg.layer_slots()):
         pre = f"model.layers.{i}."
         p = {name: np.asarray(a[li]) for name, a in stacks[kind].items()}
         for name, hf_name in _BLOCK.items():

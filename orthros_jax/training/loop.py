@@ -27,7 +27,7 @@ import grain
 import jax
 import numpy as np
 
-from orthros_jax import checkpoint, sharding
+from orthros_jax import checkpoint, sharding, stack
 from orthros_jax.training.config import TrainConfig
 from orthros_jax.training.metrics import MetricsLogger, console
 from orthros_jax.training.optimizer import make_optimizer
@@ -48,18 +48,9 @@ def initial_params(cfg: TrainConfig, abstract_params: Any) -> Any:
     paper's Transformer -> Orthros conversion; any other difference is a ValueError."""
     loaded = checkpoint.load_model(cfg.init_from)
     params = jax.tree.map(np.asarray, loaded.params)
-    for key in ("layers", "gdn_layers"):  # every kind's stack may gain SO vectors
-        if key not in abstract_params or key not in params:
-            continue
-        have = dict(params[key])
-        for name, a in abstract_params[key].items():
-            if "so_" in name and name not in have:
-                fill = np.ones if name.endswith("_scale") else np.zeros
-                have[name] = fill(a.shape, a.dtype)
-                logging.info(
-                    "init_from: %s/%s not in %s, using the identity", key, name, cfg.init_from
-                )
-        params = {**params, key: have}
+    params, added = stack.fill_identity_so(params, cfg.model)  # every kind's stack
+    for name in added:
+        logging.info("init_from: %s not in %s, using the identity", name, cfg.init_from)
     checkpoint.check_same_shapes(abstract_params, params, f"init_from={cfg.init_from!r}")
     return jax.tree.map(lambda p, a: p.astype(a.dtype), params, abstract_params)
 

@@ -15,19 +15,38 @@ from typing import Any, Literal
 import jax.numpy as jnp
 
 Architecture = Literal["orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h"]
-ARCHITECTURES: tuple[str, ...] = ("orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h")
-# The arms with an Orthros output stream (per-stream query SO by default).
-TWO_STREAM_ARCHITECTURES: tuple[str, ...] = ("orthros", "orthros_h")
-# Each arm's layer_types when none is given: attention arms all attention, gdn all GDN, the
-# hybrids Qwen3.5's cycle of three GDN layers and one attention layer.
-DEFAULT_LAYER_TYPES: dict[str, tuple[str, ...]] = {
-    "orthros": ("attention",),
-    "transformer": ("attention",),
-    "swa": ("attention",),
-    "gdn": ("gdn",),
-    "hybrid": ("gdn", "gdn", "gdn", "attention"),
-    "orthros_h": ("gdn", "gdn", "gdn", "attention"),
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One of the paper's arms, as data: the layer kinds it is made of and how it attends.
+
+    layer_types: the default cycle of kinds; kinds: the set every cycle of this arm must use;
+    two_streams: an Orthros output stream (per-stream query SO by default); base_window: the
+    base stream's attention is the sliding window (else causal over every key)."""
+
+    layer_types: tuple[str, ...]
+    kinds: frozenset[str]
+    two_streams: bool = False
+    base_window: bool = False
+
+
+def _arm(cycle: tuple[str, ...], **flags: bool) -> Arm:
+    return Arm(cycle, frozenset(cycle), **flags)
+
+
+# The hybrids use Qwen3.5's cycle of three GDN layers and one attention layer.
+ARMS: dict[str, Arm] = {
+    "orthros": _arm(("attention",), two_streams=True, base_window=True),
+    "transformer": _arm(("attention",)),
+    "swa": _arm(("attention",), base_window=True),
+    "gdn": _arm(("gdn",)),
+    "hybrid": _arm(("gdn", "gdn", "gdn", "attention")),
+    "orthros_h": _arm(("gdn", "gdn", "gdn", "attention"), two_streams=True, base_window=True),
 }
+ARCHITECTURES: tuple[str, ...] = tuple(ARMS)
+TWO_STREAM_ARCHITECTURES: tuple[str, ...] = tuple(a for a, arm in ARMS.items() if arm.two_streams)
+DEFAULT_LAYER_TYPES: dict[str, tuple[str, ...]] = {a: arm.layer_types for a, arm in ARMS.items()}
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots")
 ROPE_TYPES: tuple[str, ...] = ("default", "llama3")
 # The layer kinds and the attention implementations, registered by orthros_jax.layers (its
@@ -75,8 +94,7 @@ class ModelConfig:
     # Per-stream query scale-offset; None = the arm's default (on for the two-stream arms).
     scale_offset: bool | None = None
     # The repeating cycle of layer kinds (n_layers must be a multiple of its length); () =
-    # the arm's DEFAULT_LAYER_TYPES. gdn: all "gdn"; hybrid / orthros_h: both kinds;
-    # orthros / transformer / swa: all "attention".
+    # the arm's default (ARMS).
     layer_types: tuple[str, ...] = ()  # () or None: the arm's default
     rope_theta: float = 10_000.0
     rope_type: str = "default"
@@ -121,9 +139,7 @@ class ModelConfig:
         if self.scale_offset is None:
             object.__setattr__(self, "scale_offset", self.architecture in TWO_STREAM_ARCHITECTURES)
         if not self.layer_types:  # None or (): the arm's default
-            object.__setattr__(
-                self, "layer_types", DEFAULT_LAYER_TYPES.get(self.architecture, ("attention",))
-            )
+            object.__setattr__(self, "layer_types", DEFAULT_LAYER_TYPES.get(self.architecture, ()))
         if isinstance(self.layer_types, list):
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
         positive = (
@@ -211,19 +227,13 @@ class ModelConfig:
             KIND_CHECKS[kind](self)
 
     def _check_layer_types_of_arm(self) -> None:
-        """gdn: every layer GDN; hybrid / orthros_h: both kinds; the others: attention only."""
-        kinds = set(self.layer_types)
-        arch = self.architecture
-        if arch == "gdn":
-            ok, want = kinds == {"gdn"}, "only 'gdn' layers"
-        elif arch in ("hybrid", "orthros_h"):
-            ok, want = kinds == {"gdn", "attention"}, "both 'gdn' and 'attention' layers"
-        else:
-            ok, want = kinds == {"attention"}, "only 'attention' layers"
-        if not ok:
+        """Every cycle of an arm uses exactly the arm's kinds (ARMS)."""
+        arm = ARMS[self.architecture]
+        if set(self.layer_types) != arm.kinds:
             raise ValueError(
                 f"ModelConfig.layer_types={self.layer_types!r} does not fit architecture "
-                f"{arch!r}, which needs {want} (e.g. {DEFAULT_LAYER_TYPES[arch]!r}, the default)"
+                f"{self.architecture!r}, which needs exactly the kinds {sorted(arm.kinds)} (e.g. "
+                f"{arm.layer_types!r}, the default)"
             )
 
     @property
@@ -242,7 +252,7 @@ class ModelConfig:
     def base_window(self) -> int | None:
         """The base stream's window (None: causal over every key, the Transformer arm and the
         Linear Hybrid's full-attention layers)."""
-        return None if self.architecture in ("transformer", "hybrid") else self.window
+        return self.window if ARMS[self.architecture].base_window else None
 
     @property
     def n_cycles(self) -> int:
@@ -278,7 +288,7 @@ class ModelConfig:
 
     @property
     def two_streams(self) -> bool:
-        return self.architecture in TWO_STREAM_ARCHITECTURES
+        return ARMS[self.architecture].two_streams
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)

@@ -86,7 +86,7 @@ def _sequence(
 
     The chunked rule needs each copy's query at its base token: with SFT's output copies
     (ctx.out_index) their normed states are scattered to base alignment (zeros where no copy),
-    the cross outputs computed for every base token and gathered back, so the cross query,
+    the cross outputs computed for every base token and taken back, so the cross query,
     gated norm and out_proj run over T tokens instead of T_out."""
     h = norm(p, base.x, "attn_norm", cfg)
     if out is None:

@@ -303,10 +303,11 @@ def gdn_mix(
     reset = reset & valid
     doc = jnp.cumsum(reset, axis=1)
 
-    def conv(x, w, hist):
+    def conv(x: jax.Array, w: jax.Array, hist: jax.Array) -> tuple[jax.Array, jax.Array]:
         return causal_conv(x, w, hist, valid, doc)
 
-    def rule(queries, k, v, beta, g, s):
+    def rule(queries: tuple[jax.Array, ...], k: jax.Array, v: jax.Array, beta: jax.Array,
+             g: jax.Array, s: jax.Array) -> tuple[tuple[jax.Array, ...], jax.Array]:  # fmt: skip
         return chunked_delta_rule(queries, k, v, beta, g, reset, s, cfg.gdn_chunk)
 
     return _mix(p, h_BLD, cross_h_BLD, valid, cfg, state, conv, rule, cross_so, cross_silu)
@@ -333,11 +334,12 @@ def gdn_decode(
     _check_inputs(p, h_B1D, cfg, state, masks, cross_h_B1D, cross_so)
     active = active_B.astype(bool)
 
-    def conv(x, w, hist):
+    def conv(x: jax.Array, w: jax.Array, hist: jax.Array) -> tuple[jax.Array, jax.Array]:
         y, hist = conv_step(x[:, 0], w, hist, active)
         return y[:, None], hist
 
-    def rule(queries, k, v, beta, g, s):
+    def rule(queries: tuple[jax.Array, ...], k: jax.Array, v: jax.Array, beta: jax.Array,
+             g: jax.Array, s: jax.Array) -> tuple[tuple[jax.Array, ...], jax.Array]:  # fmt: skip
         outs, s = delta_step(
             tuple(q[:, 0] for q in queries), k[:, 0], v[:, 0], beta[:, 0], g[:, 0], active, s
         )

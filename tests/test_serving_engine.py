@@ -9,37 +9,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from serving_helpers import ENGINE_SHAPE, NEW_TOKENS, PROMPT_LENS, arm_model
 
 from orthros_jax import inference, sampling
 from orthros_jax.config import ARCHITECTURES
 from orthros_jax.data.tokenizers import ByteTokenizer
-from orthros_jax.model import init_params
 from orthros_jax.serving import device
 from orthros_jax.serving.engine import Engine
 from orthros_jax.serving.requests import RequestError, SamplingParams
 from orthros_jax.serving.rowsample import RowSampling, sample_rows
 from orthros_jax.serving.text import TextStream
-
-GDN = dict(
-    gdn_num_k_heads=2, gdn_num_v_heads=4, gdn_k_head_dim=8, gdn_v_head_dim=6, gdn_conv_kernel=3,
-    gdn_chunk=4,
-)  # fmt: skip
-
-
-def arm_config(arch: str, **kw):
-    """A tiny model of the arm whose greedy tokens are far from ties (init_std 0.2)."""
-    base = dict(architecture=arch, prefill_chunk=8, init_std=0.2, window=4)
-    if arch in ("gdn", "hybrid", "orthros_h"):
-        base |= GDN | dict(
-            n_layers=2, layer_types=("gdn",) if arch == "gdn" else ("gdn", "attention")
-        )
-    return tiny_config(**(base | kw))
-
-
-def _model(arch: str, **kw):
-    cfg = arm_config(arch, **kw)
-    return cfg, jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(1))
 
 
 class Collect:
@@ -62,9 +41,7 @@ class Collect:
 
 def _engine(params, cfg, **kw) -> Engine:
     """The tests' engine shape (3 slots of 40, chunks of 8): tests sharing it share compiles."""
-    return Engine(
-        params, cfg, **(dict(max_batch=3, max_len=40, chunk_budget=8, prefill_batches=(1, 3)) | kw)
-    )
+    return Engine(params, cfg, **(ENGINE_SHAPE | kw))
 
 
 def _run(engine: Engine, max_steps: int = 500) -> None:
@@ -77,10 +54,10 @@ def _run(engine: Engine, max_steps: int = 500) -> None:
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_greedy_engine_matches_generate_with_arrivals_over_time(arch):
-    cfg, params = _model(arch)
+    cfg, params = arm_model(arch)
     rng = np.random.default_rng(0)
     # 5 requests, 3 slots: slots are reused (their rows reset); 21 tokens span 3 prefill steps.
-    lens, news = [21, 3, 9, 1, 14], [6, 9, 4, 7, 5]
+    lens, news = PROMPT_LENS, NEW_TOKENS
     prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in lens]
     engine = _engine(params, cfg)
     engine.warmup()
@@ -132,7 +109,7 @@ def test_row_sampling_matches_the_batch_sampler_row_by_row():
 
 
 def test_seeded_sampling_is_reproducible_and_independent_of_the_batch():
-    cfg, params = _model("orthros")
+    cfg, params = arm_model("orthros")
     prompt = list(range(30, 42))
     sp = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=7)
     runs = []
@@ -153,7 +130,7 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch():
 
 
 def test_stops_strings_ids_and_capacity():
-    cfg, params = _model("orthros")
+    cfg, params = arm_model("orthros")
     tok = ByteTokenizer()
     prompt = list(b"hello, world! " * 3)[:33]
     free = inference.generate(params, [prompt], cfg, max_new_tokens=10).tokens[0].tolist()
@@ -180,7 +157,7 @@ def test_stops_strings_ids_and_capacity():
 
 
 def test_cancel_frees_the_slot_and_a_failing_request_fails_alone():
-    cfg, params = _model("orthros")
+    cfg, params = arm_model("orthros")
     engine = _engine(params, cfg, max_queue=2)
     long_ones, waiting = [Collect() for _ in range(3)], Collect()
     reqs = [engine.submit(list(range(5)), SamplingParams(max_tokens=30, temperature=0.0), c)

@@ -24,7 +24,6 @@ stops.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import threading
 import time
@@ -37,54 +36,13 @@ import numpy as np
 from orthros_jax.config import ModelConfig
 from orthros_jax.kv_cache import init_cache
 from orthros_jax.serving import device
+from orthros_jax.serving.events import Event, Request, Slot
 from orthros_jax.serving.metrics import Metrics
 from orthros_jax.serving.requests import RequestError, SamplingParams
 from orthros_jax.serving.rowsample import RowSampling
 from orthros_jax.serving.text import TextStream
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class Event:
-    """What a request hears. kind "token": text (may be empty), token, logprob, top [(id, lp)];
-    "done": finish_reason ("stop" / "length" / "cancelled"), text (the rest), usage counts;
-    "error": error (a message)."""
-
-    kind: str
-    text: str = ""
-    token: int | None = None
-    logprob: float | None = None
-    top: list[tuple[int, float]] | None = None
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    error: str | None = None
-
-
-class Request:
-    """A submitted request. cancel() frees its slot at the next engine step."""
-
-    def __init__(self, ids: list[int], params: SamplingParams, on_event: Callable[[Event], Any],
-                 seed: int) -> None:  # fmt: skip
-        self.ids, self.params, self.on_event, self.seed = list(ids), params, on_event, seed
-        self.cancelled = False
-        self.arrival = time.perf_counter()
-        self.first_token_at: float | None = None
-
-
-@dataclasses.dataclass
-class _Slot:
-    req: Request
-    text: TextStream
-    stop_ids: frozenset[int]
-    prefilled: int = 0  # prompt tokens in the cache
-    generated: int = 0
-    last: int = 0  # the token to feed next
-
-    @property
-    def decoding(self) -> bool:
-        return self.prefilled == len(self.req.ids)
 
 
 def _pow2_upto(lo: int, hi: int) -> tuple[int, ...]:
@@ -132,7 +90,7 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.params = jax.device_put(params)
         self.cache = init_cache(cfg, max_batch, max_len)
-        self.slots: list[_Slot | None] = [None] * max_batch
+        self.slots: list[Slot | None] = [None] * max_batch
         self.queue: collections.deque[Request] = collections.deque()
         self._cond = threading.Condition()
         self._rng = np.random.default_rng(seed)
@@ -194,6 +152,15 @@ class Engine:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    @property
+    def closed(self) -> bool:
+        """True once shutdown began: new requests are refused."""
+        return self._closed
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def busy(self) -> bool:
         return bool(self.queue) or any(s is not None for s in self.slots)
@@ -283,9 +250,7 @@ class Engine:
                 stop_ids = set(p.stop_token_ids)
                 if self.eos_id is not None and not p.ignore_eos:
                     stop_ids.add(self.eos_id)
-                self.slots[i] = _Slot(
-                    req, TextStream(self.decode_text, p.stop), frozenset(stop_ids)
-                )
+                self.slots[i] = Slot(req, TextStream(self.decode_text, p.stop), frozenset(stop_ids))
 
     def _plan_prefill(self) -> list[tuple[int, int]]:
         """(slot, prompt tokens this step) for the slots still prefilling, oldest first."""
@@ -301,7 +266,7 @@ class Engine:
             budget -= n
         return out
 
-    def _sampling(self, slots: list[_Slot | None]) -> RowSampling:
+    def _sampling(self, slots: list[Slot | None]) -> RowSampling:
         def col(f, dtype):
             return np.array([f(s) if s is not None else 0 for s in slots], dtype)
 
@@ -319,7 +284,7 @@ class Engine:
         rows = np.full((p,), self.max_batch, np.int32)  # padding rows: never written
         reset, lengths = np.zeros((p,), bool), np.zeros((p,), np.int32)
         tokens = np.zeros((p, t), np.int32)
-        slots: list[_Slot | None] = [None] * p
+        slots: list[Slot | None] = [None] * p
         for j, (i, n) in enumerate(chunks):
             s = self.slots[i]
             rows[j], reset[j], lengths[j], slots[j] = i, s.prefilled == 0, n, s
@@ -339,7 +304,7 @@ class Engine:
     def _run_decode(self, decoding: list[int]):
         b = self.max_batch
         tokens, active = np.zeros((b,), np.int32), np.zeros((b,), bool)
-        slots: list[_Slot | None] = [None] * b
+        slots: list[Slot | None] = [None] * b
         for i in decoding:
             tokens[i], active[i], slots[i] = self.slots[i].last, True, self.slots[i]
         sampled, self.cache = device.decode_rows(
@@ -347,7 +312,7 @@ class Engine:
         )
         return sampled
 
-    def _accept(self, slot: _Slot, sampled, j: int, now: float) -> None:
+    def _accept(self, slot: Slot, sampled, j: int, now: float) -> None:
         """Slot's token from row j of a sampled batch: stream it, then stop or go on."""
         req, p = slot.req, slot.req.params
         tok = int(sampled.tokens[j])

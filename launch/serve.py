@@ -67,6 +67,7 @@ def main(argv: list[str]) -> None:
             loaded.params, loaded.cfg, max_batch=FLAGS.max_batch, max_len=FLAGS.max_len,
             chunk_budget=FLAGS.chunk_budget, max_queue=FLAGS.max_queue,
             decode_text=tokenizer.decode, eos_id=tokenizer.eos_id, prefill_lengths=lengths,
+            decode_steps=FLAGS.decode_steps,
         )  # fmt: skip
     except ValueError as e:
         sys.exit(f"serve.py: {e}")

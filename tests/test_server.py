@@ -197,6 +197,17 @@ def test_bad_inputs_get_their_status_and_health_survives_200_mixed_requests(orth
     assert codes.count(200) == 67 and codes.count(400) == 133
     health = httpx.get(server.url + "/health", timeout=10)
     assert health.status_code == 200 and health.json()["status"] == "ok"
+    metrics = dict(
+        line.rsplit(" ", 1) for line in httpx.get(server.url + "/metrics", timeout=10).text.splitlines()
+        if not line.startswith("#")
+    )  # fmt: skip
+    assert metrics["orthros_queue_depth"] == "0" and metrics["orthros_active_slots"] == "0"
+    # 67 good requests here, each with a first token (earlier tests of this server add more).
+    assert int(metrics["orthros_time_to_first_token_seconds_count"]) >= 67
+    assert (
+        metrics['orthros_time_to_first_token_seconds_bucket{le="+Inf"}']
+        == metrics["orthros_time_to_first_token_seconds_count"]
+    )
 
 
 def test_full_queue_is_429(orthros_server):

@@ -52,14 +52,16 @@ def _run(engine: Engine, max_steps: int = 500) -> None:
     raise AssertionError("engine did not finish")
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_greedy_engine_matches_generate_with_arrivals_over_time(arch):
+@pytest.mark.parametrize(
+    "arch,decode_steps", [(a, 1) for a in ARCHITECTURES] + [("orthros", 3), ("hybrid", 3)]
+)
+def test_greedy_engine_matches_generate_with_arrivals_over_time(arch, decode_steps):
     cfg, params = arm_model(arch)
     rng = np.random.default_rng(0)
     # 5 requests, 3 slots: slots are reused (their rows reset); 21 tokens span 3 prefill steps.
     lens, news = PROMPT_LENS, NEW_TOKENS
     prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in lens]
-    engine = _engine(params, cfg)
+    engine = _engine(params, cfg, decode_steps=decode_steps)
     engine.warmup()
     compiled = device.compile_count()
     got = [Collect() for _ in prompts]
@@ -113,8 +115,9 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch():
     prompt = list(range(30, 42))
     sp = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=7)
     runs = []
-    for neighbours in (0, 2):  # alone, then beside two other sampled requests
-        engine = _engine(params, cfg)
+    # alone, then beside two other sampled requests with 3 decode steps per call
+    for neighbours, steps in ((0, 1), (2, 3)):
+        engine = _engine(params, cfg, decode_steps=steps)
         for k in range(neighbours):
             engine.submit(
                 list(range(k + 3)), SamplingParams(max_tokens=12, temperature=1.0), Collect()
@@ -129,12 +132,13 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch():
     assert other.tokens != runs[0].tokens
 
 
-def test_stops_strings_ids_and_capacity():
+@pytest.mark.parametrize("decode_steps", [1, 4])
+def test_stops_strings_ids_and_capacity(decode_steps):
     cfg, params = arm_model("orthros")
     tok = ByteTokenizer()
     prompt = list(b"hello, world! " * 3)[:33]
     free = inference.generate(params, [prompt], cfg, max_new_tokens=10).tokens[0].tolist()
-    engine = _engine(params, cfg, decode_text=tok.decode, eos_id=free[3])
+    engine = _engine(params, cfg, decode_text=tok.decode, eos_id=free[3], decode_steps=decode_steps)
     by_eos, ignore, by_string, by_cap = Collect(), Collect(), Collect(), Collect()
     engine.submit(prompt, SamplingParams(max_tokens=10, temperature=0.0), by_eos)
     stop = tok.decode(free[1:3])

@@ -4,7 +4,7 @@ Shapes: B slots (cache rows), P rows prefilled in one call (a bucket <= B), T pr
 of each of them this call (a bucket), S cache slots per row, V vocab.
 
     prefill_rows(params, cache, rows, reset, tokens, lengths, sampling) -> (Sampled, cache)
-    decode_rows(params, cache, tokens, active, sampling) -> (Sampled, cache)
+    decode_rows(params, cache, tokens, budget, stops, sampling, steps=K) -> (Sampled [K, B], fed [K, B], cache)
 
 prefill_rows gathers rows [P] of the cache (every leaf along the axis its kind's `state_axes`
 names BATCH, lengths along 0), resets those with reset=True to an empty row (length 0 and
@@ -12,8 +12,12 @@ each kind's init_state: a new request's row, GDN recurrent state included), cont
 prefill with cached_forward.prefill (tokens [P, T] right-padded, lengths [P] >= 0: a row with
 0 tokens keeps its state and length) and scatters them back. Row ids >= B are padding:
 gathered clipped, never written back (mode='drop'), so no row outside `rows` changes.
-decode_rows runs cached_forward.decode on every row (rows with active=False write nothing).
-Both sample per row (rowsample.py) in the same call and donate the cache.
+decode_rows runs K decode steps (a lax.scan; K static) of cached_forward.decode on every row,
+each feeding the token the step before sampled: row b runs while it has budget[b] steps left
+and has not sampled one of its stop ids (stops [B, N], -1 padded); other rows write nothing
+(fed[k, b] says which ran). K > 1 trades streaming granularity for one host round trip per K
+tokens (vLLM's multi-step scheduling). Both sample per row (rowsample.py; the key of a draw is
+the row's seed and its token count, so K does not change what is drawn) and donate the cache.
 """
 
 from __future__ import annotations
@@ -84,13 +88,25 @@ def _prefill_rows(params, cache, rows_P, reset_P, tokens_PT, lengths_P, sampling
     return sample_rows(logits, sampling), scatter_rows(cfg, cache, rows_P, sub)
 
 
-def _decode_rows(params, cache, tokens_B, active_B, sampling: RowSampling, *, cfg: ModelConfig):
-    logits, cache = fwd.decode(params, cache, tokens_B, active_B, cfg=cfg)
-    return sample_rows(logits, sampling), cache
+def _decode_rows(params, cache, tokens_B, budget_B, stops_BN, sampling: RowSampling, *,
+                 cfg: ModelConfig, steps: int):  # fmt: skip
+    def one(carry, _):
+        cache, tok, left, count = carry
+        fed = left > 0
+        logits, cache = fwd.decode(params, cache, tok, fed, cfg=cfg)
+        out = sample_rows(logits, sampling.replace(step=count))
+        stopped = (out.tokens[:, None] == stops_BN).any(axis=-1)
+        left = jnp.where(fed & ~stopped, left - 1, 0)
+        carry = (cache, jnp.where(fed, out.tokens, tok), left, count + fed.astype(count.dtype))
+        return carry, (out, fed)
+
+    carry = (cache, tokens_B, budget_B, sampling.step)
+    (cache, *_), (outs, fed) = jax.lax.scan(one, carry, None, length=steps)
+    return outs, fed, cache
 
 
 prefill_rows = jax.jit(_prefill_rows, static_argnames=("cfg",), donate_argnames=("cache",))
-decode_rows = jax.jit(_decode_rows, static_argnames=("cfg",), donate_argnames=("cache",))
+decode_rows = jax.jit(_decode_rows, static_argnames=("cfg", "steps"), donate_argnames=("cache",))
 
 
 def compile_count() -> int:

@@ -7,7 +7,8 @@ One engine step (Engine.step):
   2. prefills up to `chunk_budget` prompt tokens over the slots still prefilling, oldest first
      (one call of device.prefill_rows into those rows only; a new request's row is reset in
      it), so a long prompt is spread over steps while the others keep decoding;
-  3. runs one decode step for every slot that is generating (device.decode_rows);
+  3. runs `decode_steps` decode steps (default 1) for every slot that is generating
+     (device.decode_rows, one call);
   4. reads the sampled tokens back and, per slot, streams the text, applies the stops (stop
      strings, stop / end-of-text ids, max_tokens, the row's cache capacity) and frees the slot
      of a finished request at once.
@@ -38,11 +39,12 @@ from orthros_jax.kv_cache import init_cache
 from orthros_jax.serving import device
 from orthros_jax.serving.events import Event, Request, Slot
 from orthros_jax.serving.metrics import Metrics
-from orthros_jax.serving.requests import RequestError, SamplingParams
+from orthros_jax.serving.requests import MAX_STOP_IDS, RequestError, SamplingParams
 from orthros_jax.serving.rowsample import RowSampling
 from orthros_jax.serving.text import TextStream
 
 log = logging.getLogger(__name__)
+STOP_WIDTH = MAX_STOP_IDS + 1  # a slot's stop ids on device: its stop_token_ids and end-of-text
 
 
 def _pow2_upto(lo: int, hi: int) -> tuple[int, ...]:
@@ -64,13 +66,15 @@ class Engine:
                  decode_text: Callable[[list[int]], str] | None = None, eos_id: int | None = None,
                  prefill_lengths: tuple[int, ...] | None = None,
                  prefill_batches: tuple[int, ...] | None = None, seed: int = 0,
-                 metrics: Metrics | None = None) -> None:  # fmt: skip
+                 metrics: Metrics | None = None, decode_steps: int = 1) -> None:  # fmt: skip
         chunk_budget = cfg.prefill_chunk if chunk_budget is None else chunk_budget
         for name, v in (("max_batch", max_batch), ("max_len", max_len),
-                        ("chunk_budget", chunk_budget), ("max_queue", max_queue)):  # fmt: skip
+                        ("chunk_budget", chunk_budget), ("max_queue", max_queue),
+                        ("decode_steps", decode_steps)):  # fmt: skip
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"Engine: {name} must be a positive int, got {v!r}")
         self.cfg, self.max_batch, self.max_len = cfg, max_batch, max_len
+        self.decode_steps = decode_steps
         self.chunk_budget, self.max_queue = chunk_budget, max_queue
         self.prefill_lengths = tuple(sorted(prefill_lengths or _pow2_upto(8, chunk_budget)))
         for t in self.prefill_lengths:
@@ -110,6 +114,8 @@ class Engine:
             raise RequestError(
                 f"prompt must have 1 to {self.max_len} tokens, got {len(ids)}", "prompt"
             )
+        if len(params.stop_token_ids) > MAX_STOP_IDS:
+            raise RequestError(f"at most {MAX_STOP_IDS} stop_token_ids", "stop_token_ids")
         with self._cond:
             if self._closed:
                 self.metrics.rejected("shutting_down")
@@ -191,9 +197,10 @@ class Engine:
                     self.params, self.cache, np.full((p,), b, np.int32), np.zeros((p,), bool),
                     np.zeros((p, t), np.int32), zeros, self._sampling([None] * p), cfg=self.cfg,
                 )  # fmt: skip
-        _, self.cache = device.decode_rows(
-            self.params, self.cache, np.zeros((b,), np.int32), np.zeros((b,), bool),
-            self._sampling([None] * b), cfg=self.cfg,
+        zeros = np.zeros((b,), np.int32)
+        _, _, self.cache = device.decode_rows(
+            self.params, self.cache, zeros, zeros, np.full((b, STOP_WIDTH), -1, np.int32),
+            self._sampling([None] * b), cfg=self.cfg, steps=self.decode_steps,
         )  # fmt: skip
         jax.block_until_ready(self.cache)
 
@@ -224,8 +231,13 @@ class Engine:
                 if slot.decoding:  # its last chunk: the first token
                     self._guard(i, lambda s=slot, j=j: self._accept(s, pre, j, now))
         if dec is not None:
-            for i in decoding:
-                self._guard(i, lambda s=self.slots[i], i=i: self._accept(s, dec, i, now))
+            sampled, fed = dec
+            owners = {i: self.slots[i] for i in decoding}
+            for k in range(self.decode_steps):
+                step_k = jax.tree.map(lambda a, k=k: a[k], sampled)
+                for i, slot in owners.items():
+                    if fed[k, i] and self.slots[i] is slot:  # not finished by an earlier token
+                        self._guard(i, lambda s=slot, i=i, o=step_k: self._accept(s, o, i, now))
         self.steps += 1
         with self._cond:
             self._publish_load()
@@ -302,15 +314,23 @@ class Engine:
         return sampled
 
     def _run_decode(self, decoding: list[int]):
+        """decode_steps steps for the decoding slots: each runs while it has max_tokens and
+        cache slots left and has not sampled a stop id (stop strings are the host's)."""
         b = self.max_batch
-        tokens, active = np.zeros((b,), np.int32), np.zeros((b,), bool)
+        tokens, budget = np.zeros((b,), np.int32), np.zeros((b,), np.int32)
+        stops = np.full((b, STOP_WIDTH), -1, np.int32)
         slots: list[Slot | None] = [None] * b
         for i in decoding:
-            tokens[i], active[i], slots[i] = self.slots[i].last, True, self.slots[i]
-        sampled, self.cache = device.decode_rows(
-            self.params, self.cache, tokens, active, self._sampling(slots), cfg=self.cfg
-        )
-        return sampled
+            s = self.slots[i]
+            in_cache = len(s.req.ids) + s.generated - 1  # s.last is not fed yet
+            left = min(s.req.params.max_tokens - s.generated, self.max_len - in_cache)
+            tokens[i], budget[i], slots[i] = s.last, min(self.decode_steps, left), s
+            stops[i, : len(s.stop_ids)] = sorted(s.stop_ids)
+        sampled, fed, self.cache = device.decode_rows(
+            self.params, self.cache, tokens, budget, stops, self._sampling(slots), cfg=self.cfg,
+            steps=self.decode_steps,
+        )  # fmt: skip
+        return sampled, fed
 
     def _accept(self, slot: Slot, sampled, j: int, now: float) -> None:
         """Slot's token from row j of a sampled batch: stream it, then stop or go on."""

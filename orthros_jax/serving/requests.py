@@ -12,6 +12,7 @@ from typing import Any
 
 MAX_STOP_STRINGS = 4  # as the OpenAI API
 MAX_SEED = 2**32 - 1
+MAX_STOP_IDS = 15  # stop_token_ids per request (+ the end-of-text id: the engine's stop table)
 
 
 class RequestError(ValueError):
@@ -95,9 +96,11 @@ def sampling_params(body: dict, vocab_size: int, max_len: int, max_logprobs: int
     if n != 1 or not _is_int(n):
         raise RequestError(f"'n' must be 1 (one choice per prompt), got {n!r}", "n")
     ids = body.get("stop_token_ids") or []
-    if not isinstance(ids, list) or not all(_is_int(i) and 0 <= i < vocab_size for i in ids):
+    if (not isinstance(ids, list) or len(ids) > MAX_STOP_IDS
+            or not all(_is_int(i) and 0 <= i < vocab_size for i in ids)):  # fmt: skip
         raise RequestError(
-            f"'stop_token_ids' must be token ids in [0, {vocab_size})", "stop_token_ids"
+            f"'stop_token_ids' must be at most {MAX_STOP_IDS} token ids in [0, {vocab_size})",
+            "stop_token_ids",
         )
     logprobs = body.get("logprobs")
     if isinstance(logprobs, bool):  # chat: logprobs true/false + top_logprobs

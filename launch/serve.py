@@ -38,6 +38,12 @@ flags.DEFINE_integer(
     "chunk_budget", None, "Prompt tokens prefilled per engine step (default: prefill_chunk)."
 )
 flags.DEFINE_integer("max_queue", 64, "Waiting requests before new ones get HTTP 429.")
+flags.DEFINE_integer(
+    "decode_steps",
+    1,
+    "Decode steps per device call (> 1: tokens stream in bursts of it, "
+    "one host round trip per burst).",
+)
 flags.DEFINE_list(
     "prefill_lengths", None, "Prefill token buckets (default: powers of two 8..chunk_budget)."
 )

@@ -1,8 +1,9 @@
-"""Export single-stream params to a Hugging Face directory that `transformers` loads.
+"""Export params to a Hugging Face directory that `transformers` loads.
 
 Writes config.json (LlamaForCausalLM, or Qwen3ForCausalLM when cfg.qk_norm; Qwen3_5ForCausalLM
-for the gdn / hybrid arms and for a transformer with Qwen3.5's output gate), the weights as
-safetensors (sharded with an index above max_shard_bytes) and, when given, tokenizer.json.
+for the gdn / hybrid arms and for a transformer with Qwen3.5's output gate; the
+trust_remote_code OrthrosForCausalLM of remote.py for orthros / swa / orthros_h), the weights
+as safetensors (sharded with an index above max_shard_bytes) and, when given, tokenizer.json.
 Needs neither torch nor transformers.
 """
 
@@ -54,6 +55,29 @@ def check_params(params: Params, cfg: ModelConfig) -> None:
             )
 
 
+def clear_weights(directory: str) -> None:
+    """Creates directory and removes a previous export's safetensors (which would otherwise
+    shadow or mix with the new ones)."""
+    os.makedirs(directory, exist_ok=True)
+    for name in os.listdir(directory):
+        if name.endswith(".safetensors") or name.endswith(".safetensors.index.json"):
+            os.remove(os.path.join(directory, name))
+
+
+def copy_tokenizer(directory: str, tokenizer_file: str | None) -> list[str]:
+    """Copies tokenizer.json next to the weights; returns the files written."""
+    if not tokenizer_file:
+        return []
+    dest = os.path.join(directory, TOKENIZER_JSON)
+    if os.path.abspath(tokenizer_file) != os.path.abspath(dest):
+        shutil.copyfile(tokenizer_file, dest)
+    return [TOKENIZER_JSON]
+
+
+# The arms transformers implements itself; the others export as trust_remote_code.
+NATIVE_ARMS = ("transformer", "gdn", "hybrid")
+
+
 def export_hf(
     directory: str,
     cfg: ModelConfig,
@@ -62,35 +86,43 @@ def export_hf(
     tokenizer_file: str | None = None,
     dtype: str | None = None,
     max_shard_bytes: int | None = 5 * 2**30,
+    max_position: int | None = None,
+    remote: bool | None = None,
 ) -> list[str]:
-    """Writes a HF model directory for a single-stream model; returns the files written.
+    """Writes a HF model directory that `transformers` loads; returns the files written.
 
+    transformer / gdn / hybrid: transformers' own Llama / Qwen3 / Qwen3.5 classes; orthros,
+    swa, orthros_h (or any arm with remote=True): the trust_remote_code format of remote.py.
     dtype: 'float32' | 'bfloat16' | 'float16' for the written tensors (default
-    cfg.param_dtype). max_shard_bytes: shard above this size (None: one file).
+    cfg.param_dtype). max_shard_bytes: shard above this size (None: one file). max_position:
+    the context the model was trained on or imported with (config.json's
+    max_position_embeddings).
     """
+    if dtype is not None and dtype not in _DTYPE_NAMES:
+        raise ValueError(f"export dtype {dtype!r} is unknown; allowed: {', '.join(_DTYPE_NAMES)}")
+    if remote is None:
+        remote = cfg.architecture not in NATIVE_ARMS
+    if remote:
+        from orthros_jax.convert.remote import export_remote
+
+        return export_remote(
+            directory, cfg, params, tokenizer_file=tokenizer_file, dtype=dtype,
+            max_shard_bytes=max_shard_bytes, max_position=max_position,
+        )  # fmt: skip
     qwen35 = cfg.architecture in ("gdn", "hybrid") or cfg.attn_output_gate
     # Both reject two-stream arms (transformers has no output stream).
     make_config, make_tensors = (
         (qwen35_config_from, qwen35_from_params) if qwen35 else (hf_config_from, hf_from_params)
     )
     hf_config = make_config(cfg, torch_dtype=dtype or cfg.param_dtype)
-    if dtype is not None and dtype not in _DTYPE_NAMES:
-        raise ValueError(f"export dtype {dtype!r} is unknown; allowed: {', '.join(_DTYPE_NAMES)}")
+    if max_position:
+        hf_config["max_position_embeddings"] = int(max_position)
     check_params(params, cfg)
     host = jax.tree.map(np.asarray, jax.device_get(params))
     tensors = make_tensors(host, cfg, None if dtype is None else jnp.dtype(dtype))
-    os.makedirs(directory, exist_ok=True)
-    # A previous export's shards would otherwise shadow or mix with the new ones.
-    for name in os.listdir(directory):
-        if name.endswith(".safetensors") or name.endswith(".safetensors.index.json"):
-            os.remove(os.path.join(directory, name))
+    clear_weights(directory)
     files = write_safetensors(directory, tensors, max_shard_bytes)
     with open(os.path.join(directory, CONFIG_JSON), "w") as f:
         json.dump(hf_config, f, indent=2, sort_keys=True)
     files.append(CONFIG_JSON)
-    if tokenizer_file:
-        dest = os.path.join(directory, TOKENIZER_JSON)
-        if os.path.abspath(tokenizer_file) != os.path.abspath(dest):
-            shutil.copyfile(tokenizer_file, dest)
-        files.append(TOKENIZER_JSON)
-    return files
+    return files + copy_tokenizer(directory, tokenizer_file)

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.convert.gdn_hf import HF_NAMES as GDN_HF_NAMES
+from orthros_jax.convert.gdn_hf import gdn_to_hf, hf_to_gdn
 from orthros_jax.convert.hf_config import CONFIG_JSON, read_hf_config
 from orthros_jax.convert.hf_weights import SafetensorsCheckpoint, write_safetensors
-from orthros_jax.gdn_hf import HF_NAMES as GDN_HF_NAMES
-from orthros_jax.gdn_hf import gdn_to_hf, hf_to_gdn
 
 REMOTE_DIR = os.path.join(os.path.dirname(__file__), "hf_remote")
 REMOTE_FILES = ("configuration_orthros.py", "modeling_orthros.py")
@@ -140,7 +140,7 @@ def remote_from_params(
     params: Params, cfg: ModelConfig, dtype: Any = None
 ) -> dict[str, np.ndarray]:
     """HF-named tensors (numpy) of any arm's params."""
-    from orthros_jax.stack import KINDS
+    from orthros_jax.layers.stack import KINDS
 
     cast = (lambda a: np.ascontiguousarray(a)) if dtype is None else (
         lambda a: np.ascontiguousarray(a).astype(np.dtype(dtype)))  # fmt: skip
@@ -164,7 +164,7 @@ def remote_from_params(
 def params_from_remote(tensors: Mapping[str, Any], cfg: ModelConfig) -> Params:
     """Params (numpy, cfg.param_dtype) from HF-named tensors; inverse of remote_from_params.
     ValueError naming a missing tensor or a shape that does not fit cfg."""
-    from orthros_jax.stack import KINDS
+    from orthros_jax.layers.stack import KINDS
 
     dtype = np.dtype(cfg.param_dtype)
 

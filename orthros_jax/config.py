@@ -8,6 +8,7 @@ functions read. Launchers build it from an `ml_collections` config with
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -274,8 +275,12 @@ class ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
+            close = {u: difflib.get_close_matches(u, sorted(known), n=1) for u in unknown}
+            hint = ", ".join(f"{u!r} -> {m[0]!r}" for u, m in close.items() if m)
             raise ValueError(
-                f"unknown ModelConfig field(s) {unknown}; valid fields: {', '.join(sorted(known))}"
+                f"unknown ModelConfig field(s) {unknown}"
+                + (f" (did you mean {hint}?)" if hint else "")
+                + f"; valid fields: {', '.join(sorted(known))}"
             )
         return cls(**dict(values))
 

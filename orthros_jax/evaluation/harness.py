@@ -34,20 +34,29 @@ from typing import Any
 
 import jax
 import numpy as np
-from lm_eval.api.model import TemplateLM
-from lm_eval.api.registry import register_model
-from lm_eval.models.utils import (
-    handle_stop_sequences,
-    normalize_gen_kwargs,
-    postprocess_generated_text,
-)
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from orthros_jax.checkpoint import LoadedModel, load_model
-from orthros_jax.evaluation.scoring import bucket, score_row, score_rows
-from orthros_jax.evaluation.text import HarnessTokenizer
-from orthros_jax.inference.sampling import Sampler
+EXTRA_HINT = "needs lm-evaluation-harness: pip install -e '.[eval]'"
+try:
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+    from lm_eval.models.utils import (
+        handle_stop_sequences,
+        normalize_gen_kwargs,
+        postprocess_generated_text,
+    )
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+except ModuleNotFoundError as e:
+    if e.name != "lm_eval" and not str(e.name).startswith("lm_eval."):
+        raise
+    if __name__ == "__main__":
+        raise SystemExit(f"python -m orthros_jax.evaluation.harness {EXTRA_HINT}") from None
+    raise ModuleNotFoundError(f"orthros_jax.evaluation.harness {EXTRA_HINT}", name=e.name) from e
+
+from orthros_jax.checkpoint import LoadedModel, load_model  # noqa: E402
+from orthros_jax.evaluation.scoring import bucket, score_row, score_rows  # noqa: E402
+from orthros_jax.evaluation.text import HarnessTokenizer  # noqa: E402
+from orthros_jax.inference.sampling import Sampler  # noqa: E402
 
 MODEL_NAME = "orthros_jax"
 DEFAULT_MAX_LENGTH = 2048  # lm-eval's `hf` default when a model states no length
@@ -120,7 +129,9 @@ class OrthrosHarnessLM(TemplateLM):
             )
         self.add_bos_token = add_bos_token
         self.custom_prefix_token_id = prefix_token_id
-        if device not in (None, "cpu"):  # lm-eval's torch device names mean nothing to JAX
+        # lm-eval's torch device names mean nothing to JAX; its own default ('cuda:0', which
+        # the user never set) is not worth a warning.
+        if device not in (None, "cpu", "cuda", "cuda:0"):
             log.warning("%s: device=%r is ignored; JAX uses %s", MODEL_NAME, device, jax.devices())
 
     # ------------------------------------------------------------ tokens
@@ -299,11 +310,20 @@ class OrthrosHarnessLM(TemplateLM):
 
 def main(argv: Sequence[str] | None = None) -> None:
     """lm-eval's command line with `--model orthros_jax` registered (see the module doc)."""
+    import datasets
     from lm_eval.__main__ import cli_evaluate
+
+    from orthros_jax.evaluation.harness_run import DATASET_HINT
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except (OSError, datasets.exceptions.DatasetsError) as e:  # e.g. an unreachable Hub
+        raise SystemExit(
+            f"python -m orthros_jax.evaluation.harness: a task's dataset cannot be loaded here "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). {DATASET_HINT}"
+        ) from None
 
 
 if __name__ == "__main__":

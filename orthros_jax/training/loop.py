@@ -113,8 +113,8 @@ def check_resumed_model(cfg: TrainConfig, workdir: str) -> None:
             f"model.{k}={new!r} (trained with {was!r})" for k, (was, new) in changed.items()
         )
         raise ValueError(
-            f"{workdir} holds checkpoints of a different model: {what}; resume with the "
-            "workdir's config, or train the changed model in a new workdir"
+            f"{workdir} holds checkpoints of a different model shape or math: {what}; resume "
+            "with the workdir's config, or train the changed model in a new workdir"
         )
 
 
@@ -136,7 +136,8 @@ def _write_model_json(cfg: TrainConfig, workdir: str) -> None:
     if jax.process_index() != 0:
         return
     tokenizer = getattr(cfg.data, "tokenizer", None)
-    checkpoint.write_model_json(workdir, cfg.model, tokenizer, getattr(cfg.data, "seq_len", None))
+    seq_len = getattr(cfg.data, "seq_len", None)
+    checkpoint.write_model_json(workdir, cfg.model, tokenizer, seq_len)
 
 
 def train(
@@ -198,10 +199,12 @@ def train(
             )  # fmt: skip
         _write_model_json(cfg, workdir)
         micro = int(state.step)
+        shape = (
+            f" of {cfg.data.batch_size} x {cfg.data.seq_len} tokens" if cfg.data is not None else ""
+        )  # a caller's own iterator may come without a data config
         console(
             f"training {cfg.model.architecture} ({cfg.model.num_params():,} params) in "
-            f"{workdir}: {source}; {total_updates} steps of {cfg.data.batch_size} x "
-            f"{cfg.data.seq_len} tokens"
+            f"{workdir}: {source}; {total_updates} steps{shape}"
         )
         if micro >= total_updates * accum:
             console(f"{workdir} already holds the final step {total_updates}; nothing to do")

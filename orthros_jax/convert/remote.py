@@ -29,6 +29,7 @@ from orthros_jax.convert.gdn_hf import HF_NAMES as GDN_HF_NAMES
 from orthros_jax.convert.gdn_hf import gdn_to_hf, hf_to_gdn
 from orthros_jax.convert.hf_config import CONFIG_JSON, read_hf_config
 from orthros_jax.convert.hf_weights import SafetensorsCheckpoint, write_safetensors
+from orthros_jax.convert.qwen35 import _BLOCK  # the shared block's HF names (norms, MLP)
 
 REMOTE_DIR = os.path.join(os.path.dirname(__file__), "hf_remote")
 REMOTE_FILES = ("configuration_orthros.py", "modeling_orthros.py")
@@ -62,13 +63,6 @@ _SAME = (
     "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_position",
     "partial_rotary_factor", "qk_norm", "attn_output_gate", "norm_zero_centered",
 )  # fmt: skip
-_BLOCK = {
-    "attn_norm": "input_layernorm.weight",
-    "mlp_norm": "post_attention_layernorm.weight",
-    "w_gate": "mlp.gate_proj.weight",
-    "w_up": "mlp.up_proj.weight",
-    "w_down": "mlp.down_proj.weight",
-}
 _ATTN = {
     "wq": "self_attn.q_proj.weight",
     "wk": "self_attn.k_proj.weight",

@@ -151,3 +151,28 @@ def test_training_says_where_it_starts_and_ends_and_logs_no_zero_rates(tmp_path)
     assert all(r["tokens_per_s"] > 0 for r in train_rows[1:])
     assert train_rows[0]["lr"] > 0  # the first update moves the weights
     assert checkpoint.load_model(work).max_context == 64
+
+
+def test_harness_command_errors_are_one_line(tmp_path):
+    """`python -m orthros_jax.evaluation.harness`: a bad model dir and an unreachable task
+    dataset (the Hub offline) each end with one line, not a traceback."""
+    pytest.importorskip("lm_eval")
+    import jax
+
+    from orthros_jax.model import init_params
+
+    cfg = ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                      head_dim=16, d_ff=32)  # fmt: skip
+    model = str(tmp_path / "m")
+    checkpoint.save_model(model, cfg, init_params(cfg, jax.random.PRNGKey(0)))
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
+               HF_DATASETS_CACHE=str(tmp_path / "empty_cache"))  # fmt: skip
+    for model_dir, message in ((str(tmp_path / "none"), "has no model.json"),
+                               (model, "dataset cannot be loaded here")):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "orthros_jax.evaluation.harness", "--model", "orthros_jax",
+             "--model_args", f"model={model_dir}", "--tasks", "arc_easy"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert message in done.stderr.strip().splitlines()[-1]

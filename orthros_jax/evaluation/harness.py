@@ -319,6 +319,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.argv = [sys.argv[0], *argv]
     try:
         cli_evaluate()
+    except ValueError as e:  # our model's errors (a bad model dir, model_args)
+        raise SystemExit(f"python -m orthros_jax.evaluation.harness: {e}") from None
     except (OSError, datasets.exceptions.DatasetsError) as e:  # e.g. an unreachable Hub
         raise SystemExit(
             f"python -m orthros_jax.evaluation.harness: a task's dataset cannot be loaded here "

@@ -185,13 +185,14 @@ def test_lm_eval_hf_model_scores_an_exported_orthros_like_our_harness(tmp_path, 
     params = jax.tree.map(lambda a: 4 * a, _params(cfg))  # peaked enough to be decisive
     ours_dir, hf_dir = str(tmp_path / "ours"), str(tmp_path / "hf")
     checkpoint.save_model(ours_dir, cfg, params, os.path.join(tok_dir, "tokenizer.json"))
-    export_hf(hf_dir, cfg, params)
+    export_hf(hf_dir, cfg, params, tokenizer_file=os.path.join(tok_dir, "tokenizer.json"))
     monkeypatch.chdir(REPO)
     run = dict(
         tasks=TASKS, log_samples=True, bootstrap_iters=0,
         task_manager=TaskManager(include_path=TASK_DIR, include_defaults=False),
     )  # fmt: skip
-    hf = HFLM(pretrained=hf_dir, tokenizer=tok_dir, trust_remote_code=True, device="cpu",
+    # The export's own tokenizer files (tokenizer.json + the tokenizer_config.json it writes).
+    hf = HFLM(pretrained=hf_dir, trust_remote_code=True, device="cpu",
               batch_size=4, max_length=MAX_LEN, dtype="float32")  # fmt: skip
     want = lm_eval.simple_evaluate(model=hf, **run)
     got = lm_eval.simple_evaluate(

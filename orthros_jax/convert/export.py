@@ -25,6 +25,7 @@ from orthros_jax.convert.qwen35 import qwen35_config_from, qwen35_from_params
 
 Params = dict[str, Any]
 TOKENIZER_JSON = "tokenizer.json"
+TOKENIZER_CONFIG_JSON = "tokenizer_config.json"
 _DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
@@ -65,13 +66,37 @@ def clear_weights(directory: str) -> None:
 
 
 def copy_tokenizer(directory: str, tokenizer_file: str | None) -> list[str]:
-    """Copies tokenizer.json next to the weights; returns the files written."""
+    """Copies tokenizer.json next to the weights and, unless the directory has one, writes a
+    tokenizer_config.json naming its special tokens, so `AutoTokenizer` (and lm-eval's `hf`
+    model) load it; returns the files written."""
     if not tokenizer_file:
         return []
     dest = os.path.join(directory, TOKENIZER_JSON)
     if os.path.abspath(tokenizer_file) != os.path.abspath(dest):
         shutil.copyfile(tokenizer_file, dest)
-    return [TOKENIZER_JSON]
+    config_path = os.path.join(directory, TOKENIZER_CONFIG_JSON)
+    if os.path.isfile(config_path):
+        return [TOKENIZER_JSON]
+    with open(config_path, "w") as f:
+        json.dump(tokenizer_config(dest), f, indent=2, sort_keys=True)
+    return [TOKENIZER_JSON, TOKENIZER_CONFIG_JSON]
+
+
+def tokenizer_config(tokenizer_file: str) -> dict[str, Any]:
+    """transformers' tokenizer_config.json for a bare tokenizer.json: the fast tokenizer class,
+    EOS (a common end-of-text name it holds; also the padding token) and BOS (what its
+    post-processor prepends), as orthros_jax reads them."""
+    from orthros_jax.data.tokenizers import HFTokenizer
+
+    tok = HFTokenizer(tokenizer_file)
+    raw = tok._tok
+    out: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    if tok.eos_id is not None:
+        out["eos_token"] = out["pad_token"] = raw.id_to_token(tok.eos_id)
+    added = raw.encode("", add_special_tokens=True).ids
+    if added:
+        out["bos_token"] = raw.id_to_token(added[0])
+    return out
 
 
 # The arms transformers implements itself; the others export as trust_remote_code.

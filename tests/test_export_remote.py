@@ -93,17 +93,29 @@ def test_logits_equal_ours_at_every_position(exported):
     np.testing.assert_allclose(last[:, 0], ours[:, -1], atol=1e-4, rtol=0)
 
 
+def test_gdn_layers_chunk_like_ours_past_one_chunk(exported):
+    """70 tokens: the PyTorch chunked delta rule (chunks of 64) carries its state into the
+    second chunk as ours does (gdn_chunk 64)."""
+    cfg, params, _, model = exported
+    if "gdn" not in cfg.layer_types:
+        pytest.skip("no GDN layers")
+    tokens = np.random.default_rng(6).integers(0, cfg.vocab_size, (1, 70))
+    with torch.no_grad():
+        theirs = model(torch.tensor(tokens), use_cache=False).logits.numpy()
+    np.testing.assert_allclose(theirs, _ours(cfg, params, tokens), atol=1e-4, rtol=0)
+
+
 def test_cached_decode_equals_the_full_forward(exported):
     """Prefill 5 tokens, then one token per step through the DynamicCache: each step's logits
     equal the full forward's at that position (window over the cache, global output read)."""
     cfg, params, _, model = exported
-    tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 10))
+    tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 11))  # one compile
     ours = _ours(cfg, params, tokens)
     ids = torch.tensor(tokens)
     with torch.no_grad():
         out = model(ids[:, :5], use_cache=True, logits_to_keep=1)
         cache, steps = out.cache if hasattr(out, "cache") else out.past_key_values, [out.logits]
-        for t in range(5, 10):
+        for t in range(5, 11):
             out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
             steps.append(out.logits)
     got = torch.cat(steps, 1).numpy()

@@ -221,6 +221,62 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
+def recurrent_delta_rule(queries, k, v, beta, g, state):
+    """The gated delta rule token by token: S_t = e^g_t S_{t-1} + k_t u_t^T with
+    u_t = beta_t (v_t - k_t^T e^g_t S_{t-1}); each query set reads o_t = q_t^T S_t.
+    queries: list of [B, L, Hv, dk]; k [B, L, Hv, dk]; v [B, L, Hv, dv]; beta, g [B, L, Hv];
+    state [B, Hv, dk, dv] (float32). Returns ([o [B, L, Hv, dv] per query set], state)."""
+    outs = [[] for _ in queries]
+    for t in range(k.shape[1]):
+        state = state * g[:, t, :, None, None].exp()
+        mem = torch.einsum("bhk,bhkv->bhv", k[:, t], state)
+        delta = beta[:, t, :, None] * (v[:, t] - mem)
+        state = state + k[:, t, :, :, None] * delta[:, :, None, :]
+        for out, q in zip(outs, queries, strict=True):
+            out.append(torch.einsum("bhk,bhkv->bhv", q[:, t], state))
+    return [torch.stack(o, 1) for o in outs], state
+
+
+def chunked_delta_rule(queries, k, v, beta, g, state, chunk: int = 64):
+    """recurrent_delta_rule's result, a chunk of C tokens at a time. Inside a chunk with
+    cumulative log-decay c_i, S_i = e^c_i S_0 + sum_{j<=i} e^(c_i - c_j) k_j u_j^T, so the
+    updates U solve (I + A) U = beta V - (beta K e^c) S_0 with A_ij = beta_i (k_i . k_j)
+    e^(c_i - c_j) for j < i (unit lower triangular), and o_i = e^c_i q_i^T S_0 +
+    sum_{j<=i} e^(c_i - c_j) (q_i . k_j) u_j. Padding the last chunk with beta = g = 0
+    leaves the state unchanged."""
+    b, seq, hv, _ = k.shape
+    pad = (-seq) % chunk
+
+    def chunks(x):  # [B, L, Hv, ...] -> [B, Hv, n, C, ...]
+        x = x.transpose(1, 2)
+        x = F.pad(x, (0, 0, 0, pad) if x.dim() == 4 else (0, pad))
+        return x.reshape(b, hv, -1, chunk, *x.shape[3:])
+
+    qs = [chunks(q.float()) for q in queries]
+    kc, vc, bc, gc = chunks(k.float()), chunks(v.float()), chunks(beta), chunks(g)
+    later = torch.ones(chunk, chunk, dtype=torch.bool, device=k.device).triu(1)  # j > i
+    outs = [[] for _ in queries]
+    for n in range(kc.shape[2]):
+        kn, vn, bn = kc[:, :, n], vc[:, :, n], bc[:, :, n, :, None]
+        c = gc[:, :, n].cumsum(-1)  # [B, Hv, C]
+        decay = (c[..., :, None] - c[..., None, :]).masked_fill(later, float("-inf")).exp()
+        a = (bn * (kn @ kn.transpose(-1, -2)) * decay).tril(-1)
+        eye = torch.eye(chunk, device=k.device)
+        rhs = torch.cat([bn * vn, bn * kn * c.exp()[..., None]], -1)
+        sol = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)
+        u = sol[..., : vn.shape[-1]] - sol[..., vn.shape[-1] :] @ state  # [B, Hv, C, dv]
+        for out, q in zip(outs, qs, strict=True):
+            qn = q[:, :, n]
+            out.append(
+                (qn * c.exp()[..., None]) @ state + ((qn @ kn.transpose(-1, -2)) * decay) @ u
+            )
+        last = c[..., -1:]  # [B, Hv, 1]
+        state = (
+            state * last.exp()[..., None] + (kn * (last - c).exp()[..., None]).transpose(-1, -2) @ u
+        )
+    return [torch.cat(o, 2)[:, :, :seq].transpose(1, 2) for o in outs], state
+
+
 class GatedDeltaNet(nn.Module):
     """Qwen3.5's gated DeltaNet mixer (tensor names as transformers' Qwen3_5GatedDeltaNet),
     with the Orthros-H cross query of the output copies.
@@ -303,22 +359,15 @@ class GatedDeltaNet(nn.Module):
         state = None if cache is None else cache.get_recurrent_state(self.layer_idx)
         if state is None:
             state = torch.zeros(b, self.hv, self.dk, self.dv, device=h.device)
-        state = state.float()
-        outs, cross_outs = [], []
-        for t in range(seq):  # the recurrent form, one token at a time
-            state = state * g[:, t, :, None, None].exp()
-            mem = torch.einsum("bhk,bhkv->bhv", k[:, t], state)
-            delta = beta[:, t, :, None] * (v[:, t] - mem)
-            state = state + k[:, t, :, :, None] * delta[:, :, None, :]
-            outs.append(torch.einsum("bhk,bhkv->bhv", q[:, t], state))
-            if cross is not None:
-                cross_outs.append(torch.einsum("bhk,bhkv->bhv", cross[:, t], state))
+        queries = [q] if cross is None else [q, cross]
+        rule = recurrent_delta_rule if seq == 1 else chunked_delta_rule
+        outs, state = rule(queries, k, v, beta, g, state.float())
         if cache is not None:
             cache.update_recurrent_state(state, self.layer_idx)
-        y = self._finish(torch.stack(outs, 1), h)
+        y = self._finish(outs[0], h)
         if cross is None:
             return y, None
-        return y, self._finish(torch.stack(cross_outs, 1)[:, s.out_index], h_out)
+        return y, self._finish(outs[1][:, s.out_index], h_out)
 
 
 class DecoderLayer(nn.Module):

@@ -160,8 +160,16 @@ def run(main: Any, tool: str, errors: tuple[type[BaseException], ...] = (ValueEr
         except errors as e:
             raise SystemExit(f"{tool}: {e}") from None
 
+    def parse(argv: list[str]) -> list[str]:
+        from absl import flags
+
+        try:
+            return flags.FLAGS(argv)
+        except flags.Error as e:  # absl would print it over two lines
+            raise SystemExit(f"{tool}: {e} (see --help)") from None
+
     try:
-        app.run(wrapped)
+        app.run(wrapped, flags_parser=parse)
     except SystemExit as e:
         if e.code == 1 and any(a in HELP_FLAGS for a in sys.argv[1:]):
             raise SystemExit(0) from None  # absl exits 1 after printing the help

@@ -107,6 +107,7 @@ def test_help_lists_the_launchers_own_flags_and_exits_0(script, own):
         (["launch/benchmark.py", "--suites=prefil", "--out=x"], "unknown suite(s) ['prefil']"),
         (["launch/benchmark.py"], "--out is required"),
         (["launch/convert.py", "--out=x"], "import takes --hf_dir"),
+        (["launch/train.py", "--workdri=x"], "Did you mean: workdir"),
     ],
 )
 def test_launcher_errors_are_one_line(args, message, tmp_path):

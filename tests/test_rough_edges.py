@@ -177,3 +177,20 @@ def test_harness_command_errors_are_one_line(tmp_path):
         )  # fmt: skip
         assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
         assert message in done.stderr.strip().splitlines()[-1]
+
+
+def test_a_missing_extra_is_one_line_naming_it(monkeypatch):
+    def main(argv):
+        raise ModuleNotFoundError("No module named 'lm_eval'", name="lm_eval")
+
+    monkeypatch.setattr(sys, "argv", ["evaluate.py"])
+    with pytest.raises(
+        SystemExit, match=r"evaluate.py: needs the 'lm_eval' package: pip install -e '\.\[eval\]'"
+    ):
+        configlib.run(main, "evaluate.py")
+
+    def bad(argv):
+        raise ModuleNotFoundError("No module named 'not_an_extra'", name="not_an_extra")
+
+    with pytest.raises(ModuleNotFoundError):  # not an optional dependency: a real bug
+        configlib.run(bad, "evaluate.py")

@@ -52,7 +52,7 @@ def table4_params(cfgs: dict[str, ModelConfig], seed: int) -> dict[str, dict]:
     out = {}
     for single, two in PAIRS:
         out[two] = init_params(cfgs[two], jax.random.PRNGKey(seed))
-        out[single] = bench.drop_so(out[two])
+        out[single] = bench.drop_so(out[two], cfgs[two])
     return out
 
 

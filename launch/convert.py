@@ -35,6 +35,7 @@ from orthros_jax.convert import (
     read_hf_config,
 )
 from orthros_jax.convert.remote import is_remote, load_remote
+from orthros_jax.model import num_params
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("hf_dir", None, "Hugging Face model directory to import.")
@@ -69,11 +70,11 @@ def import_hf(hf_dir: str, out: str) -> None:
         cfg, params = load_remote(hf_dir, param_dtype=FLAGS.param_dtype, dtype=FLAGS.dtype)
         checkpoint.save_model(out, cfg, params, hf_tokenizer_file(hf_dir),
                               hf.get("max_position_embeddings"))  # fmt: skip
-        print(f"wrote {cfg.architecture} model ({cfg.num_params():,} params) to "
+        print(f"wrote {cfg.architecture} model ({num_params(cfg):,} params) to "
               f"{os.path.abspath(out)}")  # fmt: skip
         return
     cfg, params = load_hf(hf_dir, param_dtype=FLAGS.param_dtype, dtype=FLAGS.dtype)
-    logging.info("imported %s: %.1fM params", hf_dir, cfg.num_params() / 1e6)
+    logging.info("imported %s: %.1fM params", hf_dir, num_params(cfg) / 1e6)
     if FLAGS.architecture in ("orthros", "orthros_h"):
         if cfg.architecture == "gdn":
             raise ValueError("an all-linear-attention Qwen3.5 (gdn arm) has no Orthros form")
@@ -91,7 +92,7 @@ def import_hf(hf_dir: str, out: str) -> None:
     checkpoint.save_model(
         out, cfg, params, tokenizer_file=tokenizer, max_context=hf.get("max_position_embeddings")
     )
-    print(f"wrote {cfg.architecture} model ({cfg.num_params():,} params) to {os.path.abspath(out)}")
+    print(f"wrote {cfg.architecture} model ({num_params(cfg):,} params) to {os.path.abspath(out)}")
 
 
 def export(model_dir: str, out: str) -> None:

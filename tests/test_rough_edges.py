@@ -59,7 +59,7 @@ def test_warmup_covering_the_run_is_warned():
 
 
 def test_did_you_mean_names_the_closest_key():
-    with pytest.raises(ValueError, match=r"did you mean 'widow' -> 'window'"):
+    with pytest.raises(ValueError, match=r"'widow' \(did you mean 'window'\?\)"):
         ModelConfig.from_dict({"widow": 3})
     with pytest.raises(ValueError, match=r"did you mean 'model.widow' -> 'model.window'"):
         configlib.check_override_keys(

@@ -57,6 +57,7 @@ from orthros_jax.checkpoint import LoadedModel, load_model  # noqa: E402
 from orthros_jax.evaluation.scoring import bucket, score_row, score_rows  # noqa: E402
 from orthros_jax.evaluation.text import HarnessTokenizer  # noqa: E402
 from orthros_jax.inference.sampling import Sampler  # noqa: E402
+from orthros_jax.model import num_params  # noqa: E402
 
 MODEL_NAME = "orthros_jax"
 DEFAULT_MAX_LENGTH = 2048  # lm-eval's `hf` default when a model states no length
@@ -181,7 +182,7 @@ class OrthrosHarnessLM(TemplateLM):
             "model_path": self.model_path,
             "architecture": c.architecture,
             "window": c.window,
-            "model_num_parameters": c.num_params(),
+            "model_num_parameters": num_params(c),
             "model_dtype": c.dtype,
             "max_length": self.max_length,
         }

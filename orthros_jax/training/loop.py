@@ -29,6 +29,8 @@ import numpy as np
 
 from orthros_jax import checkpoint
 from orthros_jax.layers import stack
+from orthros_jax.model import num_params
+from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel import sharding
 from orthros_jax.training.config import TrainConfig
 from orthros_jax.training.metrics import MetricsLogger, console
@@ -76,7 +78,7 @@ def fresh_state(cfg: TrainConfig, tx: Any, abstract: Any, params_sh: Any) -> Tra
     rng = jax.random.PRNGKey(cfg.train.seed)
     state_sh = jax.tree.map(lambda a: a.sharding, abstract)
     if cfg.init_from:
-        params = sharding.put_tree(initial_params(cfg, abstract.params), params_sh)
+        params = pmesh.put_tree(initial_params(cfg, abstract.params), params_sh)
         init = lambda p, r: init_train_state(cfg.model, tx, r, params=p)
         return jax.jit(init, out_shardings=state_sh)(params, rng)
     init = lambda r: init_train_state(cfg.model, tx, r)
@@ -153,7 +155,7 @@ def train(
     a grain DatasetIterator to have the data position checkpointed too.
     """
     if cfg.distributed.initialize and not jax.distributed.is_initialized():
-        sharding.initialize_distributed(cfg.distributed)
+        pmesh.initialize_distributed(cfg.distributed)
     workdir = os.path.abspath(workdir)
     check_resumed_model(cfg, workdir)
     for warning in config_warnings(cfg):
@@ -176,7 +178,7 @@ def train(
             "train_iterator is not a grain iterator: resuming will not restore its position"
         )
 
-    mesh = sharding.make_mesh(cfg.mesh)
+    mesh = pmesh.make_mesh(cfg.mesh)
     accum, total_updates = cfg.optimizer.grad_accum_steps, cfg.train.steps
     tx = make_optimizer(cfg.optimizer, total_updates)
     abstract, params_sh = abstract_state(cfg, tx, mesh)
@@ -203,7 +205,7 @@ def train(
             f" of {cfg.data.batch_size} x {cfg.data.seq_len} tokens" if cfg.data is not None else ""
         )  # a caller's own iterator may come without a data config
         console(
-            f"training {cfg.model.architecture} ({cfg.model.num_params():,} params) in "
+            f"training {cfg.model.architecture} ({num_params(cfg.model):,} params) in "
             f"{workdir}: {source}; {total_updates} steps{shape}"
         )
         if micro >= total_updates * accum:
@@ -240,7 +242,7 @@ class _Run:
         self.last_eval = None
         total_micro = tc.steps * accum
         step_fn = None
-        self.eval_batches = [sharding.shard_batch(b, self.mesh) for b in evals]
+        self.eval_batches = [pmesh.shard_batch(b, self.mesh) for b in evals]
         self.eval_fn = None
         pending: list[tuple[int, dict]] = []  # (micro index, device metrics) not yet checked
         checked: list[dict] = []  # host metrics since the last log line
@@ -256,10 +258,10 @@ class _Run:
                 crc = zlib.crc32(np.ascontiguousarray(batch["tokens"]).tobytes())
                 fingerprints.write(json.dumps({"micro_step": micro, "crc32": crc}) + "\n")
                 fingerprints.flush()
-            global_batch = sharding.shard_batch(batch, self.mesh)
+            global_batch = pmesh.shard_batch(batch, self.mesh)
             first = step_fn is None
             if first:
-                sharding.check_batch_divisible(global_batch["tokens"].shape[0], self.mesh)
+                pmesh.check_batch_divisible(global_batch["tokens"].shape[0], self.mesh)
                 step_fn = self._compile_step(global_batch)
             state, metrics = step_fn(state, global_batch)
             pending.append((micro, metrics))

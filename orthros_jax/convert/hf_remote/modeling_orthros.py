@@ -64,7 +64,9 @@ class Norm(nn.Module):
 def rope_inv_freq(config: OrthrosConfig) -> list[float]:
     """Inverse frequencies [R/2] (R: the rotated dims), Llama-3 scaling when configured; plain
     floats (modules may be built on the meta device, where a tensor holds no data)."""
-    r = int(round(config.head_dim * config.partial_rotary_factor))
+    # transformers' rule: r = int(head_dim * factor), frequencies theta^(-2i / r) for
+    # i < ceil(r / 2), so 2 * ceil(r / 2) leading dims rotate (r odd included).
+    r = int(config.head_dim * config.partial_rotary_factor)
     inv = [1.0 / (config.rope_theta ** (i / r)) for i in range(0, r, 2)]
     if config.rope_type == "default":
         return inv

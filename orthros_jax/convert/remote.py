@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.convert.common import check_params, clear_weights, copy_tokenizer
 from orthros_jax.convert.gdn_hf import HF_NAMES as GDN_HF_NAMES
 from orthros_jax.convert.gdn_hf import gdn_to_hf, hf_to_gdn
 from orthros_jax.convert.hf_config import CONFIG_JSON, read_hf_config
@@ -32,7 +33,7 @@ from orthros_jax.convert.hf_weights import SafetensorsCheckpoint, write_safetens
 from orthros_jax.convert.qwen35 import _BLOCK  # the shared block's HF names (norms, MLP)
 
 REMOTE_DIR = os.path.join(os.path.dirname(__file__), "hf_remote")
-REMOTE_FILES = ("configuration_orthros.py", "modeling_orthros.py")
+REMOTE_FILES = ("configuration_orthros.py", "modeling_orthros.py", "gdn_orthros.py")
 MODEL_TYPE, HF_CLASS = "orthros", "OrthrosForCausalLM"
 AUTO_MAP = {
     "AutoConfig": "configuration_orthros.OrthrosConfig",
@@ -203,8 +204,6 @@ def export_remote(
     max_position: int | None = None,
 ) -> list[str]:
     """Writes a trust_remote_code HF directory for any arm; returns the files written."""
-    from orthros_jax.convert.export import check_params, clear_weights, copy_tokenizer
-
     check_params(params, cfg)
     hf = remote_config(cfg, torch_dtype=dtype or cfg.param_dtype, max_position=max_position)
     tensors = remote_from_params(params, cfg, dtype)

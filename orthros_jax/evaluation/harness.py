@@ -60,6 +60,12 @@ from orthros_jax.inference.sampling import Sampler  # noqa: E402
 from orthros_jax.model import num_params  # noqa: E402
 
 MODEL_NAME = "orthros_jax"
+DATASET_HINT = (
+    "Download it where the Hugging Face Hub is reachable (running the same task there once "
+    "fills ~/.cache/huggingface/datasets), copy that cache to this machine (or point "
+    "HF_DATASETS_CACHE at it) and rerun with HF_DATASETS_OFFLINE=1"
+)
+
 DEFAULT_MAX_LENGTH = 2048  # lm-eval's `hf` default when a model states no length
 GEN_KEYS = ("until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k")
 log = logging.getLogger(__name__)
@@ -313,8 +319,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     """lm-eval's command line with `--model orthros_jax` registered (see the module doc)."""
     import datasets
     from lm_eval.__main__ import cli_evaluate
-
-    from orthros_jax.evaluation.harness_run import DATASET_HINT
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]

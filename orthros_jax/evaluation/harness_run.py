@@ -84,11 +84,10 @@ def _dataset_of(manager: Any, name: str) -> str:
     return f"the dataset {cfg['dataset_path']!r}{sub}"
 
 
-DATASET_HINT = (
-    "Download it where the Hugging Face Hub is reachable (running the same task there once "
-    "fills ~/.cache/huggingface/datasets), copy that cache to this machine (or point "
-    "HF_DATASETS_CACHE at it) and rerun with HF_DATASETS_OFFLINE=1"
-)
+def _dataset_hint() -> str:
+    from orthros_jax.evaluation.harness import DATASET_HINT  # needs lm_eval, as this module
+
+    return DATASET_HINT
 
 
 def load_tasks(names: tuple[str, ...], manager: Any) -> list[Any]:
@@ -109,7 +108,7 @@ def load_tasks(names: tuple[str, ...], manager: Any) -> list[Any]:
             what = _dataset_of(manager, name)
             raise ValueError(
                 f"harness task {name!r}: {what} cannot be loaded here ({type(e).__name__}: {e}). "
-                + DATASET_HINT
+                + _dataset_hint()
             ) from e
         if name in loaded.get("groups", {}):
             objs.append(loaded["groups"][name])

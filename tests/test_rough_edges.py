@@ -4,6 +4,7 @@ mean", context-length warnings, the harness's device note, and training's summar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -133,6 +134,12 @@ def test_harness_warns_only_for_a_device_the_user_chose(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         OrthrosHarnessLM(loaded=loaded, device="mps")
     assert "device='mps' is ignored" in caplog.text
+    # The context the model knows is the default max_length; a longer one is warned about.
+    trained = dataclasses.replace(loaded, max_context=64)
+    assert OrthrosHarnessLM(loaded=trained).max_length == 64
+    with caplog.at_level(logging.WARNING):
+        OrthrosHarnessLM(loaded=trained, max_length=128)
+    assert "128 tokens are beyond the 64" in caplog.text
 
 
 def test_training_says_where_it_starts_and_ends_and_logs_no_zero_rates(tmp_path):

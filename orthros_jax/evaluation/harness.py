@@ -125,7 +125,12 @@ class OrthrosHarnessLM(TemplateLM):
         if batch_size in (None, "auto") or str(batch_size).startswith("auto"):
             batch_size = 16
         self.batch_size = _int_arg("batch_size", batch_size)
-        self._max_length = _int_arg("max_length", max_length or DEFAULT_MAX_LENGTH)
+        # As lm-eval's `hf` model reads max_position_embeddings: the model's own context first.
+        self._max_length = _int_arg(
+            "max_length", max_length or loaded.max_context or DEFAULT_MAX_LENGTH
+        )
+        if note := loaded.beyond_context(self._max_length):
+            log.warning("%s: max_length=%d: %s", MODEL_NAME, self._max_length, note)
         self.max_gen_toks = _int_arg("max_gen_toks", max_gen_toks)
         self.seed = _int_arg("seed", seed, minimum=0)
         self.tok = HarnessTokenizer(loaded.tokenizer_file, eos_token=eos_token)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import jax.numpy as jnp
 
-from orthros_jax.gdn import gdn_param_shapes
+from orthros_jax.layers.gdn_mixer import gdn_param_shapes
 
 Architecture = Literal["orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h"]
 ARCHITECTURES: tuple[str, ...] = ("orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h")

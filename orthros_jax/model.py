@@ -24,11 +24,18 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from orthros_jax import layers as nnl
-from orthros_jax import stack
 from orthros_jax.axes import EMBED, VOCAB
 from orthros_jax.config import ModelConfig
-from orthros_jax.layer_kind import SEQUENCE, LayerKind, Params, StepContext, Stream, document_starts
+from orthros_jax.layers.kind import (
+    SEQUENCE,
+    LayerKind,
+    Params,
+    StepContext,
+    Stream,
+    document_starts,
+)
+from orthros_jax.layers import primitives as nnl
+from orthros_jax.layers import stack
 
 __all__ = [
     "OrthrosLM", "Params", "Stream", "forward_streams", "gather_stream", "init_params",

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from orthros_jax import inference as inf
-from orthros_jax.attend import Keys, attend
-from orthros_jax.attention import local_attention, reference_attention
 from orthros_jax.config import ModelConfig
+from orthros_jax.kernels.attention import local_attention, reference_attention
+from orthros_jax.layers.attend import Keys, attend
 from orthros_jax.model import OrthrosLM, init_params
 
 CFG = ModelConfig(attention_block_q=8, attention_block_k=8, attention_block_local=4)

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 from conftest import tiny_config
 
-from orthros_jax import bench_report, flops
-from orthros_jax import benchmarking as bench
+from benchmarks import common as bench
+from benchmarks import flops
+from benchmarks import report as bench_report
 from orthros_jax.inference import init_cache, prefill
 from orthros_jax.model import init_params
 

@@ -148,8 +148,8 @@ def test_checksums_are_sharding_independent_and_catch_single_changes():
 
 
 def test_init_from_loads_params_and_fills_identity_scale_offsets(tmp_path):
-    from orthros_jax import sharding
     from orthros_jax.model import init_params
+    from orthros_jax.parallel import sharding
     from orthros_jax.training.loop import abstract_state, fresh_state
 
     cfg = tiny_train_config()

@@ -16,7 +16,8 @@ from conftest import tiny_config
 from oracle_gdn import gdn_mix_reference
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.gdn import (
+from orthros_jax.convert.gdn_hf import HF_NAMES, gdn_to_hf, hf_to_gdn
+from orthros_jax.layers.gdn_mixer import (
     GDN_CONV_KERNEL,
     GDN_K_HEADS,
     GDN_V_HEADS,
@@ -27,7 +28,6 @@ from orthros_jax.gdn import (
     gdn_param_shapes,
     init_gdn_state,
 )
-from orthros_jax.gdn_hf import HF_NAMES, gdn_to_hf, hf_to_gdn
 
 # Hk 2, Hv 4 (each key head serves two value heads), dk 8 != dv 6, conv kernel 4, chunk 8;
 # two layers (gdn_out's depth scaling).

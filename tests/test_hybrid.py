@@ -13,8 +13,8 @@ import pytest
 from conftest import tiny_config
 
 from orthros_jax import inference as inf
-from orthros_jax import sampling
 from orthros_jax.config import ModelConfig
+from orthros_jax.inference import sampling
 from orthros_jax.model import OrthrosLM, init_params
 
 ARCHS = ("gdn", "hybrid", "orthros_h")

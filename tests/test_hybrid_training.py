@@ -71,9 +71,10 @@ def test_gdn_params_and_state_shard_by_the_rules():
     carries NamedShardings for KVCache.linear and prefills."""
     from jax.sharding import AbstractMesh
 
-    from orthros_jax import gdn_layer, sharding
     from orthros_jax import inference as inf
+    from orthros_jax.layers import gdn as gdn_layer
     from orthros_jax.model import param_logical_axes
+    from orthros_jax.parallel import sharding
     from orthros_jax.training import MeshConfig
 
     cfg = tiny_model(architecture="orthros_h", **GDN)

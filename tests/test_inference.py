@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from conftest import randomize_so, single_stream, tiny_config
 
-from orthros_jax import cached_forward as fwd
 from orthros_jax import inference as inf
-from orthros_jax import sampling
-from orthros_jax.attention import few_query_attention
 from orthros_jax.config import ModelConfig
+from orthros_jax.inference import drivers as fwd
+from orthros_jax.inference import sampling
+from orthros_jax.kernels.attention import few_query_attention
 from orthros_jax.model import OrthrosLM, init_params
 
 ARCHS = ("orthros", "transformer", "swa")

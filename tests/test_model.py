@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from conftest import randomize_so, single_stream, tiny_config
 
-from orthros_jax.attention_layer import layer_kv, step
-from orthros_jax.layer_kind import SEQUENCE, StepContext
+from orthros_jax.layers.attention import layer_kv, step
+from orthros_jax.layers.kind import SEQUENCE, StepContext
 from orthros_jax.model import OrthrosLM, Stream, init_params
 
 BASE = tiny_config(

@@ -80,9 +80,9 @@ def _collective_bytes(arch: str, mesh, slots: int) -> dict[str, int]:
     """Collective bytes of the compiled sequence-parallel prefill of two full prompts."""
     import jax.numpy as jnp
 
-    from orthros_jax import sp_forward
-    from orthros_jax.hlo_stats import collective_bytes
+    from benchmarks.hlo_stats import collective_bytes
     from orthros_jax.inference import init_cache
+    from orthros_jax.inference import sequence_parallel as sp_forward
 
     cfg = _cfg(arch)
     cache = init_cache(cfg, 2, slots, mesh=mesh)
@@ -95,8 +95,8 @@ def _collective_bytes(arch: str, mesh, slots: int) -> dict[str, int]:
 def _too_long_prompt(mesh) -> dict:
     """The error of a continued prompt that overflows a sequence-sharded cache, and whether
     anything compiled for it."""
-    from orthros_jax import sp_forward
     from orthros_jax.inference import init_cache, prefill
+    from orthros_jax.inference import sequence_parallel as sp_forward
 
     cfg, x, params = _cfg("orthros"), _inputs(), _params("orthros")
     _, cache = prefill(params, init_cache(cfg, 2, SLOTS, mesh=mesh), x["tokens"], x["lengths"], cfg)
@@ -127,8 +127,8 @@ def _worker(part: str, out_dir: str) -> None:
     the transformer likewise, the HLO collective bytes, a too-long prompt."""
     import jax
 
-    from orthros_jax import sharding
     from orthros_jax.inference import generate
+    from orthros_jax.parallel import sharding
 
     assert jax.device_count() == 8, jax.devices()
     res, stats = {}, {}
@@ -162,7 +162,7 @@ def _process(index: int, port: int, out_dir: str) -> None:
     jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=index)
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from orthros_jax import sharding
+    from orthros_jax.parallel import sharding
 
     assert jax.process_count() == 2 and jax.device_count() == 8
     mesh = sharding.sequence_mesh(8)
@@ -293,7 +293,7 @@ def test_bad_input_raises_before_compiling(runs):
 
 
 def test_bench_sequence_headline_and_report(tmp_path):
-    from orthros_jax import bench_sequence
+    from benchmarks import sequence as bench_sequence
 
     timing = lambda s: {"median_s": s, "times_s": [s]}
     mem = lambda peak, resident: {"peak_bytes": peak, "cache_shard_plus_params_bytes": resident,

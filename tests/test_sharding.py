@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec
 
-from orthros_jax import sharding
+from orthros_jax.parallel import sharding
 from orthros_jax.training import MeshConfig
 
 P = PartitionSpec
@@ -46,7 +46,7 @@ def test_cache_is_split_over_batch_and_kv_heads():
     mesh = sharding.make_mesh(MeshConfig(1, 1, 1))
     sh = sharding.cache_shardings(tiny_model(), 4, 64, mesh)
     assert sh.k.spec == P() and sh.lengths.spec == P()  # one device: nothing to split
-    from orthros_jax import attention_layer
+    from orthros_jax.layers import attention as attention_layer
 
     axes = attention_layer.state_axes(tiny_model())[0]
     assert sharding.shard_spec(axes, (2, 4, 2, 64, 8), _mesh(2, 1, 2)) == P(None, "data", "tensor")

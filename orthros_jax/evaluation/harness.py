@@ -47,7 +47,7 @@ from tqdm import tqdm
 from orthros_jax.checkpoint import LoadedModel, load_model
 from orthros_jax.evaluation.scoring import bucket, score_row, score_rows
 from orthros_jax.evaluation.text import HarnessTokenizer
-from orthros_jax.sampling import Sampler
+from orthros_jax.inference.sampling import Sampler
 
 MODEL_NAME = "orthros_jax"
 DEFAULT_MAX_LENGTH = 2048  # lm-eval's `hf` default when a model states no length

@@ -27,7 +27,9 @@ import grain
 import jax
 import numpy as np
 
-from orthros_jax import checkpoint, sharding, stack
+from orthros_jax import checkpoint
+from orthros_jax.layers import stack
+from orthros_jax.parallel import sharding
 from orthros_jax.training.config import TrainConfig
 from orthros_jax.training.metrics import MetricsLogger, console
 from orthros_jax.training.optimizer import make_optimizer

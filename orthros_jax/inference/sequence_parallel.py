@@ -40,14 +40,15 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from orthros_jax import cached_forward as fwd
-from orthros_jax import kv_cache as kvc
-from orthros_jax import sequence_parallel as sp
-from orthros_jax import sharding, stack
-from orthros_jax.attend import Keys
 from orthros_jax.config import ModelConfig
-from orthros_jax.kv_cache import KVCache
-from orthros_jax.layer_kind import CHUNK, LayerKind, Params, StepContext, Stream
+from orthros_jax.kernels import slots as kvc
+from orthros_jax.inference import drivers as fwd
+from orthros_jax.inference.cache import KVCache
+from orthros_jax.kernels import collectives as sp
+from orthros_jax.layers.attend import Keys
+from orthros_jax.layers.kind import CHUNK, LayerKind, Params, StepContext, Stream
+from orthros_jax.layers import stack
+from orthros_jax.parallel import sharding
 
 SEQ = sp.SEQUENCE_AXIS
 IMPL = "sequence"

@@ -91,7 +91,8 @@ def init_cache(
 
     if mesh is None:
         return empty()
-    from orthros_jax import sharding, sp_forward  # they import this module
+    from orthros_jax.inference import sequence_parallel as sp_forward
+    from orthros_jax.parallel import sharding  # they import this module
 
     sp_forward.check_mesh(cfg, batch_size, max_len, mesh)
     return jax.jit(empty, out_shardings=sharding.cache_shardings(cfg, batch_size, max_len, mesh))()
@@ -101,40 +102,10 @@ def kind_states(cfg: ModelConfig, batch_size: int, max_len: int, dtype) -> dict[
     """Each layer kind's zero state stacked over its layers, by kind name, from the kind's
     own init_state (what KVCache.states() returns). The attention kind is always there (with
     0 layers in a pure GDN stack: its K/V give the cache its batch and slot sizes)."""
-    from orthros_jax.stack import KINDS  # the layer kinds import this module
+    from orthros_jax.layers.stack import KINDS  # the layer kinds import this module
 
     return {
         name: kind.init_state(cfg, cfg.layers_of(name), batch_size, max_len, dtype)
         for name, kind in KINDS.items()
         if name == "attention" or cfg.layers_of(name)
     }
-
-
-def _rows(slots_BT: jax.Array) -> jax.Array:
-    bsz, t = slots_BT.shape
-    return jnp.broadcast_to(jnp.arange(bsz, dtype=jnp.int32)[:, None], (bsz, t))
-
-
-def write(
-    cache_kv: jax.Array, layer: jax.Array | int, slots_BT: jax.Array, x_BTKH: jax.Array
-) -> jax.Array:
-    """Writes x [B, T, K, H] into cache_kv [layers, B, K, S, H] at (layer, b, :, slots[b, t]).
-
-    Slots outside [0, S) (padding, rows that stopped) are dropped, never clamped.
-    """
-    x = x_BTKH.astype(cache_kv.dtype)
-    return cache_kv.at[layer, _rows(slots_BT), :, slots_BT].set(x, mode="drop")
-
-
-def read(cache_kv: jax.Array, layer: jax.Array | int, slots_BT: jax.Array) -> jax.Array:
-    """Reads [B, K, T, H] from cache_kv [layers, B, K, S, H] at (layer, b, :, slots[b, t]).
-
-    Out-of-range slots are clipped; callers mask them (they get an invalid segment).
-    """
-    slots = jnp.clip(slots_BT, 0, cache_kv.shape[3] - 1)
-    return jnp.moveaxis(cache_kv[layer, _rows(slots_BT), :, slots], 2, 1)
-
-
-def layer_view(cache_kv: jax.Array, layer: jax.Array | int) -> jax.Array:
-    """One layer's K or V, [B, K, S, H]."""
-    return jax.lax.dynamic_index_in_dim(cache_kv, layer, axis=0, keepdims=False)

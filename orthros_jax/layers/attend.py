@@ -26,14 +26,14 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from orthros_jax.attention import (
+from orthros_jax.config import ModelConfig
+from orthros_jax.kernels.attention import (
     few_query_attention,
     global_attention,
     local_attention,
     visibility,
 )
-from orthros_jax.config import ModelConfig
-from orthros_jax.sequence_parallel import (
+from orthros_jax.kernels.collectives import (
     SEQUENCE_AXIS,
     merge_partials,
     sharded_global_attention_partial,

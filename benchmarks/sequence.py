@@ -26,10 +26,12 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from orthros_jax import bench_report, sharding, sp_forward
-from orthros_jax import benchmarking as bench
-from orthros_jax.hlo_stats import collective_bytes
+from benchmarks import common as bench
+from benchmarks import report as bench_report
+from benchmarks.hlo_stats import collective_bytes
 from orthros_jax.inference import init_cache
+from orthros_jax.inference import sequence_parallel as sp_forward
+from orthros_jax.parallel import sharding
 
 TARGETS = {
     "doubling": ("Orthros SP prefill wall time per doubling, 64K -> 1M (worst)", "<= 2.2"),

@@ -20,12 +20,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from orthros_jax import layers as nnl
-from orthros_jax import stack
-from orthros_jax.attention import KEY_PAD_SEGMENT
 from orthros_jax.config import ModelConfig
-from orthros_jax.kv_cache import KVCache
-from orthros_jax.layer_kind import CHUNK, DECODE, READ, LayerKind, Params, StepContext, Stream
+from orthros_jax.inference.cache import KVCache
+from orthros_jax.kernels.attention import KEY_PAD_SEGMENT
+from orthros_jax.layers.kind import CHUNK, DECODE, READ, LayerKind, Params, StepContext, Stream
+from orthros_jax.layers import primitives as nnl
+from orthros_jax.layers import stack
 
 
 def embed(params: Params, tokens: jax.Array, cfg: ModelConfig) -> jax.Array:

@@ -18,13 +18,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from orthros_jax import kv_cache as kvc
-from orthros_jax import layers as nnl
-from orthros_jax.attend import Keys, attend
-from orthros_jax.attention import KEY_PAD_SEGMENT
 from orthros_jax.axes import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, LAYERS, LENGTH
 from orthros_jax.config import ModelConfig
-from orthros_jax.layer_kind import (
+from orthros_jax.kernels import slots as kvc
+from orthros_jax.kernels.attention import KEY_PAD_SEGMENT
+from orthros_jax.layers.attend import Keys, attend
+from orthros_jax.layers.kind import (
     CHUNK,
     DECODE,
     READ,
@@ -39,6 +38,7 @@ from orthros_jax.layer_kind import (
     finish_streams,
     norm,
 )
+from orthros_jax.layers import primitives as nnl
 
 
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:

@@ -23,8 +23,9 @@ from typing import Any
 
 import jax
 
-from orthros_jax import bench_report, flops
-from orthros_jax import benchmarking as bench
+from benchmarks import common as bench
+from benchmarks import flops
+from benchmarks import report as bench_report
 from orthros_jax.config import ModelConfig
 from orthros_jax.model import init_params
 

@@ -12,7 +12,7 @@ its own query, gate, out_proj and FFN.
 from __future__ import annotations
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.gdn import gdn_dims
+from orthros_jax.layers.gdn_mixer import gdn_dims
 
 
 def tokenwise_per_token(cfg: ModelConfig) -> dict[str, int]:

@@ -24,9 +24,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from orthros_jax import layers as nnl
 from orthros_jax.axes import EMBED, MLP
 from orthros_jax.config import ModelConfig
+from orthros_jax.layers import primitives as nnl
 
 Params = dict[str, Any]
 SEQUENCE, CHUNK, DECODE, READ = "sequence", "chunk", "decode", "read"

@@ -27,10 +27,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from orthros_jax import gdn
 from orthros_jax.axes import BATCH, HEAD_DIM, LAYERS
 from orthros_jax.config import ModelConfig
-from orthros_jax.layer_kind import (
+from orthros_jax.layers.kind import (
     CHUNK,
     DECODE,
     READ,
@@ -45,6 +44,7 @@ from orthros_jax.layer_kind import (
     finish_streams,
     norm,
 )
+from orthros_jax.layers import gdn_mixer as gdn
 
 SO_NAMES = ("gdn_so_out_scale", "gdn_so_out_offset")
 

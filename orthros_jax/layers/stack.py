@@ -21,10 +21,11 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from orthros_jax import attention_layer, gdn_layer
 from orthros_jax.axes import LAYERS
 from orthros_jax.config import ModelConfig
-from orthros_jax.layer_kind import LayerKind, Params
+from orthros_jax.layers.kind import LayerKind, Params
+from orthros_jax.layers import attention as attention_layer
+from orthros_jax.layers import gdn as gdn_layer
 
 KINDS: dict[str, LayerKind] = {"attention": attention_layer.KIND, "gdn": gdn_layer.KIND}
 

@@ -33,12 +33,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from orthros_jax import cached_forward as fwd
-from orthros_jax import sharding, sp_forward
 from orthros_jax.config import ModelConfig
-from orthros_jax.kv_cache import KVCache, cache_shape, init_cache
+from orthros_jax.inference import drivers as fwd
+from orthros_jax.inference import sequence_parallel as sp_forward
+from orthros_jax.inference.cache import KVCache, cache_shape, init_cache
+from orthros_jax.inference.sampling import Sampler, sample
 from orthros_jax.model import Params
-from orthros_jax.sampling import Sampler, sample
+from orthros_jax.parallel import sharding
 
 __all__ = [
     "GenerateOutput",

@@ -24,11 +24,11 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from orthros_jax import gdn
 from orthros_jax import model as model_lib
 from orthros_jax.axes import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, LAYERS, LENGTH, MLP, VOCAB
 from orthros_jax.config import ModelConfig
-from orthros_jax.sequence_parallel import SEQUENCE_AXIS
+from orthros_jax.kernels.collectives import SEQUENCE_AXIS
+from orthros_jax.layers import gdn_mixer as gdn
 
 MESH_AXES = ("data", "fsdp", "tensor")
 MeshAxes = str | tuple[str, ...] | None
@@ -224,8 +224,8 @@ def cache_shardings(cfg: ModelConfig, batch_size: int, max_len: int, mesh: Mesh)
     """KVCache of NamedShardings: every layer kind's state split by its own `state_axes` and
     the rules (attention K/V [layers, B, K, S, H] over batch, kv heads and slots, head_dim
     whole; the GDN state over batch and heads), lengths [B] over batch."""
-    from orthros_jax.kv_cache import KVCache, kind_states
-    from orthros_jax.stack import KINDS
+    from orthros_jax.inference.cache import KVCache, kind_states
+    from orthros_jax.layers.stack import KINDS
 
     shapes = jax.eval_shape(lambda: kind_states(cfg, batch_size, max_len, cfg.jnp_dtype))
     is_axes = lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)

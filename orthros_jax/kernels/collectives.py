@@ -23,7 +23,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from orthros_jax.attention import few_query_partial, visibility
+from orthros_jax.kernels.attention import few_query_partial, visibility
 
 # The mesh axis a sequence (and a KV cache's slot axis) is split over; sharding.RULES maps the
 # logical "length" axis to it.

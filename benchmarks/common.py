@@ -27,11 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from orthros_jax import flops, inference
-from orthros_jax.attention import local_attention
-from orthros_jax.cached_forward import prefill
+from benchmarks import flops
+from orthros_jax import inference
 from orthros_jax.config import ModelConfig
-from orthros_jax.kv_cache import KVCache, init_cache
+from orthros_jax.inference.cache import KVCache, init_cache
+from orthros_jax.inference.drivers import prefill
+from orthros_jax.kernels.attention import local_attention
 from orthros_jax.model import Params
 
 

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from orthros_jax.axes import EMBED, HEAD_DIM
-from orthros_jax.gdn_kernels import (
+from orthros_jax.kernels.delta_rule import (
     causal_conv,
     chunked_delta_rule,
     conv_step,

@@ -16,8 +16,12 @@ import jax.numpy as jnp
 
 from orthros_jax.layers.gdn_mixer import gdn_param_shapes
 
-Architecture = Literal["orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h"]
-ARCHITECTURES: tuple[str, ...] = ("orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h")
+Architecture = Literal[
+    "orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h", "gla", "retnet"
+]
+ARCHITECTURES: tuple[str, ...] = (
+    "orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h", "gla", "retnet"
+)  # fmt: skip
 # The arms with an Orthros output stream (per-stream query SO by default).
 TWO_STREAM_ARCHITECTURES: tuple[str, ...] = ("orthros", "orthros_h")
 # Each arm's layer_types when none is given: attention arms all attention, gdn all GDN, the
@@ -29,12 +33,20 @@ DEFAULT_LAYER_TYPES: dict[str, tuple[str, ...]] = {
     "gdn": ("gdn",),
     "hybrid": ("gdn", "gdn", "gdn", "attention"),
     "orthros_h": ("gdn", "gdn", "gdn", "attention"),
+    "gla": ("gla",),
+    "retnet": ("retention",),
 }
+# The recurrent kinds: any of them may stand in a hybrid's cycle beside attention.
+RECURRENT_KINDS: tuple[str, ...] = ("gdn", "gla", "retention")
+# The pure recurrent arms and their one kind.
+PURE_ARMS: dict[str, str] = {"gdn": "gdn", "gla": "gla", "retnet": "retention"}
+# fla's feature maps on q and k (None: identity) that GLA / RetNet layers may use.
+FEATURE_MAPS: tuple[str | None, ...] = (None, "relu", "sigmoid", "silu", "swish")
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots")
 ROPE_TYPES: tuple[str, ...] = ("default", "llama3")
 # How to attend (attend.py): blocked XLA kernels, or jax.nn.dot_product_attention (cuDNN on GPU).
 ATTENTION_IMPLS: tuple[str, ...] = ("xla", "dot_product")
-LAYER_KINDS: tuple[str, ...] = ("attention", "gdn")
+LAYER_KINDS: tuple[str, ...] = ("attention", "gdn", "gla", "retention")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
 
@@ -101,6 +113,34 @@ class ModelConfig:
     gdn_v_head_dim: int = 32
     gdn_conv_kernel: int = 4
     gdn_chunk: int = 64
+    # GLA layers (layers/gla.py; fla's GatedLinearAttention): heads, kv heads (repeated to the
+    # heads), key / value head dims (fla: hidden * expand_k / heads, hidden * expand_v / heads),
+    # the low-rank decay gate (rank, logit normalizer, optional clamp_min), the optional short
+    # conv on q/k/v, feature map on q/k, the swish output gate, the norm's weight
+    # (elementwise_affine) and the kernel's chunk.
+    gla_heads: int = 4
+    gla_kv_heads: int = 4
+    gla_k_head_dim: int = 16
+    gla_v_head_dim: int = 32
+    gla_gate_rank: int = 16
+    gla_gate_normalizer: float = 16.0
+    gla_clamp_min: float | None = None
+    gla_short_conv: bool = False
+    gla_conv_kernel: int = 4
+    gla_feature_map: str | None = None
+    gla_output_gate: bool = True
+    gla_norm_affine: bool = True
+    gla_chunk: int = 64
+    # RetNet layers (layers/retention.py; fla's MultiScaleRetention): the same without the
+    # decay gate and conv; fixed decay 1 - 2^(-5-h) per head, rotary over the key head dim.
+    ret_heads: int = 8
+    ret_kv_heads: int = 8
+    ret_k_head_dim: int = 16
+    ret_v_head_dim: int = 32
+    ret_feature_map: str | None = None
+    ret_output_gate: bool = True
+    ret_norm_affine: bool = True
+    ret_chunk: int = 64
 
     def __post_init__(self) -> None:
         if self.scale_offset is None:
@@ -130,6 +170,18 @@ class ModelConfig:
             "gdn_v_head_dim",
             "gdn_conv_kernel",
             "gdn_chunk",
+            "gla_heads",
+            "gla_kv_heads",
+            "gla_k_head_dim",
+            "gla_v_head_dim",
+            "gla_gate_rank",
+            "gla_conv_kernel",
+            "gla_chunk",
+            "ret_heads",
+            "ret_kv_heads",
+            "ret_k_head_dim",
+            "ret_v_head_dim",
+            "ret_chunk",
         )
         for name in positive:
             value = getattr(self, name)
@@ -197,16 +249,47 @@ class ModelConfig:
                 f"gdn_num_k_heads={self.gdn_num_k_heads} (each key head serves Hv/Hk consecutive "
                 "value heads)"
             )
+        self._check_linear_fields()
         self._check_layer_types_of_arm()
 
+    def _check_linear_fields(self) -> None:
+        """GLA / RetNet fields: kv heads divide heads, known feature maps, finite gate terms."""
+        for p in ("gla", "ret"):
+            heads, kv = getattr(self, f"{p}_heads"), getattr(self, f"{p}_kv_heads")
+            if heads % kv:
+                raise ValueError(
+                    f"ModelConfig.{p}_heads={heads} must be a multiple of {p}_kv_heads={kv} "
+                    "(each kv head serves heads/kv consecutive heads)"
+                )
+            fm = getattr(self, f"{p}_feature_map")
+            if fm not in FEATURE_MAPS:
+                raise ValueError(
+                    f"ModelConfig.{p}_feature_map={fm!r} is unsupported; allowed: {FEATURE_MAPS}"
+                )
+        if self.ret_k_head_dim % 2:
+            raise ValueError(
+                f"ModelConfig.ret_k_head_dim={self.ret_k_head_dim} must be even (rotary pairs)"
+            )
+        if not self.gla_gate_normalizer > 0:
+            raise ValueError(
+                f"ModelConfig.gla_gate_normalizer must be > 0, got {self.gla_gate_normalizer!r}"
+            )
+        if self.gla_clamp_min is not None and not -math.inf < self.gla_clamp_min <= 0:
+            raise ValueError(
+                f"ModelConfig.gla_clamp_min={self.gla_clamp_min!r} must be None or a finite "
+                "log decay <= 0"
+            )
+
     def _check_layer_types_of_arm(self) -> None:
-        """gdn: every layer GDN; hybrid / orthros_h: both kinds; the others: attention only."""
+        """gdn / gla / retnet: every layer of the arm's kind; hybrid / orthros_h: attention and
+        at least one recurrent kind; the others: attention only."""
         kinds = set(self.layer_types)
         arch = self.architecture
-        if arch == "gdn":
-            ok, want = kinds == {"gdn"}, "only 'gdn' layers"
+        if arch in PURE_ARMS:
+            ok, want = kinds == {PURE_ARMS[arch]}, f"only {PURE_ARMS[arch]!r} layers"
         elif arch in ("hybrid", "orthros_h"):
-            ok, want = kinds == {"gdn", "attention"}, "both 'gdn' and 'attention' layers"
+            ok = "attention" in kinds and bool(kinds & set(RECURRENT_KINDS))
+            want = f"'attention' and recurrent ({', '.join(RECURRENT_KINDS)}) layers"
         else:
             ok, want = kinds == {"attention"}, "only 'attention' layers"
         if not ok:

@@ -13,6 +13,12 @@ own arm (transformer, or hybrid / gdn for Qwen3.5). orthros_h and hybrid are acc
 Export (single-stream model dir -> HF dir that transformers loads; gdn / hybrid as Qwen3.5):
 
     python launch/convert.py --export --model=runs/llama_cpt --out=path/to/hf_dir
+
+flash-linear-attention checkpoints (model_type gla / retnet / gated_deltanet) import as their
+own arm (gla / retnet / gdn) and export back to fla's format (--export_format=fla for gdn):
+
+    python launch/convert.py --hf_dir=path/to/fla-gla-1.3B --out=runs/gla --architecture=own
+    python launch/convert.py --export --model=runs/gla --out=path/to/fla_dir
 """
 
 from __future__ import annotations
@@ -30,8 +36,8 @@ flags.DEFINE_string("out", None, "Output: a model directory (import) or a HF dir
 flags.DEFINE_enum(
     "architecture",
     "orthros",
-    ["orthros", "transformer", "orthros_h", "hybrid"],
-    "orthros(_h): the two-stream conversion; transformer / hybrid: the checkpoint's own arm.",
+    ["orthros", "transformer", "orthros_h", "hybrid", "own"],
+    "orthros(_h): the two-stream conversion; transformer / hybrid / own: the checkpoint's own arm.",
 )
 flags.DEFINE_integer("window", 128, "Base-stream sliding window of the Orthros model.")
 flags.DEFINE_bool("scale_offset", True, "Add identity query scale-offsets (False: w/o-SO).")
@@ -44,6 +50,7 @@ flags.DEFINE_string("model", None, "Model directory to export (with --export).")
 flags.DEFINE_enum(
     "export_dtype", None, ["float32", "bfloat16", "float16"], "Exported dtype (default: params')."
 )
+flags.DEFINE_enum("export_format", None, ["hf", "fla"], "Export format (default: the arm's).")
 flags.DEFINE_integer("max_shard_mb", 5 * 1024, "Shard exported safetensors above this many MiB.")
 
 
@@ -52,8 +59,11 @@ def import_hf(hf_dir: str, out: str) -> None:
     cfg, params = load_hf(hf_dir, param_dtype=FLAGS.param_dtype, dtype=FLAGS.dtype)
     logging.info("imported %s: %.1fM params", hf_dir, cfg.num_params() / 1e6)
     if FLAGS.architecture in ("orthros", "orthros_h"):
-        if cfg.architecture == "gdn":
-            raise ValueError("an all-linear-attention Qwen3.5 (gdn arm) has no Orthros form")
+        if cfg.architecture in ("gdn", "gla", "retnet"):
+            raise ValueError(
+                f"a pure linear-attention checkpoint ({cfg.architecture} arm) has no Orthros "
+                "form; import it with --architecture=own"
+            )
         cfg, params = from_transformer(
             params, cfg, window=FLAGS.window, scale_offset=FLAGS.scale_offset
         )
@@ -78,6 +88,7 @@ def export(model_dir: str, out: str) -> None:
         tokenizer_file=loaded.tokenizer_file,
         dtype=FLAGS.export_dtype,
         max_shard_bytes=FLAGS.max_shard_mb * 2**20,
+        fmt=FLAGS.export_format,
     )
     print(f"wrote Hugging Face directory {os.path.abspath(out)}: {', '.join(files)}")
 

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.convert.fla import fla_config_from, fla_from_params
 from orthros_jax.convert.hf_config import CONFIG_JSON, hf_config_from
 from orthros_jax.convert.hf_weights import hf_from_params, write_safetensors
 from orthros_jax.convert.qwen35 import qwen35_config_from, qwen35_from_params
@@ -62,17 +63,23 @@ def export_hf(
     tokenizer_file: str | None = None,
     dtype: str | None = None,
     max_shard_bytes: int | None = 5 * 2**30,
+    fmt: str | None = None,
 ) -> list[str]:
     """Writes a HF model directory for a single-stream model; returns the files written.
 
     dtype: 'float32' | 'bfloat16' | 'float16' for the written tensors (default
-    cfg.param_dtype). max_shard_bytes: shard above this size (None: one file).
+    cfg.param_dtype). max_shard_bytes: shard above this size (None: one file). fmt: "fla" for
+    flash-linear-attention's format (the default for the gla / retnet arms; gdn takes either).
     """
     qwen35 = cfg.architecture in ("gdn", "hybrid") or cfg.attn_output_gate
     # Both reject two-stream arms (transformers has no output stream).
     make_config, make_tensors = (
         (qwen35_config_from, qwen35_from_params) if qwen35 else (hf_config_from, hf_from_params)
     )
+    if fmt not in (None, "hf", "fla"):
+        raise ValueError(f"export fmt {fmt!r} is unknown; allowed: hf, fla")
+    if fmt == "fla" or (fmt is None and cfg.architecture in ("gla", "retnet")):
+        make_config, make_tensors = fla_config_from, fla_from_params
     hf_config = make_config(cfg, torch_dtype=dtype or cfg.param_dtype)
     if dtype is not None and dtype not in _DTYPE_NAMES:
         raise ValueError(f"export dtype {dtype!r} is unknown; allowed: {', '.join(_DTYPE_NAMES)}")

@@ -170,18 +170,9 @@ class ModelConfig:
             "gdn_v_head_dim",
             "gdn_conv_kernel",
             "gdn_chunk",
-            "gla_heads",
-            "gla_kv_heads",
-            "gla_k_head_dim",
-            "gla_v_head_dim",
-            "gla_gate_rank",
-            "gla_conv_kernel",
-            "gla_chunk",
-            "ret_heads",
-            "ret_kv_heads",
-            "ret_k_head_dim",
-            "ret_v_head_dim",
-            "ret_chunk",
+            *(f"gla_{x}" for x in ("heads", "kv_heads", "k_head_dim", "v_head_dim")),
+            *("gla_gate_rank", "gla_conv_kernel", "gla_chunk", "ret_chunk"),
+            *(f"ret_{x}" for x in ("heads", "kv_heads", "k_head_dim", "v_head_dim")),
         )
         for name in positive:
             value = getattr(self, name)
@@ -364,14 +355,8 @@ class ModelConfig:
 
     def num_params(self) -> int:
         """Parameter count (embeddings and head included)."""
-        d, n, k, h, f, v = (
-            self.d_model,
-            self.n_heads,
-            self.n_kv_heads,
-            self.head_dim,
-            self.d_ff,
-            self.vocab_size,
-        )
+        d, n, k, h, f, v = (self.d_model, self.n_heads, self.n_kv_heads, self.head_dim,
+                             self.d_ff, self.vocab_size)  # fmt: skip
         block = 3 * d * f + 2 * d
         per_layer = d * n * h + 2 * d * k * h + n * h * d + block
         if self.attn_output_gate:
@@ -385,4 +370,27 @@ class ModelConfig:
             per_gdn += 2 * self.gdn_num_k_heads * self.gdn_k_head_dim  # the cross query's SO
         head = 0 if self.tie_embeddings else d * v
         layers = self.layers_of("attention") * per_layer + self.layers_of("gdn") * per_gdn
-        return v * d + layers + d + head
+        return (
+            v * d
+            + layers
+            + d
+            + head
+            + sum(
+                self.layers_of(kind) * (block + self._linear_params(p))
+                for kind, p in (("gla", "gla"), ("retention", "ret"))
+            )
+        )
+
+    def _linear_params(self, p: str) -> int:
+        """One GLA (p="gla") / retention ("ret") mixer's parameters (layers/linear_mixer.py)."""
+        d = self.d_model
+        n, k, h, e = (getattr(self, f"{p}_{x}") for x in ("heads", "kv_heads", "k_head_dim",
+                                                          "v_head_dim"))  # fmt: skip
+        count = d * n * h + d * k * (h + e) + n * e * d + 2 * n * h * self.scale_offset
+        count += d * n * e * getattr(self, f"{p}_output_gate") + e * getattr(
+            self, f"{p}_norm_affine"
+        )
+        if p == "gla":
+            count += (d + k * h) * self.gla_gate_rank + k * h
+            count += self.gla_conv_kernel * (n * h + k * (h + e)) * self.gla_short_conv
+        return count

@@ -96,3 +96,30 @@ def test_unsupported_options_are_refused_by_name(change, match):
     hf.update(change)
     with pytest.raises(ValueError, match=match):
         config_from_fla(hf)
+
+
+@pytest.mark.parametrize("arm", ["gla", "retnet", "gdn"])
+def test_1p3b_configs_are_flas_1p3b_models(arm):
+    """configs/pt_1p3b_{arm}.py: fla's own 1.3B model (its config defaults, built on the meta
+    device) has exactly our parameter count; the recipe is pt_1p3b.py's."""
+    import os
+
+    import torch
+
+    from orthros_jax import configlib
+    from orthros_jax.config import ModelConfig
+
+    configs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+    c = configlib.load_config_file(os.path.join(configs, f"pt_1p3b_{arm}.py:100b"))
+    ref = configlib.load_config_file(os.path.join(configs, "pt_1p3b.py:100b"))
+    cfg = ModelConfig.from_dict(c.model)
+    models = fla_reference.fla_models()
+    cls, cfg_cls = {"gla": (models.GLAForCausalLM, models.GLAConfig),
+                    "retnet": (models.RetNetForCausalLM, models.RetNetConfig),
+                    "gdn": (models.GatedDeltaNetForCausalLM, models.GatedDeltaNetConfig)}[arm]  # fmt: skip
+    with torch.device("meta"):
+        fla_count = sum(p.numel() for p in cls(cfg_cls()).parameters())
+    assert cfg.architecture == arm and cfg.num_params() == fla_count
+    assert (c.train.steps, c.data.batch_size * c.data.seq_len) == (47_683, 2_097_152)
+    for name in ("data", "optimizer", "train", "mesh"):
+        assert configlib.to_plain(c[name]) == configlib.to_plain(ref[name]), name

@@ -15,7 +15,11 @@ import numpy as np
 import pytest
 from oracle_linear import recurrence
 
-from orthros_jax.kernels.linear_attention import chunked_linear_attention, linear_attention_step
+from orthros_jax.kernels.linear_attention import (
+    chunked_linear_attention,
+    linear_attention_step,
+    linear_attention_step_stacked,
+)
 
 B, L, N, H, E = 2, 29, 3, 8, 6
 TOL = {"atol": 1e-5, "rtol": 1e-5}
@@ -168,3 +172,64 @@ def test_fla_naive_retention():
     zero = np.zeros((B, N, H, E), np.float32)
     (o,), _ = chunked((q,), k, v, g, np.zeros((B, L), bool), zero, scale=H**-0.5, chunk=16)
     np.testing.assert_allclose(np.asarray(o), o_ref.transpose(1, 2).numpy(), **TOL)
+
+
+def stacked_state_copies(hlo: str, shape: tuple[int, ...]) -> list[str]:
+    """The HLO instructions that copy a whole f32 array of `shape` (the stacked state)."""
+    want = "f32[" + ",".join(map(str, shape)) + "]"
+    return [ln.strip() for ln in hlo.splitlines() if want in ln and " copy(" in ln]
+
+
+def _decode_loop(step, q, k, v, g, active, layers):
+    """fori_loop over `layers` layers sharing one stacked state, each reading the running x."""
+
+    def loop(stack):
+        def body(i, carry):
+            stack, x = carry
+            (o,), stack = step((q + x[..., :1],), k, v, g, active, stack, i)
+            return stack, x + o
+
+        return jax.lax.fori_loop(0, layers, body, (stack, jnp.zeros(v.shape)))
+
+    return loop
+
+
+def _plain(qs, k, v, g, a, stack, i):
+    s = jax.lax.dynamic_index_in_dim(stack, i, keepdims=False)
+    outs, s = linear_attention_step(qs, k, v, g, a, s, scale=0.5)
+    return outs, jax.lax.dynamic_update_index_in_dim(stack, s, i, 0)
+
+
+_stacked = functools.partial(linear_attention_step_stacked, scale=0.5)
+
+
+@pytest.mark.parametrize("per_key", [True, False], ids=["per_key", "per_head"])
+def test_stacked_step_equals_the_step(per_key):
+    """Decode through a loop of 6 layers sharing one stacked state: the stacked step's states
+    and (active rows') outputs equal the plain step's."""
+    q, k, v, g, s0 = inputs(per_key, seed=6)
+    stack = jnp.stack([jnp.asarray(s0) * (i + 1) for i in range(6)])
+    args = (q[:, 0], k[:, 0], v[:, 0], g[:, 0], jnp.asarray([True, False]), 6)
+    want = jax.jit(_decode_loop(_plain, *args))(stack)
+    got = jax.jit(_decode_loop(_stacked, *args))(stack)
+    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), **TOL)
+    np.testing.assert_allclose(np.asarray(got[1])[0], np.asarray(want[1])[0], **TOL)
+
+
+@pytest.mark.parametrize("per_key", [True, False], ids=["per_key", "per_head"])
+def test_stacked_step_copies_no_stack(per_key):
+    """At the bench model's decode shape (6 layers, 8 heads of 64 x 64, batch 1) the compiled
+    loop copies the stacked state nowhere; the plain step (a matmul on the old state before
+    the write) makes XLA copy the whole stack in the loop."""
+    shape = (6, 1, 8, 64, 64)
+    z = jnp.zeros(shape[1:4])
+    g = z if per_key else z[..., 0]
+    args = (z, z, jnp.zeros(shape[1:3] + shape[4:]), g, jnp.ones((1,), bool), shape[0])
+    stack = jax.ShapeDtypeStruct(shape, jnp.float32)
+
+    def hlo(step):
+        fn = jax.jit(_decode_loop(step, *args), donate_argnums=0)
+        return fn.lower(stack).compile().as_text()
+
+    assert stacked_state_copies(hlo(_stacked), shape) == []
+    assert stacked_state_copies(hlo(_plain), shape)  # the check sees the copy it rules out

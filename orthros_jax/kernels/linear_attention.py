@@ -182,3 +182,30 @@ def linear_attention_step(
     s = decay * s_old + k_BNH.astype(f32)[..., :, None] * v_BNE.astype(f32)[..., None, :]
     outs = tuple(jnp.einsum("bnh,bnhe->bne", q.astype(f32) * scale, s) for q in queries)
     return outs, jnp.where(active_B[:, None, None, None], s, s_old)
+
+
+def linear_attention_step_stacked(
+    queries: tuple[jax.Array, ...],
+    k_BNH: jax.Array,
+    v_BNE: jax.Array,
+    g: jax.Array,
+    active_B: jax.Array,
+    stack: jax.Array,
+    li: jax.Array | int,
+    *,
+    scale: float,
+) -> tuple[tuple[jax.Array, ...], jax.Array]:
+    """linear_attention_step on entry li of a stacked state [layers, B, N, H, E] (float32),
+    written in place: the update is elementwise in the old state, so XLA fuses its read into
+    the in-place write, and the queries read the new state after the write. (A matmul reading
+    the old state before the write makes XLA copy the whole stack, every layer.) Returns
+    (outputs [B, N, E], the stack)."""
+    g = g.astype(f32)
+    decay = jnp.exp(g)[..., None] if g.ndim == 3 else jnp.exp(g)[..., None, None]
+    s_old = jax.lax.dynamic_index_in_dim(stack, li, keepdims=False)
+    s = decay * s_old + k_BNH.astype(f32)[..., :, None] * v_BNE.astype(f32)[..., None, :]
+    s = jnp.where(active_B[:, None, None, None], s, s_old)
+    stack = jax.lax.dynamic_update_index_in_dim(stack, s.astype(stack.dtype), li, 0)
+    s = jax.lax.dynamic_index_in_dim(stack, li, keepdims=False)
+    outs = tuple(jnp.einsum("bnh,bnhe->bne", q.astype(f32) * scale, s) for q in queries)
+    return outs, stack

@@ -4,8 +4,8 @@ These are the *necessary* FLOPs of each arm's math, not of our kernels: the slid
 counts exactly min(t + 1, w) keys per query and causal attention (t + 1) keys, so a measured
 speedup divided by the ratio of these counts says how close an implementation is to ideal.
 Elementwise work (norms, softmax, RoPE) is ignored; it is O(T * D) for every arm. A gated
-DeltaNet layer counts its recurrent form (O(H dk dv) per token: the state update and reads),
-not the chunked form's extra intra-chunk work; an Orthros-H output copy reads the state with
+DeltaNet, GLA or retention layer counts its recurrent form (O(H dk dv) per token: the state
+update and reads), not the chunked form's extra intra-chunk work; an Orthros-H output copy reads the state with
 its own query, gate, out_proj and FFN.
 """
 
@@ -46,6 +46,33 @@ def gdn_per_token(cfg: ModelConfig) -> dict[str, int]:
     }  # fmt: skip
 
 
+def linear_per_token(cfg: ModelConfig, kind: str) -> dict[str, int]:
+    """FLOPs one token spends in one GLA / retention layer (layers/linear_mixer.py), by part as
+    gdn_per_token: k/v (and GLA's low-rank decay gate and conv) projections and the update
+    S = diag(a) S + k^T v; the q projection (and conv); the gate, q S, out_proj and FFN."""
+    p = "gla" if kind == "gla" else "ret"
+    d = cfg.d_model
+    n, k, h, e = (getattr(cfg, f"{p}_{x}") for x in ("heads", "kv_heads", "k_head_dim",
+                                                      "v_head_dim"))  # fmt: skip
+    kc = cfg.gla_conv_kernel if kind == "gla" and cfg.gla_short_conv else 0
+    state = 2 * d * k * (h + e) + 2 * kc * k * (h + e) + 3 * n * h * e
+    if kind == "gla":
+        state += 2 * cfg.gla_gate_rank * (d + k * h)
+    gate = 2 * d * n * e * getattr(cfg, f"{p}_output_gate")
+    return {
+        "state": state,
+        "q": 2 * d * n * h + 2 * kc * n * h,
+        "read": gate + 2 * n * h * e + 2 * n * e * d + 2 * 3 * d * cfg.d_ff,
+    }
+
+
+def recurrent_per_token(cfg: ModelConfig, kind: str) -> dict[str, int] | None:
+    """gdn_per_token / linear_per_token for a recurrent kind; None for attention."""
+    if kind == "gdn":
+        return gdn_per_token(cfg)
+    return linear_per_token(cfg, kind) if kind in ("gla", "retention") else None
+
+
 def _kinds(cfg: ModelConfig) -> list[str]:
     """The kind of every layer, in order."""
     return [kind for kind, _ in cfg.layer_slots()]
@@ -63,14 +90,14 @@ def prefill_flops(cfg: ModelConfig, t: int) -> int:
     full_layer = sum(parts.values())
     att = 4 * cfg.n_heads * cfg.head_dim  # QK^T and PV per (query, key) pair
     one_token_rest = parts["q"] + parts["o"] + parts["mlp"]
-    g = gdn_per_token(cfg)
     total = 2 * cfg.d_model * cfg.vocab_size
     window = cfg.base_window
     keys = _keys_causal(t) if window is None else _keys_window(t, window)
     kinds = _kinds(cfg)
     for i, kind in enumerate(kinds):
         last = i == len(kinds) - 1
-        if kind == "gdn":
+        g = recurrent_per_token(cfg, kind)
+        if g is not None:
             total += t * g["state"] + (1 if last or cfg.two_streams else t) * (g["q"] + g["read"])
             if cfg.two_streams and not last:  # the base stream's own outputs
                 total += t * (g["q"] + g["read"])
@@ -101,14 +128,14 @@ def decode_flops(cfg: ModelConfig, context: int) -> int:
     parts = tokenwise_per_token(cfg)
     full_layer = sum(parts.values())
     att = 4 * cfg.n_heads * cfg.head_dim
-    g = gdn_per_token(cfg)
     total = 2 * cfg.d_model * cfg.vocab_size
     window = cfg.base_window
     keys = context if window is None else min(context, window)
     kinds = _kinds(cfg)
     for i, kind in enumerate(kinds):
         dead = cfg.two_streams and i == len(kinds) - 1  # the last base output is never read
-        if kind == "gdn":
+        g = recurrent_per_token(cfg, kind)
+        if g is not None:
             total += g["state"] + (0 if dead else g["q"] + g["read"])
             total += (g["q"] + g["read"]) if cfg.two_streams else 0
             continue
@@ -123,14 +150,14 @@ def pt_forward_flops(cfg: ModelConfig, t: int) -> int:
     parts = tokenwise_per_token(cfg)
     full_layer = sum(parts.values())
     att = 4 * cfg.n_heads * cfg.head_dim
-    g = gdn_per_token(cfg)
     total = 2 * cfg.d_model * cfg.vocab_size * t
     window = cfg.base_window
     keys = _keys_causal(t) if window is None else _keys_window(t, window)
     kinds = _kinds(cfg)
     for i, kind in enumerate(kinds):
         dead = cfg.two_streams and i == len(kinds) - 1
-        if kind == "gdn":
+        g = recurrent_per_token(cfg, kind)
+        if g is not None:
             total += t * (g["state"] + (0 if dead else g["q"] + g["read"]))
             total += t * (g["q"] + g["read"]) if cfg.two_streams else 0
             continue

@@ -104,12 +104,16 @@ def fla_models() -> Any:
         setattr(gdn_layer, name, delta_op)
     gdn_layer.GatedDeltaNet._use_fused_qkv_conv = lambda self, **kw: False
 
+    def weight_of(self, x):  # no weight without elementwise_affine: the identity gain
+        return torch.ones(x.shape[-1]) if self.weight is None else self.weight
+
     def rms_forward(self, x, residual=None, prenorm=False, residual_in_fp32=False):
-        out = rms_norm_ref(x, self.weight, self.bias, residual, self.eps, prenorm, upcast=True)
+        w = weight_of(self, x)
+        out = rms_norm_ref(x, w, self.bias, residual, self.eps, prenorm, upcast=True)
         return (out[0], out[1].to(x.dtype)) if prenorm else out
 
     def gated_forward(self, x, g, residual=None, prenorm=False, residual_in_fp32=False):
-        y = rms_norm_ref(x, self.weight, self.bias, None, self.eps, upcast=True).float()
+        y = rms_norm_ref(x, weight_of(self, x), self.bias, None, self.eps, upcast=True).float()
         g = g.float()
         y = y * (torch.sigmoid(g) if self.activation == "sigmoid" else F.silu(g))
         return y.to(x.dtype)
@@ -169,10 +173,13 @@ def build(model_type: str, seed: int = 0, **config: Any) -> Any:
             else:
                 p.copy_(noise * 0.3 / math.sqrt(p.shape[-1]))
         # feature maps and the unfused gate: torch's, not fla's Triton activations
+        # (transformers' activation modules, which RetNet uses, are torch already)
         for module in model.modules():
-            if hasattr(module, "feature_map_fn") and module.feature_map_fn is not None:
+            fm = getattr(module, "feature_map_fn", None)
+            if fm is not None and not isinstance(fm, torch.nn.Module):
                 module.feature_map_fn = _act(config.get("feature_map"))
-            if hasattr(module, "gate_fn"):
+            gate = getattr(module, "gate_fn", None)
+            if gate is not None and not isinstance(gate, torch.nn.Module):
                 module.gate_fn = _act(config.get("hidden_act", "swish"))
     return model
 

@@ -25,6 +25,16 @@ from orthros_jax.model import OrthrosLM  # noqa: E402
 ATOL = 1e-4
 V, T = 61, 19
 MODELS = {
+    # GQA (2 kv heads), short conv 3, clamp_min, unfused norm (fla names it g_norm)
+    "gla": ("gla", dict(num_heads=4, num_kv_heads=2, expand_k=1.0, expand_v=0.75,
+                        use_short_conv=True, conv_size=3, clamp_min=-0.2, fuse_norm=False)),
+    # fla's defaults (4 heads, expand_k 0.5, expand_v 1, output gate, no conv), tied head
+    "gla_default": ("gla", dict(tie_word_embeddings=True)),
+    "gla_relu_nogate": ("gla", dict(num_heads=2, feature_map="relu", use_output_gate=False,
+                                    elementwise_affine=False)),
+    # GQA, expand_v 2 (value heads twice the key heads' dim), RetNet's hidden_ratio 2
+    "retnet": ("retnet", dict(num_heads=4, num_kv_heads=2, hidden_ratio=2)),
+    "retnet_swish": ("retnet", dict(num_heads=2, feature_map="swish", expand_v=1.0)),
     # GVA (4 value heads over 2 q/k heads), dv = 2 dk, conv 3, hidden_ratio 2
     "gdn": ("gated_deltanet", dict(num_heads=2, num_v_heads=4, head_dim=8, expand_v=2.0,
                                     conv_size=3, hidden_ratio=2)),

@@ -34,13 +34,15 @@ class KVCache:
     v: jax.Array  # [layers, B, K, S, H]
     lengths: jax.Array  # [B] int32
     linear: Any = None  # the gated-DeltaNet layers' state, stacked per layer (None without them)
+    # the GLA / retention layers' states by kind name, each stacked per layer (None: neither)
+    linear_attention: dict[str, Any] | None = None
 
     def states(self) -> dict[str, Any]:
         """Each layer kind's state, by kind name (what the layer steps read and write)."""
         out: dict[str, Any] = {"attention": (self.k, self.v)}
         if self.linear is not None:
             out["gdn"] = self.linear
-        return out
+        return out | (self.linear_attention or {})
 
     def with_states(self, states: dict[str, Any], lengths: jax.Array) -> KVCache:
         return KVCache.from_states({**self.states(), **states}, lengths)
@@ -49,7 +51,8 @@ class KVCache:
     def from_states(states: dict[str, Any], lengths: jax.Array) -> KVCache:
         """The cache holding these kind states (keyed as `states()` returns them)."""
         k, v = states["attention"]
-        return KVCache(k, v, lengths, states.get("gdn"))
+        others = {n: s for n, s in states.items() if n in ("gla", "retention")}
+        return KVCache(k, v, lengths, states.get("gdn"), others or None)
 
     @property
     def batch_size(self) -> int:

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from orthros_jax.axes import EMBED, HEAD_DIM, KV_HEADS
 from orthros_jax.config import ModelConfig
+from orthros_jax.layers import linear_kind
 from orthros_jax.layers import linear_mixer as lm
 from orthros_jax.layers.kind import Params, default_init
 
@@ -64,3 +65,6 @@ def init_for(name: str, cfg: ModelConfig):
     if name == "gla_out":
         return jax.nn.initializers.normal(cfg.init_std / (2 * cfg.n_layers) ** 0.5)
     return default_init(name, cfg)
+
+
+KIND = linear_kind.make("gla", spec, decay_fn, mixer_param_shapes, init_for)

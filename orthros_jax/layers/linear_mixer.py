@@ -32,7 +32,11 @@ import jax.numpy as jnp
 
 from orthros_jax.axes import EMBED, HEAD_DIM, HEADS, KV_HEADS
 from orthros_jax.kernels.delta_rule import causal_conv, conv_step
-from orthros_jax.kernels.linear_attention import chunked_linear_attention, linear_attention_step
+from orthros_jax.kernels.linear_attention import (
+    chunked_linear_attention,
+    linear_attention_step,
+    linear_attention_step_stacked,
+)
 
 Params = dict[str, Any]
 CrossSO = tuple[jax.Array, jax.Array]
@@ -180,16 +184,22 @@ def mix(
     cross_h_BLD: jax.Array | None = None,
     cross_so: CrossSO | None = None,
     decode: bool = False,
+    layer: jax.Array | int | None = None,
 ) -> tuple[jax.Array, jax.Array | None, LinearState]:
     """The mixer over a sequence (chunked kernel; PT/SFT, a prefill chunk) or, with decode=True,
     one token per row (recurrent step; L = 1, valid_BL [B, 1] = the active rows). Any split of
     a sequence into calls with the state carried gives the one-call result. cross_h_BLD: the
-    normed hidden state of each base token's output copy (Orthros-H), same shape as h. Returns
-    (y_BLD before the residual, cross_y_BLD or None, new state); y and cross_y are zero at
-    padding."""
+    normed hidden state of each base token's output copy (Orthros-H), same shape as h. layer
+    (decode only): `state` is the stack of every layer's state ([layers, ...] fields) and
+    entry `layer` is updated in place (kernels' linear_attention_step_stacked). Returns (y_BLD
+    before the residual, cross_y_BLD or None, new state, or the stack); y and cross_y are zero
+    at padding."""
     b, seq, _ = h_BLD.shape
     if decode and seq != 1:
         raise ValueError(f"decode takes one token per row: h [B, 1, D], got {h_BLD.shape}")
+    if layer is not None and not decode:
+        raise ValueError("a stacked state (layer=...) is updated in decode only")
+    at = lambda a: a if layer is None else jax.lax.dynamic_index_in_dim(a, layer, keepdims=False)
     valid = jnp.ones((b, seq), bool) if valid_BL is None else valid_BL.astype(bool)
     reset = jnp.zeros((b, seq), bool) if reset_BL is None else reset_BL.astype(bool) & valid
     keep = valid[..., None]
@@ -200,7 +210,8 @@ def mix(
     if spec.conv_kernel:
         doc = jnp.cumsum(reset, axis=1)
         new_conv = []
-        for n, hist in zip("qkv", state.conv, strict=True):
+        for n, stored in zip("qkv", state.conv, strict=True):
+            hist = at(stored)
             w = p[f"{pre}_conv_{n}"]
             w, flat = w.reshape(w.shape[0], -1), x[n].reshape(b, seq, -1)
             flat_hist = hist.reshape(b, hist.shape[1], -1)
@@ -210,7 +221,10 @@ def mix(
             else:
                 y, new = causal_conv(flat, w, flat_hist, valid, doc)
             x[n] = y.reshape(x[n].shape)
-            new_conv.append(new.reshape(hist.shape))
+            new = new.reshape(hist.shape).astype(stored.dtype)
+            if layer is not None:
+                new = jax.lax.dynamic_update_index_in_dim(stored, new, layer, 0)
+            new_conv.append(new)
         conv = tuple(new_conv)
 
     g = decay(p, h)
@@ -229,10 +243,11 @@ def mix(
         queries += (cross_query(p, cross_h, spec, positions_BL, cross_so),)
     scale = spec.k_dim**-0.5
     if decode:
-        outs, s = linear_attention_step(
-            tuple(q[:, 0] for q in queries), k[:, 0], v[:, 0], g[:, 0], valid[:, 0],
-            state.recurrent, scale=scale,
-        )  # fmt: skip
+        step_args = (tuple(q[:, 0] for q in queries), k[:, 0], v[:, 0], g[:, 0], valid[:, 0])
+        if layer is None:
+            outs, s = linear_attention_step(*step_args, state.recurrent, scale=scale)
+        else:
+            outs, s = linear_attention_step_stacked(*step_args, state.recurrent, layer, scale=scale)
         outs = tuple(o[:, None] for o in outs)
     else:
         outs, s = chunked_linear_attention(

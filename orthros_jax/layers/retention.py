@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.layers import linear_kind
 from orthros_jax.layers import linear_mixer as lm
 from orthros_jax.layers.kind import default_init
 
@@ -47,3 +48,6 @@ def init_for(name: str, cfg: ModelConfig):
     if name == "ret_out":
         return jax.nn.initializers.normal(cfg.init_std / (2 * cfg.n_layers) ** 0.5)
     return default_init(name, cfg)
+
+
+KIND = linear_kind.make("retention", spec, decay_fn, mixer_param_shapes, init_for)

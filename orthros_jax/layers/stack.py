@@ -26,8 +26,11 @@ from orthros_jax.config import ModelConfig
 from orthros_jax.layers.kind import LayerKind, Params
 from orthros_jax.layers import attention as attention_layer
 from orthros_jax.layers import gdn as gdn_layer
+from orthros_jax.layers import gla as gla_layer
+from orthros_jax.layers import retention as retention_layer
 
-KINDS: dict[str, LayerKind] = {"attention": attention_layer.KIND, "gdn": gdn_layer.KIND}
+KINDS: dict[str, LayerKind] = {"attention": attention_layer.KIND, "gdn": gdn_layer.KIND,
+                               "gla": gla_layer.KIND, "retention": retention_layer.KIND}  # fmt: skip
 
 
 def kinds_of(cfg: ModelConfig) -> list[LayerKind]:

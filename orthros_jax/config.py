@@ -280,7 +280,7 @@ class ModelConfig:
             ok, want = kinds == {PURE_ARMS[arch]}, f"only {PURE_ARMS[arch]!r} layers"
         elif arch in ("hybrid", "orthros_h"):
             ok = "attention" in kinds and bool(kinds & set(RECURRENT_KINDS))
-            want = f"'attention' and recurrent ({', '.join(RECURRENT_KINDS)}) layers"
+            want = "both 'gdn' and 'attention' layers (gla or retention may stand for gdn)"
         else:
             ok, want = kinds == {"attention"}, "only 'attention' layers"
         if not ok:

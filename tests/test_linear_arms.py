@@ -63,7 +63,8 @@ def _tokens(cfg: ModelConfig, bsz: int, t: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, cfg.vocab_size, (bsz, t))
 
 
-@pytest.mark.parametrize("name", sorted(ARMS))
+# hybrid_gla's and orthros_h_ret's prefill + decode are checked by generate / the HLO test.
+@pytest.mark.parametrize("name", ["gla", "retnet", "orthros_h_gla"])
 def test_prefill_then_decode_matches_forward(name):
     cfg, params, forward = _model(name)
     bsz, rows = len(LENGTHS), np.arange(len(LENGTHS))

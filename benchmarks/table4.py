@@ -63,7 +63,7 @@ def table4_params(cfgs: dict[str, ModelConfig], seed: int) -> dict[str, dict]:
     out = {}
     for single, two in PAIRS:
         out[two] = init_params(cfgs[two], jax.random.PRNGKey(seed))
-        out[single] = bench.drop_so(out[two])
+        out[single] = bench.drop_so(out[two], cfgs[two])
     for name, cfg in cfgs.items():
         if name not in out:
             out[name] = init_params(cfg, jax.random.PRNGKey(seed))

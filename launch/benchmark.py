@@ -283,7 +283,7 @@ def main(argv) -> None:
     os.makedirs(_OUT.value, exist_ok=True)
     cfgs = arms(c)
     p = init_params(cfgs["orthros"], jax.random.PRNGKey(c.seed))
-    params = {"orthros": p, "transformer": bench.drop_so(p)}
+    params = {"orthros": p, "transformer": bench.drop_so(p, cfgs["orthros"])}
     results = {
         "date": time.strftime("%Y-%m-%d"),
         "device": str(jax.devices()[0].device_kind),

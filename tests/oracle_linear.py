@@ -128,11 +128,11 @@ def retention_mixer(
     p: Params, x_LD: np.ndarray, eps: float, *, feature_map: str | None = None, offset: int = 0
 ) -> np.ndarray:
     """fla's MultiScaleRetention over one row from the (normed) input x [L, D] -> [L, D];
-    positions start at `offset`. Params: ret_wq [D, N, H], ret_wk [D, K, H], ret_wv [D, K, E],
-    ret_out [N, E, D]; optional ret_wg [D, N, E], ret_norm [E]."""
+    positions start at `offset`. Params: retention_wq [D, N, H], retention_wk [D, K, H], retention_wv [D, K, E],
+    retention_out [N, E, D]; optional retention_wg [D, N, E], retention_norm [E]."""
     p = {n: np.asarray(a, np.float64) for n, a in p.items()}
     x = np.asarray(x_LD, np.float64)
-    proj = {n: np.einsum("ld,dhk->lhk", x, p[f"ret_w{n}"]) for n in "qkv"}
+    proj = {n: np.einsum("ld,dhk->lhk", x, p[f"retention_w{n}"]) for n in "qkv"}
     fm = FEATURE_MAPS[feature_map]
     pos = offset + np.arange(len(x), dtype=np.float64)
     q, k = rotary(fm(proj["q"]), pos), rotary(fm(proj["k"]), pos)
@@ -142,4 +142,4 @@ def retention_mixer(
     gamma = 1.0 - 2.0 ** (-5.0 - np.arange(nh))
     g = np.broadcast_to(np.log(gamma), (len(x), nh))
     o, _ = recurrence(q, k, v, g, np.zeros(len(x), bool), np.zeros((nh, hk, e)), hk**-0.5)
-    return _norm_gate(p, o, x, "ret", eps)
+    return _norm_gate(p, o, x, "retention", eps)

@@ -210,7 +210,7 @@ def test_invalid_inputs_raise_before_compiling():
     for match, call in cases:
         with pytest.raises(ValueError, match=match):
             call()
-    full = inf.KVCache(cache.k, cache.v, jnp.asarray([16, 3], jnp.int32))
+    full = cache.replace(lengths=jnp.asarray([16, 3], jnp.int32))
     with pytest.raises(ValueError, match="row 0 is full"):
         inf.decode_step(params, full, [1, 2], cfg)
     assert (fwd.prefill_jit._cache_size(), fwd.decode_jit._cache_size()) == compiled

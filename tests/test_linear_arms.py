@@ -16,13 +16,13 @@ from conftest import tiny_config
 from orthros_jax import inference as inf
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import drivers, sampling
-from orthros_jax.model import OrthrosLM, init_params
+from orthros_jax.model import OrthrosLM, init_params, num_params
 
 # Kernel chunks 4, prefill chunk 6, window 5: chunk boundaries misaligned everywhere.
 LINEAR = dict(
     gla_heads=4, gla_kv_heads=2, gla_k_head_dim=8, gla_v_head_dim=6, gla_short_conv=True,
-    gla_conv_kernel=3, gla_chunk=4, ret_heads=4, ret_kv_heads=2, ret_k_head_dim=8,
-    ret_v_head_dim=6, ret_chunk=4,
+    gla_conv_kernel=3, gla_chunk=4, retention_heads=4, retention_kv_heads=2, retention_k_head_dim=8,
+    retention_v_head_dim=6, retention_chunk=4,
 )  # fmt: skip
 ARMS = {
     "gla": ("gla", ("gla",)),
@@ -136,21 +136,21 @@ def test_packed_documents_equal_separate_rows(name):
 
 @pytest.mark.parametrize("name", sorted(ARMS))
 def test_num_params_counts_the_tree(name):
-    cfg = _cfg(name, gla_output_gate=False, ret_norm_affine=False)
+    cfg = _cfg(name, gla_output_gate=False, retention_norm_affine=False)
     params = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
-    assert cfg.num_params() == sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
+    assert num_params(cfg) == sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
 
 
 def test_arms_and_fields_validated():
     assert ModelConfig(architecture="gla").layer_types == ("gla",)
     assert ModelConfig(architecture="retnet").layer_types == ("retention",)
     bad = [
-        (dict(architecture="gla", layer_types=("gla", "attention")), "only 'gla' layers"),
-        (dict(architecture="retnet", layer_types=("gla",)), "only 'retention' layers"),
-        (dict(architecture="hybrid", layer_types=("gla", "retention")), "needs both"),
+        (dict(architecture="gla", layer_types=("gla", "attention")), "architecture 'gla'"),
+        (dict(architecture="retnet", layer_types=("gla",)), "architecture 'retnet'"),
+        (dict(architecture="hybrid", layer_types=("gla", "retention")), "may stand for gdn"),
         (dict(architecture="gla", gla_heads=4, gla_kv_heads=3), "gla_heads=4 must be a multiple"),
-        (dict(architecture="retnet", ret_feature_map="hedgehog"), "ret_feature_map='hedgehog'"),
-        (dict(architecture="retnet", ret_k_head_dim=5), "ret_k_head_dim=5 must be even"),
+        (dict(architecture="retnet", retention_feature_map="hedgehog"), "retention_feature_map='hedgehog'"),
+        (dict(architecture="retnet", retention_k_head_dim=5), "retention_k_head_dim=5 must be even"),
         (dict(architecture="gla", gla_clamp_min=0.5), "gla_clamp_min=0.5"),
         (dict(architecture="gla", gla_gate_normalizer=0.0), "gla_gate_normalizer must be > 0"),
         (dict(architecture="gla", gla_chunk=0), "gla_chunk must be a positive int"),
@@ -166,7 +166,7 @@ def _stack_copies(name: str, kind: str, **kw) -> list[str]:
     cfg = _cfg(name, **kw)
     params = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
     cache = jax.eval_shape(lambda: inf.init_cache(cfg, 1, 64))
-    rec = cache.linear_attention[kind].recurrent
+    rec = cache.states[kind].recurrent
     tok, act = jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((1,), bool)
     hlo = drivers.decode_jit.lower(params, cache, tok, act, cfg=cfg).compile().as_text()
     want = "f32[" + ",".join(map(str, rec.shape)) + "]"
@@ -178,6 +178,6 @@ def test_decode_step_updates_the_stacked_state_in_place(name, kind):
     """The compiled decode step (every layer in one loop) copies the stacked recurrent state
     nowhere, at the bench model's head shape (8 heads of 64 x 64, 8 layers)."""
     dims = dict(n_layers=8, d_model=128, gla_short_conv=False)
-    dims |= {f"{p}_{x}": v for p in ("gla", "ret") for x, v in
+    dims |= {f"{p}_{x}": v for p in ("gla", "retention") for x, v in
              (("heads", 8), ("kv_heads", 8), ("k_head_dim", 64), ("v_head_dim", 64))}  # fmt: skip
     assert _stack_copies(name, kind, **dims) == []

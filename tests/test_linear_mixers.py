@@ -27,10 +27,10 @@ CASES = {
     "gla_relu_plain": ("gla", dict(gla_heads=2, gla_kv_heads=2, gla_k_head_dim=8,
                                    gla_v_head_dim=8, gla_feature_map="relu",
                                    gla_output_gate=False, gla_norm_affine=False, gla_chunk=16)),
-    "ret_gqa": ("retention", dict(ret_heads=4, ret_kv_heads=2, ret_k_head_dim=8,
-                                  ret_v_head_dim=6, ret_chunk=8)),
-    "ret_swish": ("retention", dict(ret_heads=2, ret_kv_heads=2, ret_k_head_dim=4,
-                                    ret_v_head_dim=8, ret_feature_map="swish", ret_chunk=4)),
+    "retention_gqa": ("retention", dict(retention_heads=4, retention_kv_heads=2, retention_k_head_dim=8,
+                                  retention_v_head_dim=6, retention_chunk=8)),
+    "retention_swish": ("retention", dict(retention_heads=2, retention_kv_heads=2, retention_k_head_dim=4,
+                                    retention_v_head_dim=8, retention_feature_map="swish", retention_chunk=4)),
 }  # fmt: skip
 MODULE = {"gla": gla, "retention": retention}
 
@@ -67,7 +67,7 @@ def oracle(name, cfg, p, h_LD):
     if kind == "gla":
         return gla_mixer(p, h_LD, cfg.norm_eps, feature_map=cfg.gla_feature_map,
                          clamp_min=cfg.gla_clamp_min)  # fmt: skip
-    return retention_mixer(p, h_LD, cfg.norm_eps, feature_map=cfg.ret_feature_map)
+    return retention_mixer(p, h_LD, cfg.norm_eps, feature_map=cfg.retention_feature_map)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -78,7 +78,7 @@ def test_mixer_matches_float64_oracle(name):
     np.testing.assert_allclose(np.asarray(y), want, **TOL)
 
 
-@pytest.mark.parametrize("name", ["gla_gqa_conv_clamp", "ret_gqa"])
+@pytest.mark.parametrize("name", ["gla_gqa_conv_clamp", "retention_gqa"])
 def test_split_prefill_and_decode_equal_one_call(name):
     """Uneven prefill calls, row 1 with padding inside its chunk (which moves nothing), then
     decode steps with row 0 inactive for one step: the one-call outputs and state."""
@@ -108,7 +108,7 @@ def test_split_prefill_and_decode_equal_one_call(name):
         np.testing.assert_array_equal(np.asarray(got)[0], np.asarray(want)[0])
 
 
-@pytest.mark.parametrize("name", ["gla_gqa_conv_clamp", "ret_gqa"])
+@pytest.mark.parametrize("name", ["gla_gqa_conv_clamp", "retention_gqa"])
 def test_reset_restarts_the_document(name):
     """A reset at token 9 (positions restarting there): tokens 9.. equal the mixer run on
     them alone."""
@@ -121,7 +121,7 @@ def test_reset_restarts_the_document(name):
     np.testing.assert_allclose(np.asarray(y)[:, 9:], np.asarray(alone), **TOL)
 
 
-@pytest.mark.parametrize("name", ["gla_relu_plain", "ret_gqa"])
+@pytest.mark.parametrize("name", ["gla_relu_plain", "retention_gqa"])
 def test_cross_stream_and_read(name):
     """Without a conv and with the identity SO, an output copy fed its base token's hidden
     state reproduces the base output; read() at the last token equals the cross output there."""

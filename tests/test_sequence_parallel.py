@@ -47,7 +47,7 @@ def _worker(out_dir: str) -> None:
     from jax.sharding import Mesh
     from jax.sharding import PartitionSpec as P
 
-    from orthros_jax.kernels.attention import reference_attention
+    from orthros_jax.kernels.reference import reference_attention
 
     assert jax.device_count() == SHARDS, jax.devices()
     mesh = Mesh(np.array(jax.devices()), (AXIS,))

@@ -71,8 +71,9 @@ def _serve(arch: str, mesh, params=None) -> dict[str, np.ndarray]:
     for i, tok in enumerate(x["next"]):
         out[f"decode{i}"], cache = decode_step(params, cache, tok, cfg)
     if mesh is not None:
-        out["cache_spec"] = np.array(str(cache.k.sharding.spec))
-    out.update(k=cache.k, v=cache.v, lengths=cache.lengths)
+        out["cache_spec"] = np.array(str(cache.states["attention"][0].sharding.spec))
+    k, v = cache.states["attention"]
+    out.update(k=k, v=v, lengths=cache.lengths)
     return {k: (v if k == "cache_spec" else _host(v)) for k, v in out.items()}
 
 
@@ -128,7 +129,7 @@ def _worker(part: str, out_dir: str) -> None:
     import jax
 
     from orthros_jax.inference import generate
-    from orthros_jax.parallel import sharding
+    from orthros_jax.parallel import mesh as pmesh
 
     assert jax.device_count() == 8, jax.devices()
     res, stats = {}, {}
@@ -136,9 +137,9 @@ def _worker(part: str, out_dir: str) -> None:
         for key, v in _serve(arch, None).items():
             res[f"{arch}/single/{key}"] = v
         for name, (seq, data) in MESHES.items():
-            for key, v in _serve(arch, sharding.sequence_mesh(seq, data=data)).items():
+            for key, v in _serve(arch, pmesh.sequence_mesh(seq, data=data)).items():
                 res[f"{arch}/{name}/{key}"] = v
-    seq8 = sharding.sequence_mesh(8)
+    seq8 = pmesh.sequence_mesh(8)
     if part == "a":
         x, cfg, params = _inputs(), _cfg("orthros"), _params("orthros")
         prompts = [list(x["tokens"][0, :37]), list(x["tokens"][1, :21])]
@@ -162,12 +163,12 @@ def _process(index: int, port: int, out_dir: str) -> None:
     jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=index)
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from orthros_jax.parallel import sharding
+    from orthros_jax.parallel import mesh as pmesh
 
     assert jax.process_count() == 2 and jax.device_count() == 8
-    mesh = sharding.sequence_mesh(8)
+    mesh = pmesh.sequence_mesh(8)
     rep = NamedSharding(mesh, PartitionSpec())
-    put = lambda p: sharding.put_tree(jax.tree.map(np.asarray, p), jax.tree.map(lambda _: rep, p))
+    put = lambda p: pmesh.put_tree(jax.tree.map(np.asarray, p), jax.tree.map(lambda _: rep, p))
     out = _serve("orthros", mesh, params=_params("orthros", put))
     np.savez(os.path.join(out_dir, f"process{index}.npz"), **out)
 

@@ -136,7 +136,7 @@ def config_from_fla(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
                       gdn_v_head_dim=round(dv), gdn_conv_kernel=int(hf.get("conv_size", 4)))  # fmt: skip
     else:
         gla = mt == "gla"
-        p = "gla" if gla else "ret"
+        p = "gla" if gla else "retention"
         n = int(hf.get("num_heads", 4 if gla else 8))
         kv = int(hf.get("num_kv_heads") or n)
         ek, ev = hf.get("expand_k", 0.5 if gla else 1.0), hf.get("expand_v", 1.0 if gla else 2.0)
@@ -178,7 +178,7 @@ def fla_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict
                    conv_size=cfg.gdn_conv_kernel, use_gate=True, use_short_conv=True,
                    allow_neg_eigval=False, output_gate_activation="swish")  # fmt: skip
         return out
-    p = "gla" if mt == "gla" else "ret"
+    p = "gla" if mt == "gla" else "retention"
     n = getattr(cfg, f"{p}_heads")
     out.update(
         num_heads=n, num_kv_heads=getattr(cfg, f"{p}_kv_heads"),
@@ -241,7 +241,7 @@ def _layer_map(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], tuple[
             "gdn_norm": ("attn.o_norm.weight", (dv,), (dv,)),
             "gdn_out": ("attn.o_proj.weight", (d, hv * dv), (hv, dv, d)),
         }
-    p = "gla" if cfg.architecture == "gla" else "ret"
+    p = "gla" if cfg.architecture == "gla" else "retention"
     n, kv, h, e = (getattr(cfg, f"{p}_{x}") for x in ("heads", "kv_heads", "k_head_dim",
                                                          "v_head_dim"))  # fmt: skip
     out = {

@@ -20,7 +20,7 @@ from orthros_jax.axes import EMBED, HEAD_DIM, KV_HEADS
 from orthros_jax.config import ModelConfig
 from orthros_jax.layers import linear_kind
 from orthros_jax.layers import linear_mixer as lm
-from orthros_jax.layers.kind import Params, default_init
+from orthros_jax.layers.kind import Params, default_init, residual_std
 
 
 def spec(cfg: ModelConfig) -> lm.Spec:
@@ -63,8 +63,30 @@ def init_for(name: str, cfg: ModelConfig):
     if name == "gla_norm":
         return jax.nn.initializers.ones
     if name == "gla_out":
-        return jax.nn.initializers.normal(cfg.init_std / (2 * cfg.n_layers) ** 0.5)
+        return jax.nn.initializers.normal(residual_std(cfg))
     return default_init(name, cfg)
 
 
-KIND = linear_kind.make("gla", spec, decay_fn, mixer_param_shapes, init_for)
+def validate(cfg: ModelConfig) -> None:
+    """GLA's own fields: the gate's rank, normalizer and clamp, the conv kernel."""
+    for field in ("gla_gate_rank", "gla_conv_kernel"):
+        value = getattr(cfg, field)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"ModelConfig.{field} must be a positive int, got {value!r}")
+    if not cfg.gla_gate_normalizer > 0:
+        raise ValueError(
+            f"ModelConfig.gla_gate_normalizer must be > 0, got {cfg.gla_gate_normalizer!r}"
+        )
+    if cfg.gla_clamp_min is not None and not -float("inf") < cfg.gla_clamp_min <= 0:
+        raise ValueError(
+            f"ModelConfig.gla_clamp_min={cfg.gla_clamp_min!r} must be None or a finite log "
+            "decay <= 0"
+        )
+
+
+def gate_flops(cfg: ModelConfig) -> int:
+    """The low-rank decay gate per token: D -> R -> K*H."""
+    return 2 * cfg.gla_gate_rank * (cfg.d_model + cfg.gla_kv_heads * cfg.gla_k_head_dim)
+
+
+KIND = linear_kind.make("gla", spec, decay_fn, mixer_param_shapes, init_for, validate, gate_flops)

@@ -17,8 +17,10 @@ Shapes: B batch, T/L tokens, C chunk, S cache slots, D d_model, W window.
 from __future__ import annotations
 
 import dataclasses
+import enum
+import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import flax.struct
 import jax
@@ -29,11 +31,9 @@ from orthros_jax.config import ModelConfig
 from orthros_jax.layers import primitives as nnl
 
 Params = dict[str, Any]
-SEQUENCE, CHUNK, DECODE, READ = "sequence", "chunk", "decode", "read"
 
 
-@flax.struct.dataclass
-class Stream:
+class Stream(flax.struct.PyTreeNode):
     """One token stream: activations and the original positions/segments of its tokens."""
 
     x: jax.Array  # [B, L, D]
@@ -44,67 +44,152 @@ class Stream:
     # padding and carries no loss); kernel padding uses KEY/QUERY_PAD_SEGMENT, which match nothing
 
 
-@flax.struct.dataclass
-class StepContext:
-    """What a mode tells a layer step. Cached modes address the cache by slot: slot s of a row
-    holds the token at position s, so every mask compares slots (see kv_cache.py).
+class Mode(enum.Enum):
+    """What a layer step is asked to do (see the module docstring)."""
 
-    slots [B, Lb]: where the base tokens' state goes (chunk/decode; S = dropped).
-    window_slots: chunk [B, W-1] (the slots right before the chunk), decode/read [B, W] (the
-      window ending at the query, itself last); negative or beyond the end = not visible.
-    slot_segments [B, S]: 1 for slots a global query may read, padding otherwise.
-    valid [B, Lb]: base tokens that exist (not padding, row active).
-    reset [B, Lb]: a token that starts a new document (recurrent kinds zero their state before
-      it; None: none does). Sequence mode: `document_starts(base)`, computed once per forward.
+    SEQUENCE = "sequence"
+    CHUNK = "chunk"
+    DECODE = "decode"
+    READ = "read"
+
+
+SEQUENCE, CHUNK, DECODE, READ = Mode.SEQUENCE, Mode.CHUNK, Mode.DECODE, Mode.READ
+CACHED_MODES = (CHUNK, DECODE, READ)
+
+
+class StepContext(flax.struct.PyTreeNode):
+    """What a mode tells every layer step.
+
+    mode: the Mode. impl: how attention-like kinds attend (an `attend.AttentionImpl`; static).
+    view: cached modes, where a kind finds its cache entries: slots to write, the window and
+      the global keys to read (`cache_view.CacheView`; the drivers build a `SlotView`, sequence
+      parallelism its shard view). None in sequence mode.
+    valid [B, Lb]: base tokens that exist (not padding, row active); None: all of them.
+    reset [B, Lb]: tokens that start a new document (recurrent kinds zero their state before
+      them; None: none does). Sequence mode: `document_starts(base)`, computed once per forward.
     out_index [B, T_out]: sequence mode, the array index into the base stream of each output
       copy's token (SFT's output positions); None when the output stream is the base stream
       itself (PT), aligned with it token for token.
-    default_positions: sequence mode with positions = arange and one segment.
-    Sequence parallelism (inside shard_map; sp_forward.py), where a shard holds S of the cache's
-    slots: slot_offset is the global slot id of its first slot; slots are its local slots (S =
-    dropped, so other shards' slots are never written); window_slots and positions stay global.
-    halo: attend.Keys (head-major) of the slots right before this shard, which a chunk's window
-    reads; gathered: attend.Keys of every slot of the layer, which a chunk's global queries read.
+    default_positions: sequence mode with positions = arange and one segment (lets an attention
+      implementation use its built-in causal / window masks).
     """
 
-    mode: str = flax.struct.field(pytree_node=False)
-    impl: str = flax.struct.field(pytree_node=False)
-    slots: jax.Array | None = None
-    window_slots: jax.Array | None = None
-    slot_segments: jax.Array | None = None
+    mode: Mode = flax.struct.field(pytree_node=False)
+    impl: Any = flax.struct.field(pytree_node=False, default=None)
+    view: Any = None
     valid: jax.Array | None = None
     reset: jax.Array | None = None
     out_index: jax.Array | None = None
     default_positions: bool = flax.struct.field(pytree_node=False, default=False)
-    slot_offset: jax.Array | None = None
-    halo: Any = None
-    gathered: Any = None
 
 
-# step(p, cfg, base, out, state, li, ctx, compute_base) -> (base, out, state)
-#   p: this layer's parameters; base/out: Stream | None (out: the output stream's copies);
-#   state: the kind's whole cache stack (None in sequence mode), written at layer index li;
-#   compute_base=False skips the base stream's mixing and FFN (dead in the last layer).
-StepFn = Callable[..., tuple[Stream | None, Stream | None, Any]]
+ParamSpec = tuple[tuple[int, ...], tuple[str | None, ...]]  # (shape, logical axes)
+Initializer = Callable[..., jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
-class LayerKind:
-    """A kind of layer. `params_key` names its parameter stack in the model's tree
-    (stacked on a leading axis over the layers of that kind)."""
+class Work:
+    """What one layer computes in one call, for analytic FLOP counts (multiply-add = 2).
+
+    tokens: base tokens that write their state (a prompt: T; PT: T; decode: 1), at positions
+    context - tokens .. context - 1. base_outputs: how many of them need the layer's output
+    (all, the last one, or 0 when the base stream is dead). copies: output-stream copies run
+    (two-stream arms), each at one of those positions: `tokens` copies (PT) or the last one.
+    """
+
+    tokens: int
+    context: int
+    base_outputs: int
+    copies: int
+
+
+class StepFn(Protocol):
+    def __call__(
+        self,
+        p: Params,
+        cfg: ModelConfig,
+        base: Stream | None,
+        out: Stream | None,
+        state: Any,
+        li: Any,
+        ctx: StepContext,
+        compute_base: bool = True,
+    ) -> tuple[Stream | None, Stream | None, Any]:
+        """One layer for both streams in ctx.mode. p: this layer's parameters; base / out:
+        Stream | None (out: the output stream's copies); state: the kind's whole stacked cache
+        state (None in sequence mode), written at layer index li; compute_base=False skips the
+        base stream's mixing and FFN (dead in the last layer). Returns (base, out, state)."""
+        ...
+
+
+@runtime_checkable
+class LayerKind(Protocol):
+    """A kind of layer: everything the model, the drivers, the cache, the shardings, FLOP and
+    parameter counts need to know of it. `params_key` names its parameter stack in the model's
+    tree (stacked on a leading axis over the layers of that kind)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def params_key(self) -> str: ...
+
+    @property
+    def reads_last_token(self) -> bool:
+        """Can `read` mode run a base token alone (a single-stream arm's last prompt token)?"""
+        ...
+
+    @property
+    def splits_over_slots(self) -> bool:
+        """Is its cache state K/V over slots (so sequence parallelism may split it)?"""
+        ...
+
+    def num_params(self, cfg: ModelConfig) -> int: ...
+
+    def param_shapes(self, cfg: ModelConfig) -> dict[str, ParamSpec]: ...
+
+    def init_for(self, name: str, cfg: ModelConfig) -> Initializer: ...
+
+    def init_state(self, cfg: ModelConfig, n_layers: int, batch: int, max_len: int,
+                   dtype: Any) -> Any: ...  # fmt: skip
+
+    def state_axes(self, cfg: ModelConfig) -> Any: ...
+
+    def step(self, p: Params, cfg: ModelConfig, base: Stream | None, out: Stream | None,
+             state: Any, li: Any, ctx: StepContext,
+             compute_base: bool = True) -> tuple[Stream | None, Stream | None, Any]: ...  # fmt: skip
+
+    def flops(self, cfg: ModelConfig, work: Work) -> int: ...
+
+    def validate(self, cfg: ModelConfig) -> None: ...
+
+
+def no_checks(cfg: ModelConfig) -> None:
+    """A kind without config checks of its own."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """A LayerKind built from a kind module's functions (one registry entry)."""
 
     name: str
     params_key: str
-    param_shapes: Callable[[ModelConfig], dict[str, tuple[tuple[int, ...], tuple[str, ...]]]]
-    init_for: Callable[[str, ModelConfig], Callable[..., jax.Array]]
+    param_shapes: Callable[[ModelConfig], dict[str, ParamSpec]]
+    init_for: Callable[[str, ModelConfig], Initializer]
     init_state: Callable[[ModelConfig, int, int, int, Any], Any]  # (cfg, layers, B, S, dtype)
     state_axes: Callable[[ModelConfig], Any]  # logical axes of the state (pytree like it)
     step: StepFn
-    # Can `read` mode run a base token alone (a single-stream arm's last prompt token)?
+    flops: Callable[[ModelConfig, Work], int]
+    validate: Callable[[ModelConfig], None] = no_checks
     reads_last_token: bool = True
+    splits_over_slots: bool = False
+
+    def num_params(self, cfg: ModelConfig) -> int:
+        """Parameters of one layer of this kind under cfg."""
+        return sum(math.prod(shape) for shape, _ in self.param_shapes(cfg).values())
 
 
-def block_param_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+def block_param_shapes(cfg: ModelConfig) -> dict[str, ParamSpec]:
     """The parts of a layer every kind shares: the two pre-norms and the SwiGLU FFN."""
     d, f = cfg.d_model, cfg.d_ff
     return {
@@ -128,7 +213,12 @@ def ffn_residual(p: Params, x: jax.Array, mixed: jax.Array, cfg: ModelConfig) ->
     return x + nnl.swiglu(norm(p, x, "mlp_norm", cfg), p["w_gate"], p["w_up"], p["w_down"])
 
 
-def default_init(name: str, cfg: ModelConfig) -> Callable[..., jax.Array]:
+def residual_std(cfg: ModelConfig) -> float:
+    """Init std of a residual branch's output projection: init_std / sqrt(2 * layers) (GPT-2)."""
+    return cfg.init_std / (2 * cfg.n_layers) ** 0.5
+
+
+def default_init(name: str, cfg: ModelConfig) -> Initializer:
     """Norm scales 1 (0 when zero-centred), SO offsets 0, other weights normal(init_std); the
     residual-branch outputs scaled by 1/sqrt(2 * layers) (GPT-2)."""
     import flax.linen as nn
@@ -140,8 +230,8 @@ def default_init(name: str, cfg: ModelConfig) -> Callable[..., jax.Array]:
     if name.endswith("_offset"):
         return nn.initializers.zeros
     std = cfg.init_std
-    if name in ("wo", "w_down", "gdn_out"):
-        std = std / (2 * cfg.n_layers) ** 0.5
+    if name in ("wo", "w_down"):
+        std = residual_std(cfg)
     return nn.initializers.normal(std)
 
 
@@ -157,12 +247,15 @@ def finish_streams(
     [B, L, ...]) -> new x, applied to each stream whose mixer output is not None. merge=True
     (decode: one token per stream) runs both streams as one [B, 2, D] batch."""
     if merge and y is not None and y_out is not None:
+        assert base is not None and out is not None
         both = finish(jnp.concatenate([base.x, out.x], 1), jnp.concatenate([y, y_out], 1))
         n = base.x.shape[1]
         return base.replace(x=both[:, :n]), out.replace(x=both[:, n:])
     if y is not None:
+        assert base is not None
         base = base.replace(x=finish(base.x, y))
     if y_out is not None:
+        assert out is not None
         out = out.replace(x=finish(out.x, y_out))
     return base, out
 

@@ -29,17 +29,55 @@ from orthros_jax.layers.kind import (
     DECODE,
     READ,
     SEQUENCE,
-    LayerKind,
+    Kind,
     Params,
+    ParamSpec,
     StepContext,
     Stream,
+    Work,
     block_param_shapes,
     ffn_residual,
     finish_streams,
     norm,
 )
+from orthros_jax.layers.linear_mixer import FEATURE_MAP
 
-Shapes = dict[str, tuple[tuple[int, ...], tuple[str, ...]]]
+Shapes = dict[str, ParamSpec]
+# (cfg, prefix) -> the kind's own extra checks / per-token FLOPs of its decay gate and conv
+Extra = Callable[[ModelConfig], None]
+
+
+def validate_fields(cfg: ModelConfig, prefix: str) -> None:
+    """ValueError naming the field for the {prefix}_* fields every linear-attention kind has."""
+    for field in ("heads", "kv_heads", "k_head_dim", "v_head_dim", "chunk"):
+        value = getattr(cfg, f"{prefix}_{field}")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"ModelConfig.{prefix}_{field} must be a positive int, got {value!r}")
+    heads, kv = getattr(cfg, f"{prefix}_heads"), getattr(cfg, f"{prefix}_kv_heads")
+    if heads % kv:
+        raise ValueError(
+            f"ModelConfig.{prefix}_heads={heads} must be a multiple of {prefix}_kv_heads={kv} "
+            "(each kv head serves heads/kv consecutive heads)"
+        )
+    fm = getattr(cfg, f"{prefix}_feature_map")
+    if fm not in FEATURE_MAP:
+        raise ValueError(
+            f"ModelConfig.{prefix}_feature_map={fm!r} is unsupported; allowed: {list(FEATURE_MAP)}"
+        )
+
+
+def per_token_flops(cfg: ModelConfig, spec: lm.Spec, gate: int) -> dict[str, int]:
+    """FLOPs one token spends in one layer, by part (as the GDN kind's): what carries the state
+    (k / v projections and conv, the decay gate's `gate` FLOPs, the update diag(a) S + k^T v)
+    and what reads it (q projection and conv, the output gate, q S, out_proj, FFN)."""
+    d, n, k, h, e, kc = (cfg.d_model, spec.heads, spec.kv_heads, spec.k_dim, spec.v_dim,
+                         spec.conv_kernel)  # fmt: skip
+    return {
+        "state": 2 * d * k * (h + e) + 2 * kc * k * (h + e) + gate + 3 * n * h * e,
+        "q": 2 * d * n * h + 2 * kc * n * h,
+        "read": 2 * d * n * e * spec.output_gate + 2 * n * h * e + 2 * n * e * d
+        + 2 * 3 * d * cfg.d_ff,
+    }  # fmt: skip
 
 
 def so_names(spec: lm.Spec) -> tuple[str, str]:
@@ -52,8 +90,12 @@ def make(
     decay_of: Callable[[ModelConfig], lm.DecayFn],
     mixer_shapes: Callable[[ModelConfig], Shapes],
     mixer_init: Callable[[str, ModelConfig], Callable[..., jax.Array]],
-) -> LayerKind:
-    """The LayerKind `name` (parameters under f"{name}_layers") of a linear-attention mixer."""
+    validate_more: Extra,
+    gate_flops: Callable[[ModelConfig], int],
+) -> Kind:
+    """The layer kind `name` (parameters under f"{name}_layers", config fields f"{name}_*")
+    of a linear-attention mixer; validate_more: the kind's own field checks; gate_flops: FLOPs
+    per token of its decay gate."""
 
     def param_shapes(cfg: ModelConfig) -> Shapes:
         shapes = block_param_shapes(cfg) | mixer_shapes(cfg)
@@ -103,8 +145,6 @@ def make(
     def step(p: Params, cfg: ModelConfig, base: Stream | None, out: Stream | None, state, li,
              ctx: StepContext, compute_base: bool = True):  # fmt: skip
         """One layer for both streams in any mode. Returns (base, out, state)."""
-        if ctx.slot_offset is not None:
-            raise ValueError(f"{name} layers do not run sequence-parallel (sp_forward.check_mesh)")
         spec, decay = spec_of(cfg), decay_of(cfg)
         y = cross_y = None
         if ctx.mode == SEQUENCE:
@@ -151,7 +191,18 @@ def make(
                          for heads in (HEADS, KV_HEADS, KV_HEADS))  # fmt: skip
         return lm.LinearState(recurrent=(LAYERS, BATCH, HEADS, None, None), conv=conv)
 
-    return LayerKind(
+    def validate(cfg: ModelConfig) -> None:
+        validate_fields(cfg, name)
+        validate_more(cfg)
+
+    def flops(cfg: ModelConfig, work: Work) -> int:
+        """The recurrent form's FLOPs (not the chunked form's extra intra-chunk work): the
+        state update of every new token, a query + read + FFN per base output and per output
+        copy."""
+        g = per_token_flops(cfg, spec_of(cfg), gate_flops(cfg))
+        return work.tokens * g["state"] + (work.base_outputs + work.copies) * (g["q"] + g["read"])
+
+    return Kind(
         name=name,
         params_key=f"{name}_layers",
         param_shapes=param_shapes,
@@ -159,5 +210,7 @@ def make(
         init_state=init_state,
         state_axes=state_axes,
         step=step,
+        flops=flops,
+        validate=validate,
         reads_last_token=False,
     )

@@ -116,7 +116,7 @@ def make(
 
     def sequence(p: Params, cfg: ModelConfig, base: Stream, out: Stream | None, ctx):
         """(y [B, T, D], cross_y [B, T_out, D] or None); SFT's output copies (ctx.out_index)
-        are scattered to their base tokens and gathered back, as in the GDN kind."""
+        are scattered to their base tokens and taken back, as in the GDN kind."""
         spec, decay = spec_of(cfg), decay_of(cfg)
         h = norm(p, base.x, "attn_norm", cfg)
         empty = lm.init_state(spec, h.shape[0], cfg.jnp_dtype)

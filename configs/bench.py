@@ -50,7 +50,13 @@ def get_config() -> ml_collections.ConfigDict:
         dict(gla_heads=4, gla_kv_heads=4, gla_k_head_dim=64, gla_v_head_dim=128, gla_chunk=64)
     )
     c.ret = ml_collections.ConfigDict(
-        dict(retention_heads=8, retention_kv_heads=8, retention_k_head_dim=64, retention_v_head_dim=128, retention_chunk=64)
+        dict(
+            retention_heads=8,
+            retention_kv_heads=8,
+            retention_k_head_dim=64,
+            retention_v_head_dim=128,
+            retention_chunk=64,
+        )
     )
     c.table4_layer_arms = ("gdn", "gla", "retnet")
     # Two cycles: with one, the only attention layer is the last, whose base output prefill

@@ -134,3 +134,34 @@ def test_1p3b_configs_are_flas_1p3b_models(arm):
     assert (c.train.steps, c.data.batch_size * c.data.seq_len) == (47_683, 2_097_152)
     for name in ("data", "optimizer", "train", "mesh"):
         assert configlib.to_plain(c[name]) == configlib.to_plain(ref[name]), name
+
+
+def test_convert_cli_fla_round_trip(tmp_path):
+    """launch/convert.py --hf_dir on fla's RetNet checkpoint (its own arm), then --export back
+    to fla's format: fla loads the export with the same logits; an Orthros conversion of a pure
+    linear-attention checkpoint is refused with the flag to use."""
+    import os
+    import subprocess
+    import sys
+
+    from orthros_jax import checkpoint
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    model = fla_reference.build("retnet", **COMMON, num_heads=2)
+    model.save_pretrained(tmp_path / "fla")
+    run = lambda *args: subprocess.run(
+        [sys.executable, os.path.join(root, "launch", "convert.py"), *args],
+        capture_output=True, text=True, timeout=300, cwd=root,
+    )  # fmt: skip
+    proc = run(f"--hf_dir={tmp_path / 'fla'}", f"--out={tmp_path / 'model'}", "--architecture=own")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert checkpoint.load_model(str(tmp_path / "model")).cfg.architecture == "retnet"
+    proc = run("--export", f"--model={tmp_path / 'model'}", f"--out={tmp_path / 'back'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tokens = np.random.default_rng(2).integers(0, V, (1, T))
+    reloaded = type(model).from_pretrained(str(tmp_path / "back")).float().eval()
+    np.testing.assert_allclose(
+        fla_reference.logits(reloaded, tokens), fla_reference.logits(model, tokens), atol=1e-6
+    )
+    proc = run(f"--hf_dir={tmp_path / 'fla'}", f"--out={tmp_path / 'o'}", "--architecture=orthros")
+    assert proc.returncode != 0 and "--architecture=own" in proc.stderr

@@ -53,9 +53,10 @@ def recurrence(
     reset_L: np.ndarray,
     s_NHE: np.ndarray,
     scale: float,
+    states: list | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One row of the recurrence in float64; g [L, N, H] or [L, N]. Returns (o [L, N, E],
-    final state [N, H, E])."""
+    final state [N, H, E]); `states`, when given, gets the state after each token."""
     q, k, v, g = (np.asarray(x, np.float64) for x in (q_LNH, k_LNH, v_LNE, g))
     s = np.array(s_NHE, np.float64)
     o = np.zeros(v.shape, np.float64)
@@ -65,6 +66,8 @@ def recurrence(
         decay = np.exp(g[t])[..., None] if g.ndim == 3 else np.exp(g[t])[:, None, None]
         s = decay * s + k[t][:, :, None] * v[t][:, None, :]
         o[t] = np.einsum("nh,nhe->ne", q[t] * scale, s)
+        if states is not None:
+            states.append(s)
     return o, s
 
 
@@ -143,3 +146,75 @@ def retention_mixer(
     g = np.broadcast_to(np.log(gamma), (len(x), nh))
     o, _ = recurrence(q, k, v, g, np.zeros(len(x), bool), np.zeros((nh, hk, e)), hk**-0.5)
     return _norm_gate(p, o, x, "retention", eps)
+
+
+# ------------------------------------------------ the kinds of the whole-model oracle (oracle.py)
+
+
+def _conv_docs(x_LC: np.ndarray, w_KcC: np.ndarray, starts_L: np.ndarray) -> np.ndarray:
+    """conv_silu restarted at every document start (taps before it read zeros)."""
+    out, bounds = np.zeros_like(x_LC), [*np.nonzero(starts_L)[0], len(x_LC)]
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        out[lo:hi] = conv_silu(x_LC[lo:hi], w_KcC)
+    return out
+
+
+def linear_layer(
+    prefix: str, p: Params, spec: Any, base: Any, out: Any, *, feature_map: str | None = None,
+    normalizer: float = 16.0, clamp_min: float | None = None,
+) -> tuple[Any, Any]:  # fmt: skip
+    """One GLA (prefix "gla") or retention ("retention") layer of oracle.py's model over one
+    sequence: the mixer as gla_mixer / retention_mixer with the state restarting at packed
+    documents (and their conv taps) and RetNet's rotary at the tokens' positions; the output
+    copies (Orthros-H) read the state after their token with their own query
+    (SiLU'd when the base query has a conv; SO alpha q' + beta before the feature map)."""
+    import dataclasses
+
+    from oracle import rms_norm, swiglu
+    from oracle_gdn import doc_starts
+
+    p = {n: np.asarray(a, np.float64) for n, a in p.items()}
+    eps = spec.norm_eps
+    ffn = lambda x: x + swiglu(rms_norm(x, p["mlp_norm"], eps), p["w_gate"], p["w_up"],
+                               p["w_down"])  # fmt: skip
+    h = rms_norm(base.x, p["attn_norm"], eps)
+    starts = doc_starts(base)
+    proj = {n: np.einsum("ld,dhk->lhk", h, p[f"{prefix}_w{n}"]) for n in "qkv"}
+    conv = f"{prefix}_conv_q" in p
+    if conv:
+        for n, y in proj.items():
+            w = p[f"{prefix}_conv_{n}"]
+            flat = _conv_docs(y.reshape(len(h), -1), w.reshape(w.shape[0], -1), starts)
+            proj[n] = flat.reshape(y.shape)
+    fm = FEATURE_MAPS[feature_map]
+    qk = lambda x, pos: rotary(fm(x), pos) if prefix == "retention" else fm(x)
+    pos = base.positions.astype(np.float64)
+    q, k = qk(proj["q"], pos), qk(proj["k"], pos)
+    nh, hk = q.shape[1], q.shape[-1]
+    groups = nh // k.shape[1]
+    k, v = np.repeat(k, groups, axis=1), np.repeat(proj["v"], groups, axis=1)
+    if prefix == "gla":
+        gk = np.einsum("lr,rkh->lkh", h @ p["gla_wgk1"], p["gla_wgk2"]) + p["gla_bgk"]
+        gk = logsigmoid(gk) / normalizer
+        g = np.repeat(gk if clamp_min is None else np.maximum(gk, clamp_min), groups, axis=1)
+    else:
+        g = np.broadcast_to(np.log(1.0 - 2.0 ** (-5.0 - np.arange(nh))), (len(h), nh))
+    states: list = []
+    o, _ = recurrence(q, k, v, g, starts, np.zeros((nh, hk, v.shape[-1])), hk**-0.5, states)
+    new_base = dataclasses.replace(base, x=ffn(base.x + _norm_gate(p, o, h, prefix, eps)))
+    if out is None:
+        return new_base, None
+    ho = rms_norm(out.x, p["attn_norm"], eps)
+    y_out = np.zeros_like(out.x)
+    for i in range(len(ho)):
+        (t,) = np.nonzero(
+            (base.positions == out.positions[i]) & (base.segments == out.segments[i])
+        )[0]
+        qo = np.einsum("d,dnh->nh", ho[i], p[f"{prefix}_wq"])
+        qo = 1.0 / (1.0 + np.exp(-qo)) * qo if conv else qo
+        if spec.scale_offset:
+            qo = qo * p[f"{prefix}_so_out_scale"] + p[f"{prefix}_so_out_offset"]
+        qo = qk(qo[None], pos[t : t + 1])[0]
+        oo = np.einsum("nh,nhe->ne", qo * hk**-0.5, states[t])
+        y_out[i] = _norm_gate(p, oo[None], ho[i : i + 1], prefix, eps)[0]
+    return new_base, dataclasses.replace(out, x=ffn(out.x + y_out))

@@ -61,7 +61,7 @@ def table4_params(cfgs: dict[str, ModelConfig], seed: int) -> dict[str, dict]:
     """Shared weights per pair: the single-stream arm is its two-stream partner minus SO; any
     other arm its own."""
     out = {}
-    for single, two in PAIRS:
+    for single, two in (pair for pair in PAIRS if pair[1] in cfgs):
         out[two] = init_params(cfgs[two], jax.random.PRNGKey(seed))
         out[single] = bench.drop_so(out[two], cfgs[two])
     for name, cfg in cfgs.items():

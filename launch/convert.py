@@ -18,6 +18,12 @@ trust_remote_code (config.json's auto_map names modeling_orthros.py, copied alon
     # AutoModelForCausalLM.from_pretrained("path/to/hf_dir", trust_remote_code=True)
 
 A trust_remote_code directory imports back with --hf_dir (its own arm).
+
+flash-linear-attention checkpoints (model_type gla / retnet / gated_deltanet) import as their
+own arm (gla / retnet / gdn) and export back to fla's format (--export_format=fla for gdn):
+
+    python launch/convert.py --hf_dir=path/to/fla-gla-1.3B --out=runs/gla --architecture=own
+    python launch/convert.py --export --model=runs/gla --out=path/to/fla_dir
 """
 
 from __future__ import annotations
@@ -43,8 +49,8 @@ flags.DEFINE_string("out", None, "Output: a model directory (import) or a HF dir
 flags.DEFINE_enum(
     "architecture",
     "orthros",
-    ["orthros", "transformer", "orthros_h", "hybrid"],
-    "orthros(_h): the two-stream conversion; transformer / hybrid: the checkpoint's own arm.",
+    ["orthros", "transformer", "orthros_h", "hybrid", "own"],
+    "orthros(_h): the two-stream conversion; transformer / hybrid / own: the checkpoint's own arm.",
 )
 flags.DEFINE_integer("window", 128, "Base-stream sliding window of the Orthros model.")
 flags.DEFINE_bool("scale_offset", True, "Add identity query scale-offsets (False: w/o-SO).")
@@ -57,6 +63,7 @@ flags.DEFINE_string("model", None, "Model directory to export (with --export).")
 flags.DEFINE_enum(
     "export_dtype", None, ["float32", "bfloat16", "float16"], "Exported dtype (default: params')."
 )
+flags.DEFINE_enum("export_format", None, ["hf", "fla"], "Export format (default: the arm's).")
 flags.DEFINE_integer("max_shard_mb", 5 * 1024, "Shard exported safetensors above this many MiB.")
 flags.DEFINE_bool(
     "remote", False, "Export as trust_remote_code even where transformers has the class."
@@ -76,8 +83,11 @@ def import_hf(hf_dir: str, out: str) -> None:
     cfg, params = load_hf(hf_dir, param_dtype=FLAGS.param_dtype, dtype=FLAGS.dtype)
     logging.info("imported %s: %.1fM params", hf_dir, num_params(cfg) / 1e6)
     if FLAGS.architecture in ("orthros", "orthros_h"):
-        if cfg.architecture == "gdn":
-            raise ValueError("an all-linear-attention Qwen3.5 (gdn arm) has no Orthros form")
+        if cfg.architecture in ("gdn", "gla", "retnet"):
+            raise ValueError(
+                f"a pure linear-attention checkpoint ({cfg.architecture} arm) has no Orthros "
+                "form; import it with --architecture=own"
+            )
         cfg, params = from_transformer(
             params, cfg, window=FLAGS.window, scale_offset=FLAGS.scale_offset
         )
@@ -107,6 +117,7 @@ def export(model_dir: str, out: str) -> None:
         max_shard_bytes=FLAGS.max_shard_mb * 2**20,
         max_position=loaded.max_context,
         remote=True if FLAGS.remote else None,
+        fmt=FLAGS.export_format,
     )
     print(f"wrote Hugging Face directory {os.path.abspath(out)}: {', '.join(files)}")
 

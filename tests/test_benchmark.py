@@ -100,6 +100,10 @@ def test_benchmark_runs_end_to_end(tmp_path):
         "--config.gdn.gdn_k_head_dim=8",
         "--config.gdn.gdn_v_head_dim=8",
         "--config.gdn.gdn_chunk=8",
+        "--config.gla.gla_k_head_dim=8",
+        "--config.gla.gla_v_head_dim=8",
+        "--config.ret.retention_k_head_dim=8",
+        "--config.ret.retention_v_head_dim=8",
         "--config.table4_n_layers=4",
         "--config.table4_lengths=(40,)",
         "--config.table4_contexts=(32,)",
@@ -130,6 +134,10 @@ def test_benchmark_runs_end_to_end(tmp_path):
         assert row["hybrid_over_orthros_h"] > 0 and row["transformer_over_orthros"] > 0
     assert tab["models"]["orthros_h"]["layer_types"] == ["gdn", "gdn", "gdn", "attention"]
     assert "| 40 |" in (out / "table4.md").read_text()
+    for arm, kind in (("gdn", "gdn"), ("gla", "gla"), ("retnet", "retention")):
+        assert tab["decode"][0][f"{arm}_over_transformer"] > 0
+        assert tab["models"][arm]["layer_types"] == [kind]
+    assert "| decode context | transformer ms | gdn ms |" in (out / "table4.md").read_text()
 
 
 def test_headline_reads_each_target_from_its_suite():

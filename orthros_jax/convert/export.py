@@ -24,6 +24,7 @@ from orthros_jax.convert.common import (  # noqa: F401 (check_params, expected_p
     copy_tokenizer,
     expected_param_shapes,
 )
+from orthros_jax.convert.fla import fla_config_from, fla_from_params
 from orthros_jax.convert.hf_config import CONFIG_JSON, hf_config_from
 from orthros_jax.convert.hf_weights import hf_from_params, write_safetensors
 from orthros_jax.convert.qwen35 import qwen35_config_from, qwen35_from_params
@@ -46,6 +47,7 @@ def export_hf(
     max_shard_bytes: int | None = 5 * 2**30,
     max_position: int | None = None,
     remote: bool | None = None,
+    fmt: str | None = None,
 ) -> list[str]:
     """Writes a HF model directory that `transformers` loads; returns the files written.
 
@@ -54,12 +56,16 @@ def export_hf(
     dtype: 'float32' | 'bfloat16' | 'float16' for the written tensors (default
     cfg.param_dtype). max_shard_bytes: shard above this size (None: one file). max_position:
     the context the model was trained on or imported with (config.json's
-    max_position_embeddings).
+    max_position_embeddings). fmt: "fla" for flash-linear-attention's format (the default for
+    the gla / retnet arms; gdn takes either).
     """
     if dtype is not None and dtype not in _DTYPE_NAMES:
         raise ValueError(f"export dtype {dtype!r} is unknown; allowed: {', '.join(_DTYPE_NAMES)}")
+    if fmt not in (None, "hf", "fla"):
+        raise ValueError(f"export fmt {fmt!r} is unknown; allowed: hf, fla")
+    fla = fmt == "fla" or (fmt is None and cfg.architecture in ("gla", "retnet"))
     if remote is None:
-        remote = cfg.architecture not in NATIVE_ARMS
+        remote = not fla and cfg.architecture not in NATIVE_ARMS
     if remote:
         from orthros_jax.convert.remote import export_remote
 
@@ -72,6 +78,8 @@ def export_hf(
     make_config, make_tensors = (
         (qwen35_config_from, qwen35_from_params) if qwen35 else (hf_config_from, hf_from_params)
     )
+    if fla:
+        make_config, make_tensors = fla_config_from, fla_from_params
     hf_config = make_config(cfg, torch_dtype=dtype or cfg.param_dtype)
     if max_position:
         hf_config["max_position_embeddings"] = int(max_position)

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from orthros_jax import config as config_lib
 from orthros_jax.config import ModelConfig
-from orthros_jax.layers import attention, gdn
+from orthros_jax.layers import attention, gdn, gla, retention
 from orthros_jax.layers.kind import LayerKind
 
 KINDS: dict[str, LayerKind] = {  # each module's KIND (a kind.Kind) is a LayerKind
     attention.KIND.name: attention.KIND,
     gdn.KIND.name: gdn.KIND,
+    gla.KIND.name: gla.KIND,
+    retention.KIND.name: retention.KIND,
 }
 
 for _kind in KINDS.values():

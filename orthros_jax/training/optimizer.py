@@ -23,6 +23,8 @@ from orthros_jax.training.config import OptimizerConfig
 DECAYED = frozenset(
     {"wq", "wk", "wv", "wo", "wq_gate", "w_gate", "w_up", "w_down", "lm_head"}
     | {"gdn_wq", "gdn_wk", "gdn_wv", "gdn_wz", "gdn_wb", "gdn_wa", "gdn_out"}
+    | {f"{p}_{w}" for p in ("gla", "retention") for w in ("wq", "wk", "wv", "wg", "out")}
+    | {"gla_wgk1", "gla_wgk2"}
 )
 
 

@@ -4,11 +4,15 @@ A layer step builds its queries and a `Keys` set (what they may read, with posit
 segment ids) and calls `attend(impl, ...)`; the implementation is chosen by name:
   xla          the blocked kernels of attention.py (sliding window O(T*w); causal blocked online
                softmax that skips invisible key blocks; a plain dot for a few queries per row).
-  dot_product  `jax.nn.dot_product_attention` (cuDNN flash attention on GPUs for bf16/fp16).
-               Aligned self-attention with default positions uses its own `is_causal` /
+  dot_product  `jax.nn.dot_product_attention` without `implementation=`: jax's XLA lowering
+               on every backend (it never selects cuDNN; that is `cudnn`). Aligned self-attention with default positions uses its own `is_causal` /
                `local_window_size=(w-1, 0)`; anything else gets an explicit mask built from
                positions and segment ids (its causal mask is aligned top-left, so a chunk
                attending prefix + chunk or a cache cannot use it).
+  splash       jax's Pallas splash-attention kernels on TPU (splash.py): aligned self-attention and
+               SFT's output copies; few queries and other cache reads as xla.
+  cudnn        `jax.nn.dot_product_attention(implementation="cudnn")` (cudnn.py): bf16/fp16 on
+               NVIDIA GPUs; an unsupported case is a ValueError, never another implementation.
   floor        o = q: no attention at all. Not a model; the benchmark's token-wise floor.
   sequence     sequence parallelism, inside `jax.shard_map` over the mesh axis "sequence" (the
                sequence-parallel drivers, sp_forward.py): keys the driver already made whole on
@@ -33,11 +37,13 @@ from orthros_jax.attention import (
     visibility,
 )
 from orthros_jax.config import ModelConfig
+from orthros_jax.cudnn import cudnn_attention
 from orthros_jax.sequence_parallel import (
     SEQUENCE_AXIS,
     merge_partials,
     sharded_global_attention_partial,
 )
+from orthros_jax.splash import splash
 
 # A query count up to which a plain dot over the keys beats the blocked kernels.
 FEW_QUERIES = 8
@@ -53,6 +59,8 @@ class Keys:
     segment_ids [B, P]) of the keys right before, e.g. a chunk's window read from the cache).
     default_positions=True: positions are arange(Lk) in one segment (no packing), which lets
     `dot_product` use its built-in causal/window masks.
+    q_index [B, Lq]: the queries are copies of these keys' tokens, at these array indices (SFT's
+    output stream over the sequence; `splash` attends them at their tokens' places).
     split=True: these are only this shard's keys of a set split over the "sequence" mesh axis
     (a sequence-sharded cache); only the `sequence` implementation combines the shards.
     """
@@ -62,6 +70,7 @@ class Keys:
     positions: jax.Array
     segment_ids: jax.Array
     prefix: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None = None
+    q_index: jax.Array | None = None
     head_major: bool = flax.struct.field(pytree_node=False, default=False)
     aligned: bool = flax.struct.field(pytree_node=False, default=False)
     default_positions: bool = flax.struct.field(pytree_node=False, default=False)
@@ -162,6 +171,8 @@ IMPLEMENTATIONS: dict[str, AttendFn] = {
     "xla": _xla,
     "dot_product": _dot_product,
     "floor": _floor,
+    "splash": splash,
+    "cudnn": cudnn_attention,
     "sequence": _sequence,
 }
 

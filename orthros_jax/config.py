@@ -32,8 +32,9 @@ DEFAULT_LAYER_TYPES: dict[str, tuple[str, ...]] = {
 }
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots")
 ROPE_TYPES: tuple[str, ...] = ("default", "llama3")
-# How to attend (attend.py): blocked XLA kernels, or jax.nn.dot_product_attention (cuDNN on GPU).
-ATTENTION_IMPLS: tuple[str, ...] = ("xla", "dot_product")
+# How to attend (attend.py): blocked XLA kernels, jax.nn.dot_product_attention's XLA lowering,
+# jax's Pallas splash kernels (TPU), or cuDNN flash attention (NVIDIA GPU, bf16/fp16).
+ATTENTION_IMPLS: tuple[str, ...] = ("xla", "dot_product", "splash", "cudnn")
 LAYER_KINDS: tuple[str, ...] = ("attention", "gdn")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 

@@ -1,0 +1,70 @@
+"""attention_impl="cudnn": `jax.nn.dot_product_attention(implementation="cudnn")` (cuDNN flash
+attention, NVIDIA GPUs) behind the attend seam.
+
+What cuDNN gets (q [B, Tq, N, H], keys [B, S, K, H]):
+  aligned, default positions (one unpacked sequence: the benchmarks, prefill of one chunk)
+      is_causal=True, with local_window_size=(w-1, 0) for the base window: no mask array.
+  anything else in sequence / chunk mode (a packed batch, SFT's output copies, a chunk with its
+      prefix): cuDNN has no segment ids, so the seam's mask goes in as an additive bias
+      [B, 1, Tq, S] in q's dtype: O(B * Tq * S) memory per layer (launch/compile.py shows it).
+  few queries (<= FEW_QUERIES per row: decode, a prompt's last token): the xla few-query dot, as
+      for every implementation (a cache read of arbitrary slots is not a flash-attention tile).
+Refused with a ValueError naming the case, before any compile, never run by another
+implementation: a dtype other than bfloat16 / float16; head_dim not a multiple of 8 or above
+256 (cuDNN allows 256 from Hopper, 128 before; cuDNN itself rejects 129-256 on older GPUs);
+an odd query or key count with a bias (cuDNN's training kernels need even lengths).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from orthros_jax.attention import visibility
+from orthros_jax.config import ModelConfig
+
+DTYPES = ("bfloat16", "float16")
+MAX_HEAD_DIM = 256  # Hopper and later; 128 before
+
+
+def check_supported(q: jax.Array, tq: int, s: int, biased: bool) -> None:
+    """ValueError naming what cuDNN flash attention cannot run: q [B, Tq, N, H] over S keys."""
+    dtype, h = jnp.dtype(q.dtype).name, q.shape[-1]
+    if dtype not in DTYPES:
+        raise ValueError(
+            f"attention_impl='cudnn' needs ModelConfig.dtype in {DTYPES} (cuDNN flash "
+            f"attention); got {dtype}: use attention_impl='xla' for {dtype}"
+        )
+    if h % 8 or h > MAX_HEAD_DIM:
+        raise ValueError(
+            f"attention_impl='cudnn' needs head_dim a multiple of 8 and <= {MAX_HEAD_DIM}; got "
+            f"ModelConfig.head_dim={h}"
+        )
+    if biased and (tq % 2 or s % 2):
+        raise ValueError(
+            f"attention_impl='cudnn' with a mask (packed segments, output copies or a prefix) "
+            f"needs even query and key counts; got {tq} queries over {s} keys"
+        )
+
+
+def cudnn_attention(q, q_pos, q_seg, keys, window: int | None, cfg: ModelConfig) -> jax.Array:
+    """The seam's "cudnn" implementation (see the module docstring). q [B, Lq, N, H] at
+    (positions, segment ids) [B, Lq]; returns [B, Lq, N, H] in q's dtype."""
+    from orthros_jax.attend import FEW_QUERIES, IMPLEMENTATIONS  # the seam imports this file
+
+    if q.shape[1] <= FEW_QUERIES:
+        check_supported(q, q.shape[1], keys.k.shape[1], biased=False)
+        return IMPLEMENTATIONS["xla"](q, q_pos, q_seg, keys, window, cfg)
+    plain = keys.aligned and keys.default_positions and keys.prefix is None
+    full = keys if plain else keys.with_prefix()
+    k, v = full.seq_major()
+    check_supported(q, q.shape[1], k.shape[1], biased=not plain)
+    k, v = k.astype(q.dtype), v.astype(q.dtype)
+    if plain:
+        local = None if window is None else (window - 1, 0)
+        return jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, local_window_size=local, implementation="cudnn"
+        )
+    mask = visibility(q_pos, q_seg, full.positions, full.segment_ids, window)
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="cudnn")
+    return out.astype(q.dtype)

@@ -13,6 +13,7 @@ Refused with a ValueError naming the case, before any compile, never run by anot
 implementation: a dtype other than bfloat16 / float16; head_dim not a multiple of 8 or above
 256 (cuDNN allows 256 from Hopper, 128 before; cuDNN itself rejects 129-256 on older GPUs);
 an odd query or key count with a bias (cuDNN's training kernels need even lengths).
+Under a mesh cuDNN runs per shard (kernel_mesh.py), as its partitioner needs q, k, v alike.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 
 from orthros_jax.attention import visibility
 from orthros_jax.config import ModelConfig
+from orthros_jax.kernel_mesh import shard_rows_and_heads
 
 DTYPES = ("bfloat16", "float16")
 MAX_HEAD_DIM = 256  # Hopper and later; 128 before
@@ -60,11 +62,15 @@ def cudnn_attention(q, q_pos, q_seg, keys, window: int | None, cfg: ModelConfig)
     k, v = full.seq_major()
     check_supported(q, q.shape[1], k.shape[1], biased=not plain)
     k, v = k.astype(q.dtype), v.astype(q.dtype)
+    n, kv = q.shape[2], k.shape[2]
     if plain:
         local = None if window is None else (window - 1, 0)
-        return jax.nn.dot_product_attention(
+        call = lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, is_causal=True, local_window_size=local, implementation="cudnn"
         )
-    mask = visibility(q_pos, q_seg, full.positions, full.segment_ids, window)
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="cudnn")
-    return out.astype(q.dtype)
+        return shard_rows_and_heads(call, (q, k, v), (2, 2, 2), n, kv)
+    mask = visibility(q_pos, q_seg, full.positions, full.segment_ids, window)[:, None]
+    call = lambda q, k, v, mask: jax.nn.dot_product_attention(
+        q, k, v, mask=mask, implementation="cudnn"
+    )
+    return shard_rows_and_heads(call, (q, k, v, mask), (2, 2, 2, None), n, kv).astype(q.dtype)

@@ -28,10 +28,8 @@ target's abstract mesh under launch/compile.py, a TPU slice under training) or, 
 default backend is TPU; Pallas's interpreter otherwise (CPU tests; slow, tiny shapes only). A
 GPU mesh is a ValueError: splash is a TPU kernel (use "cudnn" or "xla").
 
-Under a mesh (jax.sharding.get_abstract_mesh(): sharding.jit_train_step traces under it) the
-kernel runs inside jax.shard_map: rows over the batch axes whose product divides B, heads over
-"tensor" when both N and K divide by it, replicated over every other axis. Axes already manual
-(the sequence-parallel driver's shard_map: keys it made whole on its shard) are left to it.
+Under a mesh the kernel runs per shard (kernel_mesh.py: rows over the batch axes, heads over
+"tensor"); inside the sequence-parallel drivers' shard_map it attends the keys they made whole.
 """
 
 from __future__ import annotations
@@ -42,11 +40,10 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as sa
-from jax.sharding import PartitionSpec as P
 
 from orthros_jax.attention import KEY_PAD_SEGMENT
-from orthros_jax.axes import BATCH, HEADS
 from orthros_jax.config import ModelConfig
+from orthros_jax.kernel_mesh import shard_rows_and_heads
 
 # The largest kernel tile; TPU tiles are multiples of 128 lanes.
 MAX_BLOCK = 512
@@ -123,23 +120,6 @@ def _local_call(q, k, v, q_seg, k_seg, window, offset, interpret):
     return out[:, :, :tq]
 
 
-def _mesh_specs(mesh, bsz: int, n: int, kv: int) -> tuple[P, P, set[str]]:
-    """(spec of [B, heads, L, H] arrays, spec of [B, L] arrays, the axes to make manual)."""
-    from orthros_jax.sharding import RULES  # sharding imports the model; this file is under it
-
-    free = [a for a in mesh.axis_names if a not in mesh.manual_axes]
-    sizes = dict(mesh.shape)
-    as_tuple = lambda r: (r,) if isinstance(r, str) else tuple(r or ())
-    rows = [a for a in as_tuple(RULES[BATCH]) if a in free and sizes[a] > 1]
-    while rows and bsz % math.prod(sizes[a] for a in rows):
-        rows.pop()  # the trailing batch axes first, as sharding.shard_spec drops them
-    heads = [a for a in as_tuple(RULES[HEADS]) if a in free and sizes[a] > 1]
-    heads = heads if heads and n % sizes[heads[0]] == 0 and kv % sizes[heads[0]] == 0 else []
-    row_spec = tuple(rows) if len(rows) > 1 else (rows[0] if rows else None)
-    head_spec = heads[0] if heads else None
-    return P(row_spec, head_spec), P(row_spec), set(free)
-
-
 def splash_attention_BNTH(
     q: jax.Array,
     k: jax.Array,
@@ -158,17 +138,9 @@ def splash_attention_BNTH(
     k, v = k.astype(dtype), v.astype(dtype)
     q_seg, k_seg = q_seg.astype(jnp.int32), k_seg.astype(jnp.int32)
     call = functools.partial(_local_call, window=window, offset=offset, interpret=interpret)
-    mesh = jax.sharding.get_abstract_mesh()
-    free = [] if mesh.empty else [a for a in mesh.axis_names if a not in mesh.manual_axes]
-    if not free or math.prod(mesh.shape[a] for a in free) == 1:
-        return call(q, k, v, q_seg, k_seg)
-    heads_spec, rows_spec, manual = _mesh_specs(mesh, q.shape[0], q.shape[1], k.shape[1])
-    fn = jax.shard_map(
-        call, mesh=mesh, axis_names=manual,
-        in_specs=(heads_spec, heads_spec, heads_spec, rows_spec, rows_spec),
-        out_specs=heads_spec, check_vma=False,
-    )  # fmt: skip
-    return fn(q, k, v, q_seg, k_seg)
+    return shard_rows_and_heads(
+        call, (q, k, v, q_seg, k_seg), (1, 1, 1, None, None), q.shape[1], k.shape[1]
+    )
 
 
 def _scatter_copies(x: jax.Array, index: jax.Array, length: int) -> jax.Array:

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from benchmarks.device_specs import DeviceSpec, spec_of
+from benchmarks.device_specs import DeviceSpec
 from benchmarks.hlo_loops import loop_weighted_collective_bytes
 from orthros_jax import cached_forward, flops, sharding, sp_forward
 from orthros_jax.config import ModelConfig
@@ -260,7 +260,7 @@ def compile_program(program: Program, spec: DeviceSpec) -> dict[str, Any]:
         if m:
             rec["oom_need_bytes"] = float(m["need"]) * _UNITS[m["unit"]]
             rec["oom_available_bytes"] = float(m["have"]) * _UNITS[m["unit2"]]
-            rec["oom_what"] = m["what"].strip()
+            rec["oom_what"] = m["what"].split(" for ")[-1].strip()  # e.g. "HLO temporaries"
         return rec
     mem = compiled.memory_analysis()
     b = {
@@ -301,7 +301,14 @@ def markdown(rec: dict[str, Any], command: str = "") -> str:
         ("program", f"{s['mode']}, {s['architecture']}, {s['params'] / 1e9:.2f}B params"),
         ("mesh", ", ".join(f"{k}={v}" for k, v in s["mesh"].items())),
         ("remat / attention", f"{s['remat']} / {s['attention_impl']}"),
-        ("shape", ", ".join(f"{k}={s[k]}" for k in ("batch", "seq_len", "prompt_len", "max_len", "grad_accum_steps") if k in s)),  # fmt: skip
+        (
+            "shape",
+            ", ".join(
+                f"{k}={s[k]}"
+                for k in ("batch", "seq_len", "prompt_len", "max_len", "grad_accum_steps")
+                if k in s
+            ),
+        ),  # fmt: skip
         ("device HBM", _gib(dev["hbm_bytes"])),
     ]
     if "bytes_per_device" in rec:

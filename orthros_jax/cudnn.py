@@ -11,8 +11,9 @@ What cuDNN gets (q [B, Tq, N, H], keys [B, S, K, H]):
       for every implementation (a cache read of arbitrary slots is not a flash-attention tile).
 Refused with a ValueError naming the case, before any compile, never run by another
 implementation: a dtype other than bfloat16 / float16; head_dim not a multiple of 8 or above
-256 (cuDNN allows 256 from Hopper, 128 before; cuDNN itself rejects 129-256 on older GPUs);
-an odd query or key count with a bias (cuDNN's training kernels need even lengths).
+256 (cuDNN allows 256 from Hopper, 128 before; cuDNN itself rejects 129-256 on older GPUs).
+With a bias, cuDNN's training kernels need even query and key counts: an odd one is padded by
+one invisible key / one query that is sliced away (a chunk of C with its W-1 prefix keys).
 Under a mesh cuDNN runs per shard (kernel_mesh.py), as its partitioner needs q, k, v alike.
 """
 
@@ -21,7 +22,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from orthros_jax.attention import visibility
+from orthros_jax.attention import (
+    KEY_PAD_SEGMENT,
+    PAD_POSITION,
+    QUERY_PAD_SEGMENT,
+    visibility,
+)
 from orthros_jax.config import ModelConfig
 from orthros_jax.kernel_mesh import shard_rows_and_heads
 
@@ -29,8 +35,8 @@ DTYPES = ("bfloat16", "float16")
 MAX_HEAD_DIM = 256  # Hopper and later; 128 before
 
 
-def check_supported(q: jax.Array, tq: int, s: int, biased: bool) -> None:
-    """ValueError naming what cuDNN flash attention cannot run: q [B, Tq, N, H] over S keys."""
+def check_supported(q: jax.Array) -> None:
+    """ValueError naming what cuDNN flash attention cannot run: q [B, Tq, N, H]."""
     dtype, h = jnp.dtype(q.dtype).name, q.shape[-1]
     if dtype not in DTYPES:
         raise ValueError(
@@ -42,11 +48,6 @@ def check_supported(q: jax.Array, tq: int, s: int, biased: bool) -> None:
             f"attention_impl='cudnn' needs head_dim a multiple of 8 and <= {MAX_HEAD_DIM}; got "
             f"ModelConfig.head_dim={h}"
         )
-    if biased and (tq % 2 or s % 2):
-        raise ValueError(
-            f"attention_impl='cudnn' with a mask (packed segments, output copies or a prefix) "
-            f"needs even query and key counts; got {tq} queries over {s} keys"
-        )
 
 
 def cudnn_attention(q, q_pos, q_seg, keys, window: int | None, cfg: ModelConfig) -> jax.Array:
@@ -54,13 +55,12 @@ def cudnn_attention(q, q_pos, q_seg, keys, window: int | None, cfg: ModelConfig)
     (positions, segment ids) [B, Lq]; returns [B, Lq, N, H] in q's dtype."""
     from orthros_jax.attend import FEW_QUERIES, IMPLEMENTATIONS  # the seam imports this file
 
+    check_supported(q)
     if q.shape[1] <= FEW_QUERIES:
-        check_supported(q, q.shape[1], keys.k.shape[1], biased=False)
         return IMPLEMENTATIONS["xla"](q, q_pos, q_seg, keys, window, cfg)
     plain = keys.aligned and keys.default_positions and keys.prefix is None
     full = keys if plain else keys.with_prefix()
     k, v = full.seq_major()
-    check_supported(q, q.shape[1], k.shape[1], biased=not plain)
     k, v = k.astype(q.dtype), v.astype(q.dtype)
     n, kv = q.shape[2], k.shape[2]
     if plain:
@@ -69,8 +69,19 @@ def cudnn_attention(q, q_pos, q_seg, keys, window: int | None, cfg: ModelConfig)
             q, k, v, is_causal=True, local_window_size=local, implementation="cudnn"
         )
         return shard_rows_and_heads(call, (q, k, v), (2, 2, 2), n, kv)
-    mask = visibility(q_pos, q_seg, full.positions, full.segment_ids, window)[:, None]
+    tq = q.shape[1]
+    k_pos, k_seg = even(full.positions, PAD_POSITION), even(full.segment_ids, KEY_PAD_SEGMENT)
+    mask = visibility(even(q_pos), even(q_seg, QUERY_PAD_SEGMENT), k_pos, k_seg, window)
     call = lambda q, k, v, mask: jax.nn.dot_product_attention(
         q, k, v, mask=mask, implementation="cudnn"
     )
-    return shard_rows_and_heads(call, (q, k, v, mask), (2, 2, 2, None), n, kv).astype(q.dtype)
+    args = (even(q), even(k), even(v), mask[:, None])
+    out = shard_rows_and_heads(call, args, (2, 2, 2, None), n, kv)
+    return out[:, :tq].astype(q.dtype)
+
+
+def even(x: jax.Array, value=0) -> jax.Array:
+    """x [B, L, ...] padded along L to an even length with `value`."""
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (0, x.shape[1] % 2)
+    return jnp.pad(x, widths, constant_values=value)

@@ -76,7 +76,9 @@ def test_inference_programs_compile_with_tensor_parallel_heads(devices, mode):
     program = aot.program_of(_inference(mode, data=2, tensor=2), devices)
     rec = aot.compile_program(program, spec_of(devices[0].device_kind))
     cfg = ModelConfig(**TINY_MODEL)
-    want = 4 * (flops.prefill_flops(cfg, 512) if mode == "prefill" else flops.decode_flops(cfg, 512))
+    want = 4 * (
+        flops.prefill_flops(cfg, 512) if mode == "prefill" else flops.decode_flops(cfg, 512)
+    )
     assert rec["flops_per_step"] == want
     assert rec["fits"] and rec["bytes_per_device"]["argument"] > 0
     # Prefill chunks of 256 go to the kernel; a decode step is the few-query path (no kernel).

@@ -272,6 +272,7 @@ def compile_program(program: Program, spec: DeviceSpec) -> dict[str, Any]:
     rec["fits"] = b["peak"] <= spec.hbm_bytes
     rec["headroom_bytes"] = spec.hbm_bytes - b["peak"]
     text = compiled.as_text()
+    rec["hlo_text"] = text  # written beside compile.json (hlo.txt.gz), not into it
     # The custom kernels in the program (splash: tpu_custom_call; cuDNN: __cudnn$fmha...).
     rec["custom_calls"] = sorted(set(re.findall(r'custom_call_target="([^"]+)"', text)))
     coll = loop_weighted_collective_bytes(text)

@@ -8,14 +8,15 @@ whether it fits and how fast it can be at best (benchmarks/aot.py does the work)
 
 --target: a TPU topology (v5e:2x2, v5e:4x4, v5p:2x2x1, v5p:2x2x2, v6e:2x2, ...; needs libtpu,
 the `tpu` extra) or h100x1..h100x8 (needs jax-cuda12-plugin and jax-cuda12-pjrt of jax's
-version, --no-deps). --mesh.<axis>=N is --config.mesh.<axis>=N. Writes --out/compile.json and
+version, --no-deps). --mesh.<axis>=N is --config.mesh.<axis>=N. Writes --out/compile.json,
 --out/compile.md (the table: per-device memory vs HBM, analytic FLOPs, collective bytes,
-roofline step time and MFU bound). A bad target, a mesh that does not match the target's
-device count or a missing compiler exits with one line.
+roofline step time and MFU bound) and --out/hlo.txt.gz (the optimized program). A bad target,
+a mesh that does not match the target's device count or a missing compiler exits with one line.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shlex
@@ -56,6 +57,10 @@ def main(argv: list[str]) -> None:
     rec["target"] = _TARGET.value
     rec["command"] = "python launch/compile.py " + shlex.join(sys.argv[1:]).replace("--config.mesh.", "--mesh.")  # fmt: skip
     os.makedirs(_OUT.value, exist_ok=True)
+    hlo = rec.pop("hlo_text", None)
+    if hlo is not None:  # the optimized program, for reading its collectives and kernels
+        with gzip.open(os.path.join(_OUT.value, "hlo.txt.gz"), "wt") as f:
+            f.write(hlo)
     with open(os.path.join(_OUT.value, "compile.json"), "w") as f:
         json.dump(rec, f, indent=1)
     table = aot.markdown(rec, rec["command"])

@@ -18,7 +18,7 @@ BAD = [
     ({"layer_types": ("mamba",)}, "layer_types"),
     ({"partial_rotary_factor": 1.5}, "partial_rotary_factor"),
     ({"head_dim": 10, "partial_rotary_factor": 0.3}, "partial_rotary_factor"),
-    ({"attention_impl": "cudnn"}, "attention_impl"),
+    ({"attention_impl": "flash"}, "attention_impl"),
     ({"remat": "some"}, "remat"),
     ({"dtype": "float8"}, "dtype"),
     ({"rope_type": "yarn"}, "rope_type"),

@@ -154,3 +154,56 @@ def test_output_copies_run_in_the_kernel_and_match_reference():
         k_segment_ids=seg,
     )  # fmt: skip
     np.testing.assert_allclose(np.asarray(run(q)), np.asarray(want), atol=TOL, rtol=0)
+
+
+_MESH_CHILD = r"""
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+sys.path.insert(0, "tests")
+from conftest import tiny_config
+from orthros_jax import inference as inf, sharding
+from orthros_jax.model import OrthrosLM, init_params
+from orthros_jax.training import MeshConfig
+
+cfg = tiny_config(vocab_size=64, d_model=64, head_dim=16, window=16, d_ff=128, prefill_chunk=16)
+params = init_params(cfg, jax.random.PRNGKey(0))
+rng = np.random.default_rng(0)
+out = {}
+# Sequence-parallel prefill + decode: each shard's chunks of 16 go to the kernel with their
+# 15-key halo as prefix, inside the driver's shard_map.
+prompts, lengths = rng.integers(0, 64, (2, 80)).astype(np.int32), np.array([80, 45])
+for impl, mesh in (("xla", None), ("splash", sharding.sequence_mesh(4))):
+    c = cfg.replace(attention_impl=impl)
+    cache = inf.init_cache(c, 2, 128, mesh=mesh)
+    logits, cache = inf.prefill(params, cache, prompts, lengths, c)
+    step, cache = inf.decode_step(params, cache, np.array([3, 5], np.int32), c)
+    out["sp_" + impl] = np.stack([np.asarray(logits), np.asarray(step)]).tolist()
+# A PT loss and its gradient on a data=2 x fsdp=2 mesh: the kernel in shard_map over rows.
+tokens = jnp.asarray(rng.integers(0, 64, (4, 128)).astype(np.int32))
+mesh = sharding.make_mesh(MeshConfig(data=2, fsdp=2, tensor=1))
+for impl in ("xla", "splash"):
+    model = OrthrosLM(cfg.replace(attention_impl=impl))
+    loss = lambda p: jnp.mean(model.apply({"params": p}, tokens) ** 2)
+    fn = jax.jit(sharding.traced_under(jax.value_and_grad(loss), mesh))
+    value, grad = fn(sharding.put_tree(params, sharding.param_shardings(cfg, mesh)))
+    out["pt_" + impl] = [float(value)] + [float(jnp.abs(g).sum()) for g in jax.tree.leaves(grad)]
+print(json.dumps(out))
+"""
+
+
+def test_kernel_under_a_mesh_matches_xla():
+    # 4 simulated CPU devices in a child process (the device count is fixed at jax's start).
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", PYTHONPATH=root)
+    res = subprocess.run(
+        [sys.executable, "-c", _MESH_CHILD], cwd=root, env=env, capture_output=True, text=True,
+        timeout=900, check=True,
+    )  # fmt: skip
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(out["sp_splash"], out["sp_xla"], atol=TOL, rtol=0)
+    np.testing.assert_allclose(out["pt_splash"], out["pt_xla"], rtol=1e-5, atol=0)

@@ -3,7 +3,7 @@ r"""Table 4 through the server, and throughput / TTFT against concurrency (issue
     python benchmarks/serve_load.py --out=runs/serve_load
     python benchmarks/serve_load.py --out=runs/serve_load --shapes=4096/32,4096/256 --concurrency=1,4
 
-Each arm of the Table 4 pairs (orthros_jax.bench_table4: the bench model of configs/bench.py,
+Each arm of the Table 4 pairs (benchmarks.table4: the bench model of configs/bench.py,
 two layer cycles; Transformer vs Orthros and Linear Hybrid vs Orthros-H, each pair sharing its
 weights) is served by the engine + OpenAI app (orthros_jax/serving) on 127.0.0.1 in this
 process, and an async `openai` client replays the paper's protocol: per shape input/output,
@@ -44,8 +44,9 @@ import numpy as np
 import openai
 from absl import app, flags
 
-from orthros_jax import bench_table4, inference
-from orthros_jax import benchmarking as bench
+from benchmarks import common as bench
+from benchmarks import table4 as bench_table4
+from orthros_jax import inference
 from orthros_jax.configlib import load_config_file
 from orthros_jax.data.tokenizers import ByteTokenizer
 from orthros_jax.model import init_params

@@ -19,6 +19,8 @@ Under a mesh cuDNN runs per shard (kernel_mesh.py), as its partitioner needs q, 
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -29,7 +31,7 @@ from orthros_jax.kernels.attention import (
     QUERY_PAD_SEGMENT,
     visibility,
 )
-from orthros_jax.layers.attend import FEW_QUERIES, IMPLEMENTATIONS
+from orthros_jax.layers.attend import FEW_QUERIES, IMPLEMENTATIONS, Keys
 from orthros_jax.layers.kernel_mesh import shard_rows_and_heads
 
 DTYPES = ("bfloat16", "float16")
@@ -51,7 +53,8 @@ def check_supported(q: jax.Array) -> None:
         )
 
 
-def cudnn_attention(q, q_pos, q_seg, keys, window: int | None, cfg: ModelConfig) -> jax.Array:
+def cudnn_attention(q: jax.Array, q_pos: jax.Array, q_seg: jax.Array, keys: Keys,
+                    window: int | None, cfg: ModelConfig) -> jax.Array:  # fmt: skip
     """The seam's "cudnn" implementation (see the module docstring). q [B, Lq, N, H] at
     (positions, segment ids) [B, Lq]; returns [B, Lq, N, H] in q's dtype."""
 
@@ -72,15 +75,16 @@ def cudnn_attention(q, q_pos, q_seg, keys, window: int | None, cfg: ModelConfig)
     tq = q.shape[1]
     k_pos, k_seg = even(full.positions, PAD_POSITION), even(full.segment_ids, KEY_PAD_SEGMENT)
     mask = visibility(even(q_pos), even(q_seg, QUERY_PAD_SEGMENT), k_pos, k_seg, window)
-    call = lambda q, k, v, mask: jax.nn.dot_product_attention(
-        q, k, v, mask=mask, implementation="cudnn"
-    )
+
+    def masked(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="cudnn")
+
     args = (even(q), even(k), even(v), mask[:, None])
-    out = shard_rows_and_heads(call, args, (2, 2, 2, None), n, kv)
+    out = shard_rows_and_heads(masked, args, (2, 2, 2, None), n, kv)
     return out[:, :tq].astype(q.dtype)
 
 
-def even(x: jax.Array, value=0) -> jax.Array:
+def even(x: jax.Array, value: Any = 0) -> jax.Array:
     """x [B, L, ...] padded along L to an even length with `value`."""
     widths = [(0, 0)] * x.ndim
     widths[1] = (0, x.shape[1] % 2)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 from jax.sharding import PartitionSpec as P
@@ -21,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from orthros_jax.axes import BATCH, HEADS, RULES
 
 
-def _as_tuple(r) -> tuple[str, ...]:
+def _as_tuple(r: Any) -> tuple[str, ...]:
     return (r,) if isinstance(r, str) else tuple(r or ())
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +44,7 @@ from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.kernels.attention import KEY_PAD_SEGMENT
-from orthros_jax.layers.attend import FEW_QUERIES, IMPLEMENTATIONS
+from orthros_jax.layers.attend import FEW_QUERIES, IMPLEMENTATIONS, Keys
 from orthros_jax.layers.kernel_mesh import shard_rows_and_heads
 
 # The largest kernel tile; TPU tiles are multiples of 128 lanes.
@@ -75,8 +76,9 @@ def use_interpret() -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel(heads: int, tq: int, s: int, window: int | None, offset: int, interpret: bool):
+def _kernel(heads: int, tq: int, s: int, window: int | None, offset: int, interpret: bool) -> Any:
     """The splash kernel of one static mask (built once per shape: mask processing is numpy)."""
+    one: Any
     if window is None:
         one = sa.CausalMask((tq, s), offset=offset)
     else:
@@ -95,13 +97,14 @@ def _kernel(heads: int, tq: int, s: int, window: int | None, offset: int, interp
         )  # fmt: skip
 
 
-def _pad_to(x: jax.Array, axis: int, length: int, value=0) -> jax.Array:
+def _pad_to(x: jax.Array, axis: int, length: int, value: Any = 0) -> jax.Array:
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, length - x.shape[axis])
     return jnp.pad(x, widths, constant_values=value)
 
 
-def _local_call(q, k, v, q_seg, k_seg, window, offset, interpret):
+def _local_call(q: jax.Array, k: jax.Array, v: jax.Array, q_seg: jax.Array, k_seg: jax.Array,
+                window: int | None, offset: int, interpret: bool) -> jax.Array:  # fmt: skip
     """One shard's rows: q [b, n, Tq, H] (pre-scaled), k, v [b, kv, S, H], segments [b, Tq] /
     [b, S]. Query i's own key is key offset + i. Returns [b, n, Tq, H]."""
     tq, s = q.shape[2], k.shape[2]
@@ -150,7 +153,8 @@ def _scatter_copies(x: jax.Array, index: jax.Array, length: int) -> jax.Array:
     return jax.vmap(scatter)(x, index)
 
 
-def splash(q, q_pos, q_seg, keys, window: int | None, cfg: ModelConfig) -> jax.Array:
+def splash(q: jax.Array, q_pos: jax.Array, q_seg: jax.Array, keys: Keys, window: int | None,
+           cfg: ModelConfig) -> jax.Array:  # fmt: skip
     """The seam's "splash" implementation (see the module docstring for what goes where).
     q [B, Lq, N, H] at (positions, segment ids) [B, Lq]; returns [B, Lq, N, H] in q's dtype."""
 

@@ -278,6 +278,14 @@ def compile_program(program: Program, spec: DeviceSpec) -> dict[str, Any]:
     rec["headroom_bytes"] = spec.hbm_bytes - b["peak"]
     text = compiled.as_text()
     rec["hlo_text"] = text  # written beside compile.json (hlo.txt.gz), not into it
+    return analyze(rec, text, spec)
+
+
+def analyze(rec: dict[str, Any], text: str, spec: DeviceSpec) -> dict[str, Any]:
+    """The figures read from the optimized HLO text into `rec` (which holds the memory stats):
+    the custom kernels, loop-weighted collective bytes, the roofline terms and the MFU bound.
+    Also re-runs on a saved hlo.txt.gz (refresh)."""
+    b = rec["bytes_per_device"]
     # The custom kernels in the program (splash: tpu_custom_call; cuDNN: __cudnn$fmha...).
     rec["custom_calls"] = sorted(set(re.findall(r'custom_call_target="([^"]+)"', text)))
     coll = loop_weighted_collective_bytes(text)
@@ -288,6 +296,22 @@ def compile_program(program: Program, spec: DeviceSpec) -> dict[str, Any]:
     step = max(t_flops, t_mem, t_comm)
     rec["roofline_s"] = {"compute": t_flops, "memory": t_mem, "collectives": t_comm, "step": step}
     rec["mfu_bound"] = t_flops / step if step > 0 else math.nan
+    return rec
+
+
+def refresh(out_dir: str) -> dict[str, Any]:
+    """Re-reads out_dir/hlo.txt.gz into out_dir/compile.json (after a change to the HLO
+    analysis; the compile itself is not redone)."""
+    import gzip
+    import json
+
+    with open(os.path.join(out_dir, "compile.json")) as f:
+        rec = json.load(f)
+    with gzip.open(os.path.join(out_dir, "hlo.txt.gz"), "rt") as f:
+        text = f.read()
+    rec = analyze(rec, text, DeviceSpec(**rec["device"]))
+    with open(os.path.join(out_dir, "compile.json"), "w") as f:
+        json.dump(rec, f, indent=1)
     return rec
 
 

@@ -2,7 +2,10 @@
 
 benchmarks.hlo_stats.collective_bytes counts each instruction once as written, so a collective
 in a scanned layer body counts once. Here each computation is weighted by how often it runs:
-the product of the `known_trip_count` of the while loops that (transitively) call it.
+the product of the trip counts of the while loops that (transitively) call it: XLA's
+`known_trip_count` where the backend writes it (GPU), else the bound of the loop condition's
+single `compare(counter, constant(N)), direction=LT` (a lax.scan / fori_loop counter from 0, as
+the TPU compiler leaves it); 1 when neither is there.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ _CALLEE = re.compile(
 )
 _BRANCHES = re.compile(r"branch_computations=\{(?P<names>[^}]*)\}")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(?P<n>\d+)"\}')
+_COND = re.compile(r"condition=%?(?P<name>[\w.\-]+)")
+_CONST = re.compile(r"%?(?P<name>[\w.\-]+)\s*=\s*[su]32\[\]\S*\s+constant\((?P<n>\d+)\)")
+_LT = re.compile(r"compare\((?P<args>[^)]*)\),\s*direction=LT")
 _COLLECTIVE = re.compile(
     r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<shape>.+?)\s+"
     r"(?P<op>" + "|".join(re.escape(k) for k in COLLECTIVE_KINDS) + r")(?:-done)?\("
@@ -41,6 +47,19 @@ def _computations(text: str) -> dict[str, list[str]]:
     return comps
 
 
+def _condition_bound(lines: list[str]) -> int | None:
+    """N of a loop condition `counter < N` (one LT compare against one int constant)."""
+    consts = {m["name"]: int(m["n"]) for line in lines if (m := _CONST.search(line))}
+    bounds = [
+        consts[a.strip().lstrip("%")]
+        for line in lines
+        if (m := _LT.search(line))
+        for a in m["args"].split(",")
+        if a.strip().lstrip("%") in consts
+    ]
+    return bounds[0] if len(bounds) == 1 else None
+
+
 def loop_weighted_collective_bytes(text: str) -> dict[str, int]:
     """{kind: bytes} per device for one execution of the program's entry: every collective's
     result bytes times the trip counts of the loops around it (1 where XLA knows no count)."""
@@ -51,8 +70,12 @@ def loop_weighted_collective_bytes(text: str) -> dict[str, int]:
     for name, lines in comps.items():
         for line in lines:
             trip = _TRIP.search(line)
+            count = int(trip["n"]) if trip else None
+            cond = _COND.search(line) if " while(" in line else None
+            if count is None and cond and cond["name"] in comps:
+                count = _condition_bound(comps[cond["name"]])
             for m in _CALLEE.finditer(line):
-                n = int(trip["n"]) if trip and m["attr"] in ("body", "condition") else 1
+                n = count or 1 if m["attr"] in ("body", "condition") else 1
                 parent.setdefault(m["name"], (name, n))
             b = _BRANCHES.search(line)
             for callee in b["names"].split(",") if b else ():

@@ -8,11 +8,14 @@
 Argument after ':' = the converted model directory (init_from; default
 runs/llama31_8b_orthros); its tokenizer.json is the data tokenizer. Recipe: AdamW lr 3e-5,
 10,000 steps with 500 warmup, cosine to min-lr ratio 0.1, weight decay 0.1, sequence length
-32768, 8M-token batches (32 rows x 8 accumulation micro-batches x 32768 = 8,388,608 tokens per
+32768, 8M-token batches (8 rows x 32 accumulation micro-batches x 32768 = 8,388,608 tokens per
 update), activation checkpointing, window 128. Betas/eps/clipping are not stated in the paper:
 (0.9, 0.95), 1e-8, 1.0. The model section is Llama-3.1-8B's config.json (llama3 rope scaling)
 as Orthros with identity scale-offsets; the shape check against init_from catches a mismatch.
-Sharding: fsdp over all devices, bf16 activations, fp32 master params and Adam moments.
+Sharding: fsdp over all devices, bf16 activations, fp32 master params and Adam moments, the
+splash attention kernels (TPU; --config.model.attention_impl=cudnn on GPUs). 8 rows per
+micro-batch: one per chip on v5p:2x2x2 (84 GiB of 95) or 8 x H100 (67 GiB of 80), the smallest
+targets it fits (launch/compile.py; 32 rows need 180 GiB per v5p chip).
 """
 
 import os
@@ -24,7 +27,7 @@ from orthros_jax.configlib import section
 from orthros_jax.data import DataConfig
 from orthros_jax.training import DistributedConfig, LoopConfig, MeshConfig, OptimizerConfig
 
-SEQ_LEN, ROWS, ACCUM = 32768, 32, 8  # 8,388,608 tokens per optimizer update
+SEQ_LEN, ROWS, ACCUM = 32768, 8, 32  # 8,388,608 tokens per optimizer update
 DEFAULT_INIT = "runs/llama31_8b_orthros"
 
 LLAMA31_8B = dict(
@@ -60,6 +63,7 @@ def conversion_config(model: dict, init_from: str) -> ml_collections.ConfigDict:
             param_dtype="float32",
             scan_layers=True,
             remat="full",  # Table 6: activation checkpointing
+            attention_impl="splash",
             attention_block_q=512,
             attention_block_k=1024,
         )

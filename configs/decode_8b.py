@@ -1,9 +1,13 @@
 """Fig. 4's 8B decode step at a 128K-token context as a program to compile (launch/compile.py):
 configs/prefill_8b.py's model, one token per row against a full cache of 131,072 slots.
 
-    python launch/compile.py --config=configs/decode_8b.py --target=v5p:2x2x1 --out=runs/aot/d128k
+    python launch/compile.py --config=configs/decode_8b.py --target=v5e:2x2 --out=runs/aot/d128k
+    python launch/compile.py --config=configs/decode_8b.py --target=v5p:2x2x1 --mesh.tensor=1 \
+        --out=runs/aot/d128k_v5p
 
 Sections as in prefill_8b.py; --config.inference.batch_size sets the rows decoded at once.
+Default mesh: tensor=4 (heads and kv heads over 4 chips), the smallest slice it fits, v5e:2x2
+(11.7 GiB of 16 per chip); one v5p chip holds it whole (47 GiB).
 """
 
 import importlib.util
@@ -17,4 +21,6 @@ def get_config() -> ml_collections.ConfigDict:
     spec = importlib.util.spec_from_file_location("_prefill_8b", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.inference_config("decode", 131072, 1)
+    c = module.inference_config("decode", 131072, 1)
+    c.mesh.tensor = 4
+    return c

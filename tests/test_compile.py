@@ -139,3 +139,9 @@ ENTRY %main (a: f32[4]) -> f32[4] {
     got = loop_weighted_collective_bytes(hlo)
     assert got["all-reduce"] == 3 * 16 and got["all-gather"] == 16
     assert sum(got.values()) == 64
+    # Without known_trip_count (the TPU compiler's HLO) the condition's `i < 5` bounds the loop.
+    no_count = hlo.replace(', backend_config={"known_trip_count":{"n":"3"}}', "")
+    no_count = no_count.replace("compare(%i, %n)", "compare(%i, %five)").replace(
+        "  ROOT %lt", "  %five = s32[] constant(5)\n  ROOT %lt"
+    )
+    assert loop_weighted_collective_bytes(no_count)["all-reduce"] == 5 * 16

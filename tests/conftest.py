@@ -6,11 +6,34 @@ directory on sys.path, and module-level constants and parametrize lists cannot u
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
 from typing import Any
 
 import jax
 
 from orthros_jax.config import ModelConfig
+
+
+def _qwen35_on_torch_paths() -> None:
+    """transformers' Qwen3.5 layers pick flash-linear-attention's Triton kernels when `fla`
+    imports (its decorator tries the package when the modeling module is imported), and those
+    cannot run on a CPU. With fla and triton installed (the convert extra: fla's own models are
+    the GLA / RetNet references), import that module once with fla hidden, so the Hugging Face
+    references take transformers' torch path whichever test imports fla first."""
+    if importlib.util.find_spec("transformers") is None or "fla" in sys.modules:
+        return
+    sys.modules["fla"] = None  # type: ignore[assignment]  # makes `import fla` raise ImportError
+    try:
+        importlib.import_module("transformers.models.qwen3_5.modeling_qwen3_5")
+    except ImportError:
+        pass
+    finally:
+        del sys.modules["fla"]
+
+
+_qwen35_on_torch_paths()
 
 # 2 layers, d_model 32, 4 query / 2 kv heads of 8 (G = 2), SwiGLU 64, window 8: GQA and two
 # streams at a size that compiles in seconds. Tests override what they are about.

@@ -292,6 +292,8 @@ def main(argv: list[str]) -> None:
                 ("shapes", FLAGS.shapes),
                 ("pairs", FLAGS.pairs),
                 ("concurrency", FLAGS.concurrency),
+                ("decode_steps", FLAGS.decode_steps),
+                ("repeats", FLAGS.repeats),
                 ("out", FLAGS.out),
             )
         ),  # fmt: skip

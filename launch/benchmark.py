@@ -8,7 +8,7 @@ Suites: prefill (library prefill vs the floor), honesty (Transformer arm vs dens
 memory (compiled prefill temp bytes), decode (decode_step per context), train (a PT step),
 inference (TTFT and decode tokens/s through the serving API: prefill, decode_step, generate),
 window (the window-attention kernel alone; not run by default), sequence (sequence-parallel
-prefill on 8 devices, orthros_jax/bench_sequence.py; not run by default; configs/bench_sequence.py
+prefill on 8 devices, benchmarks/sequence.py; not run by default; configs/bench_sequence.py
 has its command), table4 (the paper's Table 4 pairs, Linear Hybrid vs Orthros-H and Transformer
 vs Orthros, orthros_jax/bench_table4.py; not run by default; configs/bench_hybrid.py).
 Everything is measured side by side in one process (the machine is shared and noisy, so only
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import platform
 import statistics
 import sys
@@ -31,14 +32,20 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from orthros_jax import bench_sequence, bench_table4, configlib, flops
-from orthros_jax import benchmarking as bench
-from orthros_jax.bench_report import write_report
-from orthros_jax.cached_forward import prefill_jit
+from orthros_jax import configlib
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import decode_step, generate, prefill
-from orthros_jax.kv_cache import init_cache
+from orthros_jax.inference.cache import init_cache
+from orthros_jax.inference.drivers import prefill_jit
 from orthros_jax.model import OrthrosLM, init_params
+
+# benchmarks/ lives beside launch/, outside the installed package.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from benchmarks import common as bench  # noqa: E402
+from benchmarks import flops  # noqa: E402
+from benchmarks import sequence as bench_sequence  # noqa: E402
+from benchmarks import table4 as bench_table4  # noqa: E402
+from benchmarks.report import write_report  # noqa: E402
 
 _CONFIG = configlib.define_config_flag("configs/bench.py", "Benchmark config.", "benchmark.py")
 _OUT = flags.DEFINE_string("out", None, "Directory for bench.json and the reports.")
@@ -276,7 +283,7 @@ def main(argv) -> None:
     os.makedirs(_OUT.value, exist_ok=True)
     cfgs = arms(c)
     p = init_params(cfgs["orthros"], jax.random.PRNGKey(c.seed))
-    params = {"orthros": p, "transformer": bench.drop_so(p)}
+    params = {"orthros": p, "transformer": bench.drop_so(p, cfgs["orthros"])}
     results = {
         "date": time.strftime("%Y-%m-%d"),
         "device": str(jax.devices()[0].device_kind),

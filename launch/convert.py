@@ -23,6 +23,7 @@ from absl import app, flags, logging
 
 from orthros_jax import checkpoint
 from orthros_jax.convert import export_hf, from_transformer, hf_tokenizer_file, load_hf
+from orthros_jax.model import num_params
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("hf_dir", None, "Hugging Face model directory to import.")
@@ -50,7 +51,7 @@ flags.DEFINE_integer("max_shard_mb", 5 * 1024, "Shard exported safetensors above
 def import_hf(hf_dir: str, out: str) -> None:
     """HF directory -> model directory (its own arm, or converted to Orthros / Orthros-H)."""
     cfg, params = load_hf(hf_dir, param_dtype=FLAGS.param_dtype, dtype=FLAGS.dtype)
-    logging.info("imported %s: %.1fM params", hf_dir, cfg.num_params() / 1e6)
+    logging.info("imported %s: %.1fM params", hf_dir, num_params(cfg) / 1e6)
     if FLAGS.architecture in ("orthros", "orthros_h"):
         if cfg.architecture == "gdn":
             raise ValueError("an all-linear-attention Qwen3.5 (gdn arm) has no Orthros form")
@@ -65,7 +66,7 @@ def import_hf(hf_dir: str, out: str) -> None:
         # HF vocabulary; say so rather than fail, since training from ids still works.
         logging.warning("%s has no tokenizer.json; the model directory will have none", hf_dir)
     checkpoint.save_model(out, cfg, params, tokenizer_file=tokenizer)
-    print(f"wrote {cfg.architecture} model ({cfg.num_params():,} params) to {os.path.abspath(out)}")
+    print(f"wrote {cfg.architecture} model ({num_params(cfg):,} params) to {os.path.abspath(out)}")
 
 
 def export(model_dir: str, out: str) -> None:

@@ -24,7 +24,7 @@ from absl import logging as absl_logging
 from orthros_jax.checkpoint import load_model
 from orthros_jax.data.tokenizers import load_tokenizer
 from orthros_jax.inference import decode_step, init_cache, prefill
-from orthros_jax.sampling import Sampler, sample
+from orthros_jax.inference.sampling import Sampler, sample
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "Model directory or training workdir (load_model).")

@@ -8,33 +8,67 @@ functions read. Launchers build it from an `ml_collections` config with
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Mapping
+import difflib
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import jax.numpy as jnp
 
-from orthros_jax.gdn import gdn_param_shapes
-
 Architecture = Literal["orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h"]
-ARCHITECTURES: tuple[str, ...] = ("orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h")
-# The arms with an Orthros output stream (per-stream query SO by default).
-TWO_STREAM_ARCHITECTURES: tuple[str, ...] = ("orthros", "orthros_h")
-# Each arm's layer_types when none is given: attention arms all attention, gdn all GDN, the
-# hybrids Qwen3.5's cycle of three GDN layers and one attention layer.
-DEFAULT_LAYER_TYPES: dict[str, tuple[str, ...]] = {
-    "orthros": ("attention",),
-    "transformer": ("attention",),
-    "swa": ("attention",),
-    "gdn": ("gdn",),
-    "hybrid": ("gdn", "gdn", "gdn", "attention"),
-    "orthros_h": ("gdn", "gdn", "gdn", "attention"),
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One of the paper's arms, as data: the layer kinds it is made of and how it attends.
+
+    layer_types: the default cycle of kinds; kinds: the set every cycle of this arm must use;
+    two_streams: an Orthros output stream (per-stream query SO by default); base_window: the
+    base stream's attention is the sliding window (else causal over every key)."""
+
+    layer_types: tuple[str, ...]
+    kinds: frozenset[str]
+    two_streams: bool = False
+    base_window: bool = False
+
+
+def _arm(cycle: tuple[str, ...], **flags: bool) -> Arm:
+    return Arm(cycle, frozenset(cycle), **flags)
+
+
+# The hybrids use Qwen3.5's cycle of three GDN layers and one attention layer.
+ARMS: dict[str, Arm] = {
+    "orthros": _arm(("attention",), two_streams=True, base_window=True),
+    "transformer": _arm(("attention",)),
+    "swa": _arm(("attention",), base_window=True),
+    "gdn": _arm(("gdn",)),
+    "hybrid": _arm(("gdn", "gdn", "gdn", "attention")),
+    "orthros_h": _arm(("gdn", "gdn", "gdn", "attention"), two_streams=True, base_window=True),
 }
+ARCHITECTURES: tuple[str, ...] = tuple(ARMS)
+TWO_STREAM_ARCHITECTURES: tuple[str, ...] = tuple(a for a, arm in ARMS.items() if arm.two_streams)
+DEFAULT_LAYER_TYPES: dict[str, tuple[str, ...]] = {a: arm.layer_types for a, arm in ARMS.items()}
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots")
 ROPE_TYPES: tuple[str, ...] = ("default", "llama3")
-# How to attend (attend.py): blocked XLA kernels, or jax.nn.dot_product_attention (cuDNN on GPU).
-ATTENTION_IMPLS: tuple[str, ...] = ("xla", "dot_product")
-LAYER_KINDS: tuple[str, ...] = ("attention", "gdn")
+# The layer kinds and the attention implementations, registered by orthros_jax.layers (its
+# registry and attend modules; the package's __init__ imports them, so they are always here):
+# ModelConfig checks layer_types and attention_impl against them and runs each used kind's own
+# checks of its fields. config.py itself imports nothing of the package.
+KIND_CHECKS: dict[str, Callable[[ModelConfig], None]] = {}
+ATTENTION_IMPLS: list[str] = []
+
+
+def register_layer_kind(name: str, validate: Callable[[ModelConfig], None]) -> None:
+    """Makes `name` a valid entry of layer_types; validate(cfg) raises ValueError for fields of
+    that kind that do not fit."""
+    KIND_CHECKS[name] = validate
+
+
+def register_attention_impl(name: str) -> None:
+    """Makes `name` a valid attention_impl."""
+    if name not in ATTENTION_IMPLS:
+        ATTENTION_IMPLS.append(name)
+
+
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
 
@@ -59,10 +93,9 @@ class ModelConfig:
     architecture: Architecture = "orthros"
     # Per-stream query scale-offset; None = the arm's default (on for the two-stream arms).
     scale_offset: bool | None = None
-    # The repeating cycle of layer kinds (n_layers must be a multiple of its length); None =
-    # the arm's DEFAULT_LAYER_TYPES. gdn: all "gdn"; hybrid / orthros_h: both kinds;
-    # orthros / transformer / swa: all "attention".
-    layer_types: tuple[str, ...] | None = None
+    # The repeating cycle of layer kinds (n_layers must be a multiple of its length); () =
+    # the arm's default (ARMS).
+    layer_types: tuple[str, ...] = ()  # () or None: the arm's default
     rope_theta: float = 10_000.0
     rope_type: str = "default"
     rope_factor: float = 1.0
@@ -105,10 +138,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.scale_offset is None:
             object.__setattr__(self, "scale_offset", self.architecture in TWO_STREAM_ARCHITECTURES)
-        if self.layer_types is None:
-            object.__setattr__(
-                self, "layer_types", DEFAULT_LAYER_TYPES.get(self.architecture, ("attention",))
-            )
+        if not self.layer_types:  # None or (): the arm's default
+            object.__setattr__(self, "layer_types", DEFAULT_LAYER_TYPES.get(self.architecture, ()))
         if isinstance(self.layer_types, list):
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
         positive = (
@@ -170,20 +201,20 @@ class ModelConfig:
         for name in ("rope_theta", "norm_eps", "rope_factor", "init_std"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"ModelConfig.{name} must be > 0, got {getattr(self, name)!r}")
-        if not self.layer_types or any(k not in LAYER_KINDS for k in self.layer_types):
+        if not self.layer_types or any(k not in KIND_CHECKS for k in self.layer_types):
             raise ValueError(
                 f"ModelConfig.layer_types={self.layer_types!r}: a non-empty cycle of kinds from "
-                f"{', '.join(LAYER_KINDS)}"
+                f"{', '.join(KIND_CHECKS)}"
             )
         if self.n_layers % len(self.layer_types):
             raise ValueError(
                 f"ModelConfig.n_layers={self.n_layers} must be a multiple of the layer_types "
                 f"cycle length {len(self.layer_types)}"
             )
-        if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim % 2:
+        if not 0 < self.partial_rotary_factor <= 1 or self.rope_dim < 1:
             raise ValueError(
                 f"ModelConfig.partial_rotary_factor={self.partial_rotary_factor} must be in (0, 1] "
-                f"and give an even rotary dim (head_dim={self.head_dim})"
+                f"and leave at least one rotary dim: int(head_dim={self.head_dim} * factor) >= 1"
             )
         if self.scale_offset and not self.two_streams:
             raise ValueError(
@@ -191,40 +222,37 @@ class ModelConfig:
                 f"({', '.join(TWO_STREAM_ARCHITECTURES)}), got {self.architecture!r}; the "
                 "single-stream arms have no query scale-offset"
             )
-        if self.gdn_num_v_heads % self.gdn_num_k_heads:
-            raise ValueError(
-                f"ModelConfig.gdn_num_v_heads={self.gdn_num_v_heads} must be a multiple of "
-                f"gdn_num_k_heads={self.gdn_num_k_heads} (each key head serves Hv/Hk consecutive "
-                "value heads)"
-            )
         self._check_layer_types_of_arm()
+        for kind in dict.fromkeys(self.layer_types):
+            KIND_CHECKS[kind](self)
 
     def _check_layer_types_of_arm(self) -> None:
-        """gdn: every layer GDN; hybrid / orthros_h: both kinds; the others: attention only."""
-        kinds = set(self.layer_types)
-        arch = self.architecture
-        if arch == "gdn":
-            ok, want = kinds == {"gdn"}, "only 'gdn' layers"
-        elif arch in ("hybrid", "orthros_h"):
-            ok, want = kinds == {"gdn", "attention"}, "both 'gdn' and 'attention' layers"
-        else:
-            ok, want = kinds == {"attention"}, "only 'attention' layers"
-        if not ok:
+        """Every cycle of an arm uses exactly the arm's kinds (ARMS)."""
+        arm = ARMS[self.architecture]
+        if set(self.layer_types) != arm.kinds:
             raise ValueError(
                 f"ModelConfig.layer_types={self.layer_types!r} does not fit architecture "
-                f"{arch!r}, which needs {want} (e.g. {DEFAULT_LAYER_TYPES[arch]!r}, the default)"
+                f"{self.architecture!r}, which needs exactly the kinds {sorted(arm.kinds)} (e.g. "
+                f"{arm.layer_types!r}, the default)"
             )
 
     @property
+    def rope_dim(self) -> int:
+        """The dim RoPE's frequencies are computed for, int(head_dim * partial_rotary_factor) as
+        in transformers: frequencies theta^(-2i / rope_dim), i < ceil(rope_dim / 2)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
     def rotary_dim(self) -> int:
-        """Leading dims of each head that RoPE rotates."""
-        return int(round(self.head_dim * self.partial_rotary_factor))
+        """Leading dims of each head that RoPE rotates: two per frequency (rope_dim rounded up
+        to even, e.g. head_dim 12 at factor 0.25: rope_dim 3, rotary_dim 4)."""
+        return 2 * -(-self.rope_dim // 2)
 
     @property
     def base_window(self) -> int | None:
         """The base stream's window (None: causal over every key, the Transformer arm and the
         Linear Hybrid's full-attention layers)."""
-        return None if self.architecture in ("transformer", "hybrid") else self.window
+        return self.window if ARMS[self.architecture].base_window else None
 
     @property
     def n_cycles(self) -> int:
@@ -260,7 +288,7 @@ class ModelConfig:
 
     @property
     def two_streams(self) -> bool:
-        return self.architecture in TWO_STREAM_ARCHITECTURES
+        return ARMS[self.architecture].two_streams
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
@@ -274,32 +302,14 @@ class ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
+            hints = [
+                f"{k!r} (did you mean {close[0]!r}?)"
+                if (close := difflib.get_close_matches(k, known, 1))
+                else repr(k)
+                for k in unknown
+            ]
             raise ValueError(
-                f"unknown ModelConfig field(s) {unknown}; valid fields: {', '.join(sorted(known))}"
+                f"unknown ModelConfig field(s) {', '.join(hints)}; valid fields: "
+                f"{', '.join(sorted(known))}"
             )
         return cls(**dict(values))
-
-    def num_params(self) -> int:
-        """Parameter count (embeddings and head included)."""
-        d, n, k, h, f, v = (
-            self.d_model,
-            self.n_heads,
-            self.n_kv_heads,
-            self.head_dim,
-            self.d_ff,
-            self.vocab_size,
-        )
-        block = 3 * d * f + 2 * d
-        per_layer = d * n * h + 2 * d * k * h + n * h * d + block
-        if self.attn_output_gate:
-            per_layer += d * n * h
-        if self.qk_norm:
-            per_layer += 2 * h
-        if self.scale_offset:
-            per_layer += 4 * n * h
-        per_gdn = block + sum(math.prod(s) for s, _ in gdn_param_shapes(self).values())
-        if self.scale_offset:
-            per_gdn += 2 * self.gdn_num_k_heads * self.gdn_k_head_dim  # the cross query's SO
-        head = 0 if self.tie_embeddings else d * v
-        layers = self.layers_of("attention") * per_layer + self.layers_of("gdn") * per_gdn
-        return v * d + layers + d + head

@@ -7,9 +7,9 @@ Architectures (ModelConfig.architecture):
   transformer  one stream, global causal attention.
   swa          one stream, sliding-window attention.
 
-The layer math lives in the layer kinds (attention_layer.py; layer_kind.py says what a kind
-is); this file and cached_forward.py are drivers over their `step`, and stack.layer_loop is
-the one loop over layers.
+The layer math lives in the layer kinds (layers/attention.py, layers/gdn.py; layers/kind.py says
+what a kind is); this file and inference/drivers.py are drivers over their `step`, and
+layers/stack.layer_loop is the one loop over layers.
 
 Parameter tree (shapes): embedding [V, D]; final_norm [D]; lm_head [D, V] (absent when tied);
 each kind's per-layer parameters stacked on a leading axis under its key, e.g. for attention
@@ -24,15 +24,24 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from orthros_jax import layers as nnl
-from orthros_jax import stack
 from orthros_jax.axes import EMBED, VOCAB
 from orthros_jax.config import ModelConfig
-from orthros_jax.layer_kind import SEQUENCE, LayerKind, Params, StepContext, Stream, document_starts
+from orthros_jax.kernels.attention import check_positions_contract
+from orthros_jax.layers import primitives as nnl
+from orthros_jax.layers import stack
+from orthros_jax.layers.kind import (
+    SEQUENCE,
+    LayerKind,
+    Params,
+    StepContext,
+    Stream,
+    document_starts,
+)
+from orthros_jax.layers.registry import kinds_of
 
 __all__ = [
-    "OrthrosLM", "Params", "Stream", "forward_streams", "gather_stream", "init_params",
-    "param_logical_axes",
+    "OrthrosLM", "Params", "Stream", "final_logits", "forward_streams", "gather_stream",
+    "init_params", "num_params", "param_logical_axes",
 ]  # fmt: skip
 
 
@@ -88,7 +97,7 @@ class OrthrosLM(nn.Module):
             (cfg.vocab_size, cfg.d_model),
             cfg.jnp_param_dtype,
         )
-        for kind in stack.kinds_of(cfg):  # the attribute name is the params key
+        for kind in kinds_of(cfg):  # the attribute name is the params key
             setattr(self, kind.params_key, stack.KindStack(cfg, kind.name))
         self.final_norm = self.param(
             "final_norm",
@@ -113,14 +122,14 @@ class OrthrosLM(nn.Module):
 
     def head(self, x: jax.Array) -> jax.Array:
         """Final norm + LM head: [B, L, D] -> float32 logits [B, L, V]."""
-        head = self.embedding.T if self.cfg.tie_embeddings else self.lm_head
-        cfg = self.cfg
-        h = nnl.rms_norm(x, self.final_norm, cfg.norm_eps, cfg.norm_zero_centered)
-        return nnl.lm_logits(h, head)
+        parts = {"embedding": self.embedding, "final_norm": self.final_norm}
+        if not self.cfg.tie_embeddings:
+            parts["lm_head"] = self.lm_head
+        return final_logits(parts, x, self.cfg)
 
     def layer_params(self) -> Params:
         """Every kind's parameter stack, under its params_key."""
-        return {k.params_key: getattr(self, k.params_key)() for k in stack.kinds_of(self.cfg)}
+        return {k.params_key: getattr(self, k.params_key)() for k in kinds_of(self.cfg)}
 
     def __call__(
         self,
@@ -138,6 +147,8 @@ class OrthrosLM(nn.Module):
         """
         bsz, t = tokens.shape
         default_positions = positions is None and segment_ids is None
+        if positions is not None:  # while still concrete: the layer scan traces them
+            check_positions_contract(positions, segment_ids)
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (bsz, t))
         if segment_ids is None:
@@ -159,6 +170,22 @@ class OrthrosLM(nn.Module):
         if not self.cfg.two_streams and output_positions is not None:
             final = gather_stream(final, output_positions)
         return self.head(final.x)
+
+
+def final_logits(params: Params, x_BLD: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Final norm + LM head (the embedding's transpose when tied): [B, L, D] -> float32
+    logits [B, L, V]. params: the model's tree (embedding, final_norm, lm_head)."""
+    head = params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
+    h = nnl.rms_norm(x_BLD, params["final_norm"], cfg.norm_eps, cfg.norm_zero_centered)
+    return nnl.lm_logits(h, head)
+
+
+def num_params(cfg: ModelConfig) -> int:
+    """Parameter count of OrthrosLM(cfg) (embeddings and head included), summed over the layer
+    kinds' declared parameters."""
+    d, v = cfg.d_model, cfg.vocab_size
+    layers = sum(k.num_params(cfg) * cfg.layers_of(k.name) for k in kinds_of(cfg))
+    return v * d + layers + d + (0 if cfg.tie_embeddings else d * v)
 
 
 def gather_stream(stream: Stream, index_BT: jax.Array) -> Stream:

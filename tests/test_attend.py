@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from orthros_jax import inference as inf
-from orthros_jax.attend import Keys, attend
-from orthros_jax.attention import local_attention, reference_attention
 from orthros_jax.config import ModelConfig
+from orthros_jax.kernels.attention import local_attention
+from orthros_jax.kernels.reference import reference_attention
+from orthros_jax.layers.attend import Keys, attend
 from orthros_jax.model import OrthrosLM, init_params
 
 CFG = ModelConfig(attention_block_q=8, attention_block_k=8, attention_block_local=4)
@@ -89,13 +90,15 @@ def test_few_queries_over_head_major_cache(impl, window):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
 
 
-def test_floor_is_identity():
+def test_floor_is_identity_and_unknown_names_are_refused():
+    from benchmarks.common import floor
+
     q, k, v = _qkv(4, 1, 8)
     pos = jnp.broadcast_to(jnp.arange(8), (1, 8))
     keys = Keys(k, v, pos, jnp.ones_like(pos), aligned=True)
-    np.testing.assert_array_equal(np.asarray(attend("floor", q, pos, pos, keys, 3, CFG)), q)
-    with pytest.raises(ValueError, match="cudnn"):
-        attend("cudnn", q, pos, pos, keys, 3, CFG)
+    np.testing.assert_array_equal(np.asarray(attend(floor, q, pos, pos, keys, 3, CFG)), q)
+    with pytest.raises(ValueError, match="floor"):  # not a model's implementation
+        attend("floor", q, pos, pos, keys, 3, CFG)
 
 
 def test_local_attention_rejects_positions_that_break_the_contract():

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from orthros_jax.attention import global_attention, local_attention, reference_attention
+from orthros_jax.kernels.attention import global_attention, local_attention
+from orthros_jax.kernels.reference import reference_attention
 
 
 def _qkv(seed: int, b: int, lq: int, lk: int, n: int, k: int, h: int):

@@ -12,9 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 from conftest import tiny_config
 
-from orthros_jax import bench_report, flops
-from orthros_jax import benchmarking as bench
+from benchmarks import common as bench
+from benchmarks import flops
+from benchmarks import report as bench_report
 from orthros_jax.inference import init_cache, prefill
+from orthros_jax.layers.attention import keys_read
 from orthros_jax.model import init_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,12 +30,20 @@ def test_dense_prefill_equals_transformer_prefill():
     want, cache_a = prefill(params, init_cache(CFG, 2, 24), tokens, lengths, CFG)
     got, cache_b = bench.dense_prefill(CFG)(params, init_cache(CFG, 2, 24), tokens)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
-    np.testing.assert_allclose(np.asarray(cache_b.k), np.asarray(cache_a.k), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(
+        np.asarray(cache_b.states["attention"][0]),
+        np.asarray(cache_a.states["attention"][0]),
+        atol=1e-5,
+        rtol=0,
+    )
     floor_logits, floor_cache = bench.floor_prefill(CFG)(params, init_cache(CFG, 2, 24), tokens)
     assert floor_logits.shape == want.shape
     # The floor writes the cache of the first layer exactly (attention only changes later ones).
     np.testing.assert_allclose(
-        np.asarray(floor_cache.k[0]), np.asarray(cache_a.k[0]), atol=1e-5, rtol=0
+        np.asarray(floor_cache.states["attention"][0][0]),
+        np.asarray(cache_a.states["attention"][0][0]),
+        atol=1e-5,
+        rtol=0,
     )
 
 
@@ -51,8 +61,9 @@ def test_time_interleaved_alternates_calls_and_ratio_is_per_round():
 def test_flop_model_hand_values():
     cfg = CFG.replace(architecture="orthros", scale_offset=True)
     # Window keys: positions 0..5 with w=4 read 1+2+3+4+4+4 keys.
-    assert flops._keys_window(6, 4) == 18
-    assert flops._keys_causal(6) == 21
+    assert keys_read(0, 6, 4) == 18
+    assert keys_read(0, 6, None) == 21
+    assert keys_read(4, 2, 4) == 8  # positions 4, 5 only
     # Orthros prefill grows linearly, the Transformer's quadratically.
     o1, o2 = flops.prefill_flops(cfg, 1000), flops.prefill_flops(cfg, 2000)
     t1, t2 = flops.prefill_flops(CFG, 1000), flops.prefill_flops(CFG, 2000)

@@ -148,13 +148,13 @@ def test_checksums_are_sharding_independent_and_catch_single_changes():
 
 
 def test_init_from_loads_params_and_fills_identity_scale_offsets(tmp_path):
-    from orthros_jax import sharding
     from orthros_jax.model import init_params
+    from orthros_jax.parallel import mesh as pmesh
     from orthros_jax.training.loop import abstract_state, fresh_state
 
     cfg = tiny_train_config()
     tx = make_optimizer(cfg.optimizer, cfg.train.steps)
-    abstract, params_sh = abstract_state(cfg, tx, sharding.make_mesh(cfg.mesh))
+    abstract, params_sh = abstract_state(cfg, tx, pmesh.make_mesh(cfg.mesh))
 
     def start_from(model_cfg, name):
         params = init_params(model_cfg, jax.random.PRNGKey(5))

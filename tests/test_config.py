@@ -6,7 +6,7 @@ import jax
 import pytest
 
 from orthros_jax.config import ARCHITECTURES, TWO_STREAM_ARCHITECTURES, ModelConfig
-from orthros_jax.model import init_params
+from orthros_jax.model import init_params, num_params
 
 BAD = [
     ({"n_heads": 6, "n_kv_heads": 4}, "n_kv_heads"),
@@ -17,7 +17,7 @@ BAD = [
     ({"n_layers": 3, "layer_types": ("attention", "attention")}, "layer_types"),
     ({"layer_types": ("mamba",)}, "layer_types"),
     ({"partial_rotary_factor": 1.5}, "partial_rotary_factor"),
-    ({"head_dim": 10, "partial_rotary_factor": 0.3}, "partial_rotary_factor"),
+    ({"head_dim": 10, "partial_rotary_factor": 0.05}, "partial_rotary_factor"),  # int(0.5) = 0
     ({"attention_impl": "cudnn"}, "attention_impl"),
     ({"remat": "some"}, "remat"),
     ({"dtype": "float8"}, "dtype"),
@@ -83,7 +83,7 @@ def test_paper_size_shapes(name):
     cfg = PAPER_SIZES[name]
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
     total = sum(x.size for x in jax.tree.leaves(shapes))
-    assert total == cfg.num_params()
+    assert total == num_params(cfg)
     assert shapes["layers"]["wq"].shape == (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim)
     if name == "llama3.1-8B":
         # 8.03B for Llama-3.1-8B plus the four SO vectors per layer.
@@ -99,3 +99,16 @@ def test_layer_slots_number_each_kinds_layers_in_order():
     assert all(
         cfg.layer_index(c, j) == cfg.layer_slots()[3 * c + j][1] for c in (0, 1) for j in (0, 1, 2)
     )
+
+
+def test_partial_rotary_follows_transformers_rule():
+    """rope_dim = int(head_dim * factor) (odd allowed); two rotated dims per frequency."""
+    cfg = ModelConfig(head_dim=12, partial_rotary_factor=0.25)
+    assert (cfg.rope_dim, cfg.rotary_dim) == (3, 4)
+    assert (ModelConfig(head_dim=10, partial_rotary_factor=0.3).rotary_dim) == 4  # int(3.0) = 3
+    assert ModelConfig(head_dim=32).rotary_dim == 32
+
+
+def test_unknown_field_suggests_the_closest():
+    with pytest.raises(ValueError, match="did you mean 'window'"):
+        ModelConfig.from_dict({"windw": 3})

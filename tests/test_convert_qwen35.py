@@ -42,6 +42,16 @@ CONFIGS = {
         linear_value_head_dim=8, linear_conv_kernel_dim=3, tie_word_embeddings=True,
         layer_types=["linear_attention", "full_attention"] * 2,
     ),
+    # transformers' partial rotary for an odd int(head_dim * factor) = 3: it rotates the first
+    # 4 dims with frequencies theta^(-2i/3), i = 0, 1 (once refused here).
+    "odd_rotary": dict(
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=12,
+        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
+        linear_value_head_dim=8, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.25},
+    ),
 }  # fmt: skip
 
 

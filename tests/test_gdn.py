@@ -15,11 +15,10 @@ import pytest
 from conftest import tiny_config
 from oracle_gdn import gdn_mix_reference
 
+from orthros_jax.axes import CONV_KERNEL, GDN_K_HEADS, GDN_V_HEADS
 from orthros_jax.config import ModelConfig
-from orthros_jax.gdn import (
-    GDN_CONV_KERNEL,
-    GDN_K_HEADS,
-    GDN_V_HEADS,
+from orthros_jax.convert.gdn_hf import HF_NAMES, gdn_to_hf, hf_to_gdn
+from orthros_jax.layers.gdn_mixer import (
     GDNState,
     gdn_decode,
     gdn_init,
@@ -27,7 +26,6 @@ from orthros_jax.gdn import (
     gdn_param_shapes,
     init_gdn_state,
 )
-from orthros_jax.gdn_hf import HF_NAMES, gdn_to_hf, hf_to_gdn
 
 # Hk 2, Hv 4 (each key head serves two value heads), dk 8 != dv 6, conv kernel 4, chunk 8;
 # two layers (gdn_out's depth scaling).
@@ -259,7 +257,7 @@ def test_param_shapes_axes_and_init():
     shapes = gdn_param_shapes(CFG)
     assert shapes["gdn_wq"] == ((16, 2, 8), ("embed", GDN_K_HEADS, "head_dim"))
     assert shapes["gdn_wz"] == ((16, 4, 6), ("embed", GDN_V_HEADS, "head_dim"))
-    assert shapes["gdn_conv_v"] == ((4, 4, 6), (GDN_CONV_KERNEL, GDN_V_HEADS, "head_dim"))
+    assert shapes["gdn_conv_v"] == ((4, 4, 6), (CONV_KERNEL, GDN_V_HEADS, "head_dim"))
     assert shapes["gdn_out"] == ((4, 6, 16), (GDN_V_HEADS, "head_dim", "embed"))
     key = jax.random.PRNGKey(0)
     a = np.exp(np.asarray(gdn_init("gdn_a_log", CFG)(key, (4096,), jnp.float32)))

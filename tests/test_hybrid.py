@@ -13,9 +13,9 @@ import pytest
 from conftest import tiny_config
 
 from orthros_jax import inference as inf
-from orthros_jax import sampling
 from orthros_jax.config import ModelConfig
-from orthros_jax.model import OrthrosLM, init_params
+from orthros_jax.inference import sampling
+from orthros_jax.model import OrthrosLM, init_params, num_params
 
 ARCHS = ("gdn", "hybrid", "orthros_h")
 # GDN chunk 4, prefill chunk 6 (not a multiple of 4), window 5: chunk boundaries misaligned.
@@ -76,7 +76,7 @@ def test_prefill_then_decode_matches_forward(arch):
     want = np.asarray(forward(params, jnp.asarray(full)))
     prompts = np.where(np.arange(full.shape[1])[None] < LENGTHS[:, None], full, -1)
     cache = inf.init_cache(cfg, bsz, 29)
-    assert cache.linear is not None and cache.linear.recurrent.shape == (
+    assert cache.states["gdn"].recurrent.shape == (
         cfg.layers_of("gdn"),
         bsz,
         4,
@@ -152,7 +152,7 @@ def test_packed_documents_equal_separate_rows(arch):
 def test_num_params_counts_the_tree(arch):
     cfg = _cfg(arch, attn_output_gate=True, qk_norm=True)
     params = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
-    assert cfg.num_params() == sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
+    assert num_params(cfg) == sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
 
 
 def test_arms_and_layer_types_validated():

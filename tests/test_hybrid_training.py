@@ -66,21 +66,22 @@ def test_train_cli_orthros_h_resumes(tmp_path):
 
 
 def test_gdn_params_and_state_shard_by_the_rules():
-    """Every GDN parameter and the GDN cache state get their mesh axes from sharding.RULES
+    """Every GDN parameter and the GDN cache state get their mesh axes from pmesh.RULES
     (an abstract data=2 x fsdp=2 x tensor=2 mesh), and a cache made on a (one-device) mesh
-    carries NamedShardings for KVCache.linear and prefills."""
+    carries NamedShardings for the GDN state and prefills."""
     from jax.sharding import AbstractMesh
 
-    from orthros_jax import gdn_layer, sharding
     from orthros_jax import inference as inf
+    from orthros_jax.layers import gdn as gdn_layer
     from orthros_jax.model import param_logical_axes
+    from orthros_jax.parallel import mesh as pmesh
     from orthros_jax.training import MeshConfig
 
     cfg = tiny_model(architecture="orthros_h", **GDN)
-    mesh = AbstractMesh((2, 2, 2), sharding.MESH_AXES)
+    mesh = AbstractMesh((2, 2, 2), pmesh.MESH_AXES)
     logical = param_logical_axes(cfg)["gdn_layers"]
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))["gdn_layers"]
-    spec = {n: sharding.shard_spec(tuple(logical[n]), shapes[n].shape, mesh) for n in shapes}
+    spec = {n: pmesh.shard_spec(tuple(logical[n]), shapes[n].shape, mesh) for n in shapes}
     P = PartitionSpec
     assert spec["gdn_wq"] == P(None, "fsdp", "tensor")  # [layers, D, Hk, dk]
     assert spec["gdn_wv"] == P(None, "fsdp", "tensor")  # [layers, D, Hv, dv]
@@ -92,15 +93,15 @@ def test_gdn_params_and_state_shard_by_the_rules():
     assert spec["w_down"] == P(None, "tensor", "fsdp")
     state = jax.eval_shape(lambda: gdn_layer.init_state(cfg, 2, 4, 16, jnp.float32))
     axes = gdn_layer.state_axes(cfg)
-    assert sharding.shard_spec(axes.recurrent, state.recurrent.shape, mesh) == P(
+    assert pmesh.shard_spec(axes.recurrent, state.recurrent.shape, mesh) == P(
         None, ("data", "fsdp"), "tensor"
     )
-    assert sharding.shard_spec(axes.conv_v, state.conv_v.shape, mesh) == P(
+    assert pmesh.shard_spec(axes.conv_v, state.conv_v.shape, mesh) == P(
         None, ("data", "fsdp"), None, "tensor"
     )
-    one = sharding.make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
+    one = pmesh.make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
     cache = inf.init_cache(cfg, 2, 16, mesh=one)
-    assert cache.linear.recurrent.sharding.mesh.shape == one.shape
+    assert cache.states["gdn"].recurrent.sharding.mesh.shape == one.shape
     params = init_params(cfg, jax.random.PRNGKey(0))
     toks = np.random.default_rng(1).integers(0, 256, (2, 9))
     lens = np.array([9, 4])

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from conftest import randomize_so, single_stream, tiny_config
 
-from orthros_jax import cached_forward as fwd
 from orthros_jax import inference as inf
-from orthros_jax import sampling
-from orthros_jax.attention import few_query_attention
 from orthros_jax.config import ModelConfig
+from orthros_jax.inference import drivers as fwd
+from orthros_jax.inference import sampling
+from orthros_jax.kernels.attention import few_query_attention
 from orthros_jax.model import OrthrosLM, init_params
 
 ARCHS = ("orthros", "transformer", "swa")
@@ -210,7 +210,7 @@ def test_invalid_inputs_raise_before_compiling():
     for match, call in cases:
         with pytest.raises(ValueError, match=match):
             call()
-    full = inf.KVCache(cache.k, cache.v, jnp.asarray([16, 3], jnp.int32))
+    full = cache.replace(lengths=jnp.asarray([16, 3], jnp.int32))
     with pytest.raises(ValueError, match="row 0 is full"):
         inf.decode_step(params, full, [1, 2], cfg)
     assert (fwd.prefill_jit._cache_size(), fwd.decode_jit._cache_size()) == compiled

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from conftest import randomize_so, single_stream, tiny_config
 
-from orthros_jax.attention_layer import layer_kv, step
-from orthros_jax.layer_kind import SEQUENCE, StepContext
+from orthros_jax.layers.attention import layer_kv, step
+from orthros_jax.layers.kind import SEQUENCE, StepContext
 from orthros_jax.model import OrthrosLM, Stream, init_params
 
 BASE = tiny_config(
@@ -167,3 +167,22 @@ def test_scan_and_unrolled_layers_agree(params):
     c = _apply(BASE.replace(remat="full"), params, tokens)
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     np.testing.assert_allclose(a, c, atol=1e-5, rtol=0)
+
+
+def test_repeated_positions_are_refused_before_the_scan():
+    """positions that repeat inside a segment would make the blocked window kernel read the
+    wrong keys (it finds a query's window among the array's previous keys): refused while
+    they are concrete, for every attention implementation."""
+    from orthros_jax.config import ModelConfig
+    from orthros_jax.model import OrthrosLM, init_params
+
+    cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1,
+                      head_dim=8, d_ff=32, window=4)  # fmt: skip
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    tokens = jnp.zeros((1, 16), jnp.int32)
+    positions = jnp.arange(16)[None] // 4
+    for impl in ("xla", "dot_product"):
+        with pytest.raises(ValueError, match="positions must increase"):
+            OrthrosLM(cfg.replace(attention_impl=impl)).apply(
+                {"params": params}, tokens, positions=positions
+            )

@@ -87,7 +87,7 @@ def test_install_cell_installs_when_the_package_is_missing(tmp_path):
     run = _run_cell(cell, tmp_path, env)
     assert run.returncode == 0, run.stderr[-3000:]
     assert f"orthros_jax from {target / 'orthros_jax'}" in run.stdout
-    assert (target / "orthros_jax" / "cached_forward.py").is_file()
+    assert (target / "orthros_jax" / "inference" / "drivers.py").is_file()
 
     # Without SOURCE, opened from a checkout's notebooks/: the cell installs that checkout (pip
     # is made to fail at once here; its error names what it was asked to install).

@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from orthros_jax import sequence_parallel as sp
-from orthros_jax.attention import KEY_PAD_SEGMENT, QUERY_PAD_SEGMENT
-from orthros_jax.hlo_stats import COLLECTIVE_KINDS, collective_bytes
+from benchmarks.hlo_stats import COLLECTIVE_KINDS, collective_bytes
+from orthros_jax.kernels import collectives as sp
+from orthros_jax.kernels.attention import KEY_PAD_SEGMENT, QUERY_PAD_SEGMENT
 
 SHARDS, B, N, KV, H = 8, 2, 4, 2, 8
 AXIS = "sequence"
@@ -47,7 +47,7 @@ def _worker(out_dir: str) -> None:
     from jax.sharding import Mesh
     from jax.sharding import PartitionSpec as P
 
-    from orthros_jax.attention import reference_attention
+    from orthros_jax.kernels.reference import reference_attention
 
     assert jax.device_count() == SHARDS, jax.devices()
     mesh = Mesh(np.array(jax.devices()), (AXIS,))

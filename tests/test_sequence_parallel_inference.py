@@ -71,8 +71,9 @@ def _serve(arch: str, mesh, params=None) -> dict[str, np.ndarray]:
     for i, tok in enumerate(x["next"]):
         out[f"decode{i}"], cache = decode_step(params, cache, tok, cfg)
     if mesh is not None:
-        out["cache_spec"] = np.array(str(cache.k.sharding.spec))
-    out.update(k=cache.k, v=cache.v, lengths=cache.lengths)
+        out["cache_spec"] = np.array(str(cache.states["attention"][0].sharding.spec))
+    k, v = cache.states["attention"]
+    out.update(k=k, v=v, lengths=cache.lengths)
     return {k: (v if k == "cache_spec" else _host(v)) for k, v in out.items()}
 
 
@@ -80,9 +81,9 @@ def _collective_bytes(arch: str, mesh, slots: int) -> dict[str, int]:
     """Collective bytes of the compiled sequence-parallel prefill of two full prompts."""
     import jax.numpy as jnp
 
-    from orthros_jax import sp_forward
-    from orthros_jax.hlo_stats import collective_bytes
+    from benchmarks.hlo_stats import collective_bytes
     from orthros_jax.inference import init_cache
+    from orthros_jax.inference import sequence_parallel as sp_forward
 
     cfg = _cfg(arch)
     cache = init_cache(cfg, 2, slots, mesh=mesh)
@@ -95,8 +96,8 @@ def _collective_bytes(arch: str, mesh, slots: int) -> dict[str, int]:
 def _too_long_prompt(mesh) -> dict:
     """The error of a continued prompt that overflows a sequence-sharded cache, and whether
     anything compiled for it."""
-    from orthros_jax import sp_forward
     from orthros_jax.inference import init_cache, prefill
+    from orthros_jax.inference import sequence_parallel as sp_forward
 
     cfg, x, params = _cfg("orthros"), _inputs(), _params("orthros")
     _, cache = prefill(params, init_cache(cfg, 2, SLOTS, mesh=mesh), x["tokens"], x["lengths"], cfg)
@@ -127,8 +128,8 @@ def _worker(part: str, out_dir: str) -> None:
     the transformer likewise, the HLO collective bytes, a too-long prompt."""
     import jax
 
-    from orthros_jax import sharding
     from orthros_jax.inference import generate
+    from orthros_jax.parallel import mesh as pmesh
 
     assert jax.device_count() == 8, jax.devices()
     res, stats = {}, {}
@@ -136,9 +137,9 @@ def _worker(part: str, out_dir: str) -> None:
         for key, v in _serve(arch, None).items():
             res[f"{arch}/single/{key}"] = v
         for name, (seq, data) in MESHES.items():
-            for key, v in _serve(arch, sharding.sequence_mesh(seq, data=data)).items():
+            for key, v in _serve(arch, pmesh.sequence_mesh(seq, data=data)).items():
                 res[f"{arch}/{name}/{key}"] = v
-    seq8 = sharding.sequence_mesh(8)
+    seq8 = pmesh.sequence_mesh(8)
     if part == "a":
         x, cfg, params = _inputs(), _cfg("orthros"), _params("orthros")
         prompts = [list(x["tokens"][0, :37]), list(x["tokens"][1, :21])]
@@ -162,12 +163,12 @@ def _process(index: int, port: int, out_dir: str) -> None:
     jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=index)
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from orthros_jax import sharding
+    from orthros_jax.parallel import mesh as pmesh
 
     assert jax.process_count() == 2 and jax.device_count() == 8
-    mesh = sharding.sequence_mesh(8)
+    mesh = pmesh.sequence_mesh(8)
     rep = NamedSharding(mesh, PartitionSpec())
-    put = lambda p: sharding.put_tree(jax.tree.map(np.asarray, p), jax.tree.map(lambda _: rep, p))
+    put = lambda p: pmesh.put_tree(jax.tree.map(np.asarray, p), jax.tree.map(lambda _: rep, p))
     out = _serve("orthros", mesh, params=_params("orthros", put))
     np.savez(os.path.join(out_dir, f"process{index}.npz"), **out)
 
@@ -293,7 +294,7 @@ def test_bad_input_raises_before_compiling(runs):
 
 
 def test_bench_sequence_headline_and_report(tmp_path):
-    from orthros_jax import bench_sequence
+    from benchmarks import sequence as bench_sequence
 
     timing = lambda s: {"median_s": s, "times_s": [s]}
     mem = lambda peak, resident: {"peak_bytes": peak, "cache_shard_plus_params_bytes": resident,

@@ -14,50 +14,51 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec
 
-from orthros_jax import sharding
+from orthros_jax.parallel import mesh as pmesh
+from orthros_jax.parallel import sharding
 from orthros_jax.training import MeshConfig
 
 P = PartitionSpec
 
 
 def _mesh(data: int, fsdp: int, tensor: int) -> AbstractMesh:
-    return AbstractMesh((data, fsdp, tensor), sharding.MESH_AXES)
+    return AbstractMesh((data, fsdp, tensor), pmesh.MESH_AXES)
 
 
 def test_rules_map_logical_axes():
     m = _mesh(2, 2, 2)
-    assert sharding.shard_spec(("layers", "embed", "heads", "head_dim"), (2, 32, 4, 8), m) == P(
+    assert pmesh.shard_spec(("layers", "embed", "heads", "head_dim"), (2, 32, 4, 8), m) == P(
         None, "fsdp", "tensor"
     )
-    assert sharding.shard_spec(("vocab", "embed"), (256, 32), m) == P("tensor", "fsdp")
-    assert sharding.shard_spec(("batch", "length"), (8, 64), m) == P(("data", "fsdp"))
+    assert pmesh.shard_spec(("vocab", "embed"), (256, 32), m) == P("tensor", "fsdp")
+    assert pmesh.shard_spec(("batch", "length"), (8, 64), m) == P(("data", "fsdp"))
 
 
 def test_indivisible_dims_stay_replicated():
     m = _mesh(1, 2, 4)
     # 2 kv heads cannot split 4 ways: replicated; embed 33 is not divisible by fsdp=2 either.
-    assert sharding.shard_spec(("embed", "kv_heads", "head_dim"), (33, 2, 8), m) == P()
-    assert sharding.shard_spec(("embed", "mlp"), (32, 64), _mesh(1, 1, 1)) == P()
+    assert pmesh.shard_spec(("embed", "kv_heads", "head_dim"), (33, 2, 8), m) == P()
+    assert pmesh.shard_spec(("embed", "mlp"), (32, 64), _mesh(1, 1, 1)) == P()
 
 
 def test_cache_is_split_over_batch_and_kv_heads():
     from training_helpers import tiny_model
 
-    mesh = sharding.make_mesh(MeshConfig(1, 1, 1))
+    mesh = pmesh.make_mesh(MeshConfig(1, 1, 1))
     sh = sharding.cache_shardings(tiny_model(), 4, 64, mesh)
     assert sh.k.spec == P() and sh.lengths.spec == P()  # one device: nothing to split
-    from orthros_jax import attention_layer
+    from orthros_jax.layers import attention as attention_layer
 
     axes = attention_layer.state_axes(tiny_model())[0]
-    assert sharding.shard_spec(axes, (2, 4, 2, 64, 8), _mesh(2, 1, 2)) == P(None, "data", "tensor")
+    assert pmesh.shard_spec(axes, (2, 4, 2, 64, 8), _mesh(2, 1, 2)) == P(None, "data", "tensor")
 
 
 def test_mesh_shape_fills_and_validates():
-    assert sharding.mesh_shape(MeshConfig(data=-1, fsdp=2, tensor=2), 8) == (2, 2, 2)
+    assert pmesh.mesh_shape(MeshConfig(data=-1, fsdp=2, tensor=2), 8) == (2, 2, 2)
     with pytest.raises(ValueError, match="at most one -1"):
-        sharding.mesh_shape(MeshConfig(data=-1, fsdp=-1, tensor=1), 8)
+        pmesh.mesh_shape(MeshConfig(data=-1, fsdp=-1, tensor=1), 8)
     with pytest.raises(ValueError, match="devices"):
-        sharding.mesh_shape(MeshConfig(data=3, fsdp=1, tensor=1), 8)
+        pmesh.mesh_shape(MeshConfig(data=3, fsdp=1, tensor=1), 8)
 
 
 def _worker(out: str) -> None:
@@ -80,7 +81,7 @@ def _worker(out: str) -> None:
     batches = [pt_batch(i) for i in range(3)]
     results = {}
     for name, shape, devices in (("single", (1, 1, 1), 1), ("sharded", (2, 2, 2), 8)):
-        mesh = sharding.make_mesh(MeshConfig(*shape), jax.devices()[:devices])
+        mesh = pmesh.make_mesh(MeshConfig(*shape), jax.devices()[:devices])
         rng = jax.random.PRNGKey(0)
         abstract = jax.eval_shape(lambda r: init_train_state(cfg, tx, r), rng)
         p_sh = sharding.param_shardings(cfg, mesh)
@@ -89,7 +90,7 @@ def _worker(out: str) -> None:
         fn = sharding.jit_train_step(step, s_sh, mesh, {k: 2 for k in batches[0]})
         losses = []
         for b in batches:
-            state, metrics = fn(state, sharding.shard_batch(b, mesh))
+            state, metrics = fn(state, pmesh.shard_batch(b, mesh))
             losses.append(float(metrics["loss"]))
         flat = jax.tree_util.tree_flatten_with_path(state.params)[0]
         results[name] = {
@@ -99,9 +100,9 @@ def _worker(out: str) -> None:
             "mu_spec": str(state.opt_state[1][0].mu["layers"]["wq"].sharding.spec),
         }
     logical = param_logical_axes(cfg)
-    m = sharding.make_mesh(MeshConfig(2, 2, 2))
+    m = pmesh.make_mesh(MeshConfig(2, 2, 2))
     expected = jax.tree.map(
-        lambda ax, p: str(sharding.shard_spec(tuple(ax), p.shape, m)),
+        lambda ax, p: str(pmesh.shard_spec(tuple(ax), p.shape, m)),
         logical,
         jax.eval_shape(lambda: init_train_state(cfg, tx, jax.random.PRNGKey(0)).params),
         is_leaf=lambda x: isinstance(x, PartitionSpec),

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.stack import fill_identity_so, kinds_of, so_names
+from orthros_jax.layers.stack import fill_identity_so, kinds_of, so_names
 
 Params = dict[str, Any]
 

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.convert.gdn_hf import HF_NAMES as GDN_HF_NAMES
+from orthros_jax.convert.gdn_hf import gdn_to_hf, hf_tensor_shapes, hf_to_gdn
 from orthros_jax.convert.hf_config import shape_fields
-from orthros_jax.gdn_hf import HF_NAMES as GDN_HF_NAMES
-from orthros_jax.gdn_hf import gdn_to_hf, hf_tensor_shapes, hf_to_gdn
 
 QWEN35, QWEN35_TYPE = "Qwen3_5ForCausalLM", "qwen3_5_text"
 HF_KIND = {"linear_attention": "gdn", "full_attention": "attention"}

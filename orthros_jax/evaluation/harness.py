@@ -47,7 +47,8 @@ from tqdm import tqdm
 from orthros_jax.checkpoint import LoadedModel, load_model
 from orthros_jax.evaluation.scoring import bucket, score_row, score_rows
 from orthros_jax.evaluation.text import HarnessTokenizer
-from orthros_jax.sampling import Sampler
+from orthros_jax.inference.sampling import Sampler
+from orthros_jax.model import num_params
 
 MODEL_NAME = "orthros_jax"
 DEFAULT_MAX_LENGTH = 2048  # lm-eval's `hf` default when a model states no length
@@ -170,7 +171,7 @@ class OrthrosHarnessLM(TemplateLM):
             "model_path": self.model_path,
             "architecture": c.architecture,
             "window": c.window,
-            "model_num_parameters": c.num_params(),
+            "model_num_parameters": num_params(c),
             "model_dtype": c.dtype,
             "max_length": self.max_length,
         }

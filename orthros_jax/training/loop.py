@@ -27,7 +27,10 @@ import grain
 import jax
 import numpy as np
 
-from orthros_jax import checkpoint, sharding, stack
+from orthros_jax import checkpoint
+from orthros_jax.layers import stack
+from orthros_jax.parallel import mesh as pmesh
+from orthros_jax.parallel import sharding
 from orthros_jax.training.config import TrainConfig
 from orthros_jax.training.metrics import MetricsLogger, console
 from orthros_jax.training.optimizer import make_optimizer
@@ -74,7 +77,7 @@ def fresh_state(cfg: TrainConfig, tx: Any, abstract: Any, params_sh: Any) -> Tra
     rng = jax.random.PRNGKey(cfg.train.seed)
     state_sh = jax.tree.map(lambda a: a.sharding, abstract)
     if cfg.init_from:
-        params = sharding.put_tree(initial_params(cfg, abstract.params), params_sh)
+        params = pmesh.put_tree(initial_params(cfg, abstract.params), params_sh)
         init = lambda p, r: init_train_state(cfg.model, tx, r, params=p)
         return jax.jit(init, out_shardings=state_sh)(params, rng)
     init = lambda r: init_train_state(cfg.model, tx, r)
@@ -116,7 +119,7 @@ def train(
     a grain DatasetIterator to have the data position checkpointed too.
     """
     if cfg.distributed.initialize and not jax.distributed.is_initialized():
-        sharding.initialize_distributed(cfg.distributed)
+        pmesh.initialize_distributed(cfg.distributed)
     workdir = os.path.abspath(workdir)
     if train_iterator is None or eval_batches is None:
         from orthros_jax import data as data_lib
@@ -136,7 +139,7 @@ def train(
             "train_iterator is not a grain iterator: resuming will not restore its position"
         )
 
-    mesh = sharding.make_mesh(cfg.mesh)
+    mesh = pmesh.make_mesh(cfg.mesh)
     accum, total_updates = cfg.optimizer.grad_accum_steps, cfg.train.steps
     tx = make_optimizer(cfg.optimizer, total_updates)
     abstract, params_sh = abstract_state(cfg, tx, mesh)
@@ -184,7 +187,7 @@ class _Run:
         tc, accum = self.cfg.train, self.cfg.optimizer.grad_accum_steps
         total_micro = tc.steps * accum
         step_fn = None
-        self.eval_batches = [sharding.shard_batch(b, self.mesh) for b in evals]
+        self.eval_batches = [pmesh.shard_batch(b, self.mesh) for b in evals]
         self.eval_fn = None
         pending: list[tuple[int, dict]] = []  # (micro index, device metrics) not yet checked
         checked: list[dict] = []  # host metrics since the last log line
@@ -200,10 +203,10 @@ class _Run:
                 crc = zlib.crc32(np.ascontiguousarray(batch["tokens"]).tobytes())
                 fingerprints.write(json.dumps({"micro_step": micro, "crc32": crc}) + "\n")
                 fingerprints.flush()
-            global_batch = sharding.shard_batch(batch, self.mesh)
+            global_batch = pmesh.shard_batch(batch, self.mesh)
             first = step_fn is None
             if first:
-                sharding.check_batch_divisible(global_batch["tokens"].shape[0], self.mesh)
+                pmesh.check_batch_divisible(global_batch["tokens"].shape[0], self.mesh)
                 step_fn = self._compile_step(global_batch)
             state, metrics = step_fn(state, global_batch)
             pending.append((micro, metrics))

@@ -24,15 +24,16 @@ Parameters (per layer, no layers axis; HF tensor in brackets, mapped by gdn_hf.h
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
-from orthros_jax.axes import EMBED, HEAD_DIM
-from orthros_jax.gdn_kernels import (
+from orthros_jax.axes import CONV_KERNEL, EMBED, GDN_K_HEADS, GDN_V_HEADS, HEAD_DIM
+from orthros_jax.config import ModelConfig
+from orthros_jax.kernels.delta_rule import (
     causal_conv,
     chunked_delta_rule,
     conv_step,
@@ -40,11 +41,6 @@ from orthros_jax.gdn_kernels import (
     l2_normalize,
 )
 
-if TYPE_CHECKING:  # config.py imports this module
-    from orthros_jax.config import ModelConfig
-
-# Logical axis names (sharding.RULES maps them); "embed" and "head_dim" are the model's.
-GDN_K_HEADS, GDN_V_HEADS, GDN_CONV_KERNEL = "gdn_k_heads", "gdn_v_heads", "gdn_conv_kernel"
 Params = dict[str, Any]
 CrossSO = tuple[jax.Array, jax.Array]
 
@@ -65,9 +61,9 @@ def gdn_param_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple
         "gdn_wz": ((d, hv, dv), (EMBED, GDN_V_HEADS, HEAD_DIM)),
         "gdn_wb": ((d, hv), (EMBED, GDN_V_HEADS)),
         "gdn_wa": ((d, hv), (EMBED, GDN_V_HEADS)),
-        "gdn_conv_q": ((kc, hk, dk), (GDN_CONV_KERNEL, GDN_K_HEADS, HEAD_DIM)),
-        "gdn_conv_k": ((kc, hk, dk), (GDN_CONV_KERNEL, GDN_K_HEADS, HEAD_DIM)),
-        "gdn_conv_v": ((kc, hv, dv), (GDN_CONV_KERNEL, GDN_V_HEADS, HEAD_DIM)),
+        "gdn_conv_q": ((kc, hk, dk), (CONV_KERNEL, GDN_K_HEADS, HEAD_DIM)),
+        "gdn_conv_k": ((kc, hk, dk), (CONV_KERNEL, GDN_K_HEADS, HEAD_DIM)),
+        "gdn_conv_v": ((kc, hv, dv), (CONV_KERNEL, GDN_V_HEADS, HEAD_DIM)),
         "gdn_dt_bias": ((hv,), (GDN_V_HEADS,)),
         "gdn_a_log": ((hv,), (GDN_V_HEADS,)),
         "gdn_norm": ((dv,), (HEAD_DIM,)),
@@ -85,7 +81,9 @@ def gdn_init(name: str, cfg: ModelConfig) -> Callable[..., jax.Array]:
         return jax.nn.initializers.ones
     if name == "gdn_a_log":
 
-        def init_a_log(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32):
+        def init_a_log(
+            key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32
+        ) -> jax.Array:
             return jnp.log(jax.random.uniform(key, shape, jnp.float32, 0.01, 16.0)).astype(dtype)
 
         return init_a_log
@@ -107,15 +105,15 @@ def check_params(p: Params, cfg: ModelConfig) -> None:
 # ------------------------------------------------------------------ state
 
 
-@flax.struct.dataclass
-class GDNState:
+class GDNState(flax.struct.PyTreeNode):
     """One GDN layer's cache: the last Kc-1 valid pre-conv inputs of q, k, v (activation
-    dtype) and the recurrent state (float32)."""
+    dtype) and the recurrent state (float32). Fields are arrays, or the same tree holding their
+    logical axes (gdn.state_axes): hence Any."""
 
-    conv_q: jax.Array  # [B, Kc-1, Hk, dk]
-    conv_k: jax.Array  # [B, Kc-1, Hk, dk]
-    conv_v: jax.Array  # [B, Kc-1, Hv, dv]
-    recurrent: jax.Array  # [B, Hv, dk, dv] float32
+    conv_q: Any  # [B, Kc-1, Hk, dk]
+    conv_k: Any  # [B, Kc-1, Hk, dk]
+    conv_v: Any  # [B, Kc-1, Hv, dv]
+    recurrent: Any  # [B, Hv, dk, dv] float32
 
 
 def gdn_state_shapes(cfg: ModelConfig, batch: int) -> dict[str, tuple[int, ...]]:
@@ -146,7 +144,7 @@ def _check_inputs(
     h: jax.Array,
     cfg: ModelConfig,
     state: GDNState | None,
-    masks: dict[str, tuple[jax.Array | None, tuple[int, ...]]],
+    masks: Mapping[str, tuple[jax.Array | None, tuple[int, ...]]],
     cross_h: jax.Array | None,
     cross_so: CrossSO | None,
 ) -> None:
@@ -260,7 +258,7 @@ def _mix(
     g = -jnp.exp(p["gdn_a_log"].astype(jnp.float32)) * jax.nn.softplus(a)
     g = jnp.where(keep, g, 0.0)  # padding: decay 1 and beta 0 leave the state unchanged
 
-    queries = (_query(q, cfg),)
+    queries: tuple[jax.Array, ...] = (_query(q, cfg),)
     if cross_h is not None:
         cross_h = jnp.where(keep, cross_h, 0).astype(dt)
         queries += (_cross_query(p, cross_h, cfg, cross_so, cross_silu),)
@@ -305,10 +303,11 @@ def gdn_mix(
     reset = reset & valid
     doc = jnp.cumsum(reset, axis=1)
 
-    def conv(x, w, hist):
+    def conv(x: jax.Array, w: jax.Array, hist: jax.Array) -> tuple[jax.Array, jax.Array]:
         return causal_conv(x, w, hist, valid, doc)
 
-    def rule(queries, k, v, beta, g, s):
+    def rule(queries: tuple[jax.Array, ...], k: jax.Array, v: jax.Array, beta: jax.Array,
+             g: jax.Array, s: jax.Array) -> tuple[tuple[jax.Array, ...], jax.Array]:  # fmt: skip
         return chunked_delta_rule(queries, k, v, beta, g, reset, s, cfg.gdn_chunk)
 
     return _mix(p, h_BLD, cross_h_BLD, valid, cfg, state, conv, rule, cross_so, cross_silu)
@@ -335,11 +334,12 @@ def gdn_decode(
     _check_inputs(p, h_B1D, cfg, state, masks, cross_h_B1D, cross_so)
     active = active_B.astype(bool)
 
-    def conv(x, w, hist):
+    def conv(x: jax.Array, w: jax.Array, hist: jax.Array) -> tuple[jax.Array, jax.Array]:
         y, hist = conv_step(x[:, 0], w, hist, active)
         return y[:, None], hist
 
-    def rule(queries, k, v, beta, g, s):
+    def rule(queries: tuple[jax.Array, ...], k: jax.Array, v: jax.Array, beta: jax.Array,
+             g: jax.Array, s: jax.Array) -> tuple[tuple[jax.Array, ...], jax.Array]:  # fmt: skip
         outs, s = delta_step(
             tuple(q[:, 0] for q in queries), k[:, 0], v[:, 0], beta[:, 0], g[:, 0], active, s
         )

@@ -1,50 +1,45 @@
 """How to attend: the seam between a layer's math and the attention kernels.
 
 A layer step builds its queries and a `Keys` set (what they may read, with positions and
-segment ids) and calls `attend(impl, ...)`; the implementation is chosen by name:
-  xla          the blocked kernels of attention.py (sliding window O(T*w); causal blocked online
-               softmax that skips invisible key blocks; a plain dot for a few queries per row).
-  dot_product  `jax.nn.dot_product_attention` (cuDNN flash attention on GPUs for bf16/fp16).
-               Aligned self-attention with default positions uses its own `is_causal` /
-               `local_window_size=(w-1, 0)`; anything else gets an explicit mask built from
-               positions and segment ids (its causal mask is aligned top-left, so a chunk
-               attending prefix + chunk or a cache cannot use it).
-  floor        o = q: no attention at all. Not a model; the benchmark's token-wise floor.
-  sequence     sequence parallelism, inside `jax.shard_map` over the mesh axis "sequence" (the
-               sequence-parallel drivers, sp_forward.py): keys the driver already made whole on
-               this shard (a chunk's window with its halo, a layer's gathered K/V) go to
-               cfg.attention_impl; a shard's share of `split` keys (a cache split over slots) is
-               attended split-K and merged across shards by log-sum-exp.
+segment ids) and calls `attend(impl, ...)`. An implementation is any `AttentionImpl` (a callable
+with attend's signature); the model's are chosen by name (ModelConfig.attention_impl):
+  xla          the blocked kernels of kernels/attention.py (sliding window O(T*w); causal
+               blocked online softmax that skips invisible key blocks; a plain dot for a few
+               queries per row).
+  dot_product  `jax.nn.dot_product_attention` without `implementation=`, i.e. its XLA
+               lowering on every backend (it never selects cuDNN by itself; the `cudnn`
+               implementation asks for it). Aligned self-attention with default positions uses
+               its own `is_causal` / `local_window_size=(w-1, 0)`; anything else gets an
+               explicit mask built from positions and segment ids (its causal mask is aligned
+               top-left, so a chunk attending prefix + chunk or a cache cannot use it).
+Implementations that are not models live with what needs them and are passed as objects: the
+benchmark's token-wise floor (benchmarks/common.py) and sequence parallelism's split-K merge
+(parallel/sequence.py).
 Every mask is "same segment, key position <= query position (and > query position - window)".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
-from orthros_jax.attention import (
+from orthros_jax import config as config_lib
+from orthros_jax.config import ModelConfig
+from orthros_jax.kernels.attention import (
     few_query_attention,
     global_attention,
     local_attention,
     visibility,
-)
-from orthros_jax.config import ModelConfig
-from orthros_jax.sequence_parallel import (
-    SEQUENCE_AXIS,
-    merge_partials,
-    sharded_global_attention_partial,
 )
 
 # A query count up to which a plain dot over the keys beats the blocked kernels.
 FEW_QUERIES = 8
 
 
-@flax.struct.dataclass
-class Keys:
+class Keys(flax.struct.PyTreeNode):
     """The keys and values a set of queries may read.
 
     k, v: [B, Lk, K, H], or [B, K, Lk, H] with head_major=True (a cache layer read in place);
@@ -53,8 +48,8 @@ class Keys:
     segment_ids [B, P]) of the keys right before, e.g. a chunk's window read from the cache).
     default_positions=True: positions are arange(Lk) in one segment (no packing), which lets
     `dot_product` use its built-in causal/window masks.
-    split=True: these are only this shard's keys of a set split over the "sequence" mesh axis
-    (a sequence-sharded cache); only the `sequence` implementation combines the shards.
+    split=True: these are only this shard's keys of a set split over a mesh axis (a
+    sequence-sharded cache); only sequence parallelism's implementation combines the shards.
     """
 
     k: jax.Array
@@ -93,14 +88,20 @@ class Keys:
         )
 
 
-def _few(q, q_pos, q_seg, keys: Keys, window: int | None) -> jax.Array:
+def few(
+    q: jax.Array, q_pos: jax.Array, q_seg: jax.Array, keys: Keys, window: int | None
+) -> jax.Array:
+    """A plain dot over the keys for a few queries per row (decode, a prompt's last token)."""
     keys = keys.with_prefix()
     k, v = keys.head_major_kv()
     mask = visibility(q_pos, q_seg, keys.positions, keys.segment_ids, window)
     return few_query_attention(q, k, v, mask)
 
 
-def _xla(q, q_pos, q_seg, keys: Keys, window: int | None, cfg: ModelConfig) -> jax.Array:
+def _xla(
+    q: jax.Array, q_pos: jax.Array, q_seg: jax.Array, keys: Keys, window: int | None,
+    cfg: ModelConfig,
+) -> jax.Array:  # fmt: skip
     if keys.aligned and window is not None:
         k, v = keys.seq_major()
         return local_attention(
@@ -109,7 +110,7 @@ def _xla(q, q_pos, q_seg, keys: Keys, window: int | None, cfg: ModelConfig) -> j
             block_size=cfg.attention_block_local,
         )  # fmt: skip
     if q.shape[1] <= FEW_QUERIES:
-        return _few(q, q_pos, q_seg, keys, window)
+        return few(q, q_pos, q_seg, keys, window)
     if window is not None:
         raise ValueError(
             f"window attention of {q.shape[1]} queries needs keys aligned with them "
@@ -124,7 +125,10 @@ def _xla(q, q_pos, q_seg, keys: Keys, window: int | None, cfg: ModelConfig) -> j
     )  # fmt: skip
 
 
-def _dot_product(q, q_pos, q_seg, keys: Keys, window: int | None, cfg: ModelConfig):
+def _dot_product(
+    q: jax.Array, q_pos: jax.Array, q_seg: jax.Array, keys: Keys, window: int | None,
+    cfg: ModelConfig,
+) -> jax.Array:  # fmt: skip
     if keys.aligned and keys.default_positions and keys.prefix is None:
         k, v = keys.seq_major()
         local = None if window is None else (window - 1, 0)
@@ -138,36 +142,49 @@ def _dot_product(q, q_pos, q_seg, keys: Keys, window: int | None, cfg: ModelConf
     return out.astype(q.dtype)
 
 
-def _floor(q, q_pos, q_seg, keys: Keys, window: int | None, cfg: ModelConfig) -> jax.Array:
-    return q
+class AttentionImpl(Protocol):
+    """How a set of queries attends a set of keys (see `attend`)."""
+
+    def __call__(
+        self,
+        q: jax.Array,
+        q_pos: jax.Array,
+        q_seg: jax.Array,
+        keys: Keys,
+        window: int | None,
+        cfg: ModelConfig,
+    ) -> jax.Array: ...
 
 
-def _sequence(q, q_pos, q_seg, keys: Keys, window: int | None, cfg: ModelConfig) -> jax.Array:
-    if not keys.split:
-        return IMPLEMENTATIONS[cfg.attention_impl](q, q_pos, q_seg, keys, window, cfg)
-    if q.shape[1] > FEW_QUERIES or keys.prefix is not None or keys.aligned:
-        raise ValueError(
-            f"sequence-split keys are read split-K by a few queries per row (<= {FEW_QUERIES}, "
-            f"no prefix); got {q.shape[1]} queries: gather the keys first"
-        )
-    part = sharded_global_attention_partial(
-        q, keys.k, keys.v, q_pos, keys.positions, q_seg, keys.segment_ids,
-        kv_head_major=keys.head_major, window=window,
-    )  # fmt: skip
-    return merge_partials(*part, SEQUENCE_AXIS).astype(q.dtype)
-
-
-AttendFn = Callable[..., jax.Array]
-IMPLEMENTATIONS: dict[str, AttendFn] = {
+IMPLEMENTATIONS: dict[str, AttentionImpl] = {
     "xla": _xla,
     "dot_product": _dot_product,
-    "floor": _floor,
-    "sequence": _sequence,
 }
 
 
+def register(name: str, impl: AttentionImpl) -> None:
+    """Makes `impl` selectable as ModelConfig.attention_impl=name."""
+    IMPLEMENTATIONS[name] = impl
+    config_lib.register_attention_impl(name)
+
+
+for _name in IMPLEMENTATIONS:
+    config_lib.register_attention_impl(_name)
+
+
+def resolve(impl: AttentionImpl | str) -> AttentionImpl:
+    """The implementation itself, or the one registered under this name (ValueError if none)."""
+    if not isinstance(impl, str):
+        return impl
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"attention implementation {impl!r} is unknown; allowed: {', '.join(IMPLEMENTATIONS)}"
+        )
+    return IMPLEMENTATIONS[impl]
+
+
 def attend(
-    impl: str,
+    impl: AttentionImpl | str,
     q: jax.Array,
     q_positions: jax.Array,
     q_segment_ids: jax.Array,
@@ -178,12 +195,10 @@ def attend(
     """Attention of queries q [B, Lq, N, H] at (positions, segment ids) [B, Lq] over `keys`:
     a sliding window of `window` keys (itself included), or causal over every key if None.
     Returns [B, Lq, N, H] in q's dtype; scores and softmax in float32."""
-    if impl not in IMPLEMENTATIONS:
+    fn = resolve(impl)
+    if keys.split and fn in IMPLEMENTATIONS.values():
         raise ValueError(
-            f"attention implementation {impl!r} is unknown; allowed: {IMPLEMENTATIONS}"
+            "keys split over a mesh axis need sequence parallelism's implementation "
+            f"(parallel/sequence.py), not {impl!r}"
         )
-    if keys.split and impl != "sequence":
-        raise ValueError(
-            f"keys split over the sequence mesh axis need impl 'sequence', not {impl!r}"
-        )
-    return IMPLEMENTATIONS[impl](q, q_positions, q_segment_ids, keys, window, cfg)
+    return fn(q, q_positions, q_segment_ids, keys, window, cfg)

@@ -18,14 +18,14 @@ HLO in hlo_stats.py.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from orthros_jax.attention import few_query_partial, visibility
+from orthros_jax.kernels.attention import few_query_partial, visibility
 
-# The mesh axis a sequence (and a KV cache's slot axis) is split over; sharding.RULES maps the
+# The mesh axis a sequence (and a KV cache's slot axis) is split over; parallel/mesh.py RULES maps the
 # logical "length" axis to it.
 SEQUENCE_AXIS = "sequence"
 
@@ -52,7 +52,9 @@ def _check_seq_shapes(name: str, shape: tuple[int, ...], batch: int, length: int
         )
 
 
-def halo(x_shard: jax.Array, halo_len: int, axis_name: str, *, axis: int = 1, fill=0) -> jax.Array:
+def halo(
+    x_shard: jax.Array, halo_len: int, axis_name: str, *, axis: int = 1, fill: Any = 0
+) -> jax.Array:
     """The `halo_len` rows (along `axis`) that precede this shard in the unsplit array.
 
     x_shard: this shard's block, e.g. K/V [B, Ls, K, H], positions/segments [B, Ls], or a

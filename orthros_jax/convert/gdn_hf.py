@@ -1,5 +1,5 @@
 """Exact mapping between one `transformers` Qwen3_5GatedDeltaNet layer's tensors and the GDN
-parameter dict of orthros_jax.gdn (for the Qwen3.5 importer/exporter).
+parameter dict of orthros_jax.layers.gdn_mixer (for the Qwen3.5 importer/exporter).
 
 HF's fused `in_proj_qkv` [2*Hk*dk + Hv*dv, D] (rows: q heads, k heads, v heads, each head's
 dims contiguous) and `conv1d.weight` [same, 1, Kc] are split into head-shaped q/k/v arrays so
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.gdn import check_params, gdn_dims
+from orthros_jax.layers.gdn_mixer import check_params, gdn_dims
 
 HF_NAMES: tuple[str, ...] = (
     "in_proj_qkv.weight",

@@ -1,4 +1,4 @@
-"""Mesh, logical-axis rules and shardings for params, train state, batches and the KV cache.
+"""The mesh and the logical-axis rules (a leaf of the package: axes and config only).
 
 One table, RULES, maps the logical axis names that parameters carry (model.py) to axes of the
 mesh ("data", "fsdp", "tensor"; "sequence" in an inference mesh, `sequence_mesh`):
@@ -6,7 +6,7 @@ mesh ("data", "fsdp", "tensor"; "sequence" in an inference mesh, `sequence_mesh`
   * parameters are split over fsdp along their embed dim (ZeRO-3 style: all-gathered per use)
     and over tensor along heads / kv heads / mlp / vocab (Megatron-style tensor parallelism);
   * a KV cache's slots (logical "length") are split over sequence (sequence-parallel prefill
-    and decode, sp_forward.py); a mesh without that axis keeps them whole;
+    and decode, inference/sequence_parallel.py); a mesh without that axis keeps them whole;
   * the stacked layer axis and head_dim are never split.
 A dim whose size is not divisible by its mesh axes is replicated instead (e.g. 2 kv heads on
 tensor=4), so any model runs on any mesh; `shard_spec` is the single place that decides.
@@ -21,14 +21,23 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from orthros_jax import gdn
-from orthros_jax import model as model_lib
-from orthros_jax.axes import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, LAYERS, LENGTH, MLP, VOCAB
-from orthros_jax.config import ModelConfig
-from orthros_jax.sequence_parallel import SEQUENCE_AXIS
+from orthros_jax.axes import (
+    BATCH,
+    CONV_KERNEL,
+    EMBED,
+    GDN_K_HEADS,
+    GDN_V_HEADS,
+    HEAD_DIM,
+    HEADS,
+    KV_HEADS,
+    LAYERS,
+    LENGTH,
+    MLP,
+    VOCAB,
+)
+from orthros_jax.kernels.collectives import SEQUENCE_AXIS
 
 MESH_AXES = ("data", "fsdp", "tensor")
 MeshAxes = str | tuple[str, ...] | None
@@ -45,9 +54,9 @@ RULES: dict[str, MeshAxes] = {
     MLP: "tensor",
     # GDN layers: key and value heads on the same axis as attention heads (a key head's value
     # heads then live on its device when Hk divides over it); the conv taps stay whole.
-    gdn.GDN_K_HEADS: "tensor",
-    gdn.GDN_V_HEADS: "tensor",
-    gdn.GDN_CONV_KERNEL: None,
+    GDN_K_HEADS: "tensor",
+    GDN_V_HEADS: "tensor",
+    CONV_KERNEL: None,
 }
 
 
@@ -85,7 +94,8 @@ def mesh_shape(mesh_cfg: Any, num_devices: int) -> tuple[int, int, int]:
         raise ValueError(
             f"mesh {_named(sizes)} has {math.prod(sizes)} devices, but {num_devices} are available"
         )
-    return tuple(sizes)  # type: ignore[return-value]
+    data, fsdp, tensor = sizes
+    return data, fsdp, tensor
 
 
 def make_mesh(mesh_cfg: Any, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -143,37 +153,8 @@ def shard_spec(
     return PartitionSpec(*spec)
 
 
-def param_shardings(cfg: ModelConfig, mesh: Mesh) -> Any:
-    """NamedSharding for every parameter of OrthrosLM(cfg), from its logical axes."""
-    abstract = jax.eval_shape(lambda r: model_lib.init_params(cfg, r), jax.random.PRNGKey(0))
-    logical = model_lib.param_logical_axes(cfg)
-    return jax.tree.map(
-        lambda axes, a: NamedSharding(mesh, shard_spec(tuple(axes), a.shape, mesh)),
-        logical,
-        abstract,
-        is_leaf=lambda x: isinstance(x, PartitionSpec),
-    )
-
-
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
-
-
-def state_shardings(
-    abstract_state: Any, params_sh: Any, tx: optax.GradientTransformation, mesh: Mesh
-) -> Any:
-    """Shardings of a TrainState: params by the rules, optimizer moments like their params
-    (found with optax.tree_map_params), scalars (step, counts, rng) replicated."""
-    opt_sh = optax.tree_map_params(
-        tx,
-        lambda _, sh: sh,
-        abstract_state.opt_state,
-        params_sh,
-        transform_non_params=lambda _: replicated(mesh),
-    )
-    return abstract_state.replace(
-        step=replicated(mesh), params=params_sh, opt_state=opt_sh, rng=replicated(mesh)
-    )
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
@@ -218,43 +199,3 @@ def put(x: Any, sharding: NamedSharding) -> jax.Array:
 def put_tree(tree: Any, shardings: Any) -> Any:
     """Host numpy pytree (same values on every process) -> global arrays with these shardings."""
     return jax.tree.map(put, tree, shardings)
-
-
-def cache_shardings(cfg: ModelConfig, batch_size: int, max_len: int, mesh: Mesh) -> Any:
-    """KVCache of NamedShardings: every layer kind's state split by its own `state_axes` and
-    the rules (attention K/V [layers, B, K, S, H] over batch, kv heads and slots, head_dim
-    whole; the GDN state over batch and heads), lengths [B] over batch."""
-    from orthros_jax.kv_cache import KVCache, kind_states
-    from orthros_jax.stack import KINDS
-
-    shapes = jax.eval_shape(lambda: kind_states(cfg, batch_size, max_len, cfg.jnp_dtype))
-    is_axes = lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
-    states = {
-        name: jax.tree.map(
-            lambda axes, a: NamedSharding(mesh, shard_spec(axes, a.shape, mesh)),
-            KINDS[name].state_axes(cfg),
-            shape,
-            is_leaf=is_axes,
-        )
-        for name, shape in shapes.items()
-    }
-    return KVCache.from_states(
-        states, NamedSharding(mesh, shard_spec((BATCH,), (batch_size,), mesh))
-    )
-
-
-def jit_train_step(train_step: Any, state_sh: Any, mesh: Mesh, batch_keys: Mapping[str, int]):
-    """The train step as one jax.jit: explicit in/out shardings, the state donated.
-    batch_keys: name -> ndim of each batch array."""
-    batch_sh = {k: batch_sharding(mesh, nd) for k, nd in batch_keys.items()}
-    return jax.jit(
-        train_step,
-        in_shardings=(state_sh, batch_sh),
-        out_shardings=(state_sh, replicated(mesh)),
-        donate_argnums=(0,),
-    )
-
-
-def jit_eval_step(eval_step: Any, params_sh: Any, mesh: Mesh, batch_keys: Mapping[str, int]):
-    batch_sh = {k: batch_sharding(mesh, nd) for k, nd in batch_keys.items()}
-    return jax.jit(eval_step, in_shardings=(params_sh, batch_sh), out_shardings=replicated(mesh))

@@ -23,8 +23,9 @@ from typing import Any
 
 import jax
 
-from orthros_jax import bench_report, flops
-from orthros_jax import benchmarking as bench
+from benchmarks import common as bench
+from benchmarks import flops
+from benchmarks import report as bench_report
 from orthros_jax.config import ModelConfig
 from orthros_jax.model import init_params
 
@@ -51,7 +52,7 @@ def table4_params(cfgs: dict[str, ModelConfig], seed: int) -> dict[str, dict]:
     out = {}
     for single, two in PAIRS:
         out[two] = init_params(cfgs[two], jax.random.PRNGKey(seed))
-        out[single] = bench.drop_so(out[two])
+        out[single] = bench.drop_so(out[two], cfgs[two])
     return out
 
 

@@ -26,10 +26,13 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from orthros_jax import bench_report, sharding, sp_forward
-from orthros_jax import benchmarking as bench
-from orthros_jax.hlo_stats import collective_bytes
+from benchmarks import common as bench
+from benchmarks import report as bench_report
+from benchmarks.hlo_stats import collective_bytes
 from orthros_jax.inference import init_cache
+from orthros_jax.inference import sequence_parallel as sp_forward
+from orthros_jax.parallel import mesh as pmesh
+from orthros_jax.parallel import sharding
 
 TARGETS = {
     "doubling": ("Orthros SP prefill wall time per doubling, 64K -> 1M (worst)", "<= 2.2"),
@@ -105,7 +108,7 @@ def sequence_suite(c, cfgs, params, results) -> None:
             f"the sequence suite needs {n} devices, found {jax.device_count()}; on CPU run with "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={n}"
         )
-    mesh = sharding.sequence_mesh(n, devices=jax.devices()[:n])
+    mesh = pmesh.sequence_mesh(n, devices=jax.devices()[:n])
     on_mesh = {name: _place(p, mesh) for name, p in params.items()}
     orthros = cfgs["orthros"]
     out: dict[str, Any] = {"devices": n, "device_kind": jax.devices()[0].device_kind}

@@ -3,16 +3,17 @@
 
 Shapes: B batch (b per shard), S cache slots (Ls = S / P per shard of P), C chunk, D d_model,
 V vocab, W window. Shard i owns slots [i * Ls, (i + 1) * Ls) of every row. Positions, window
-slots and masks stay global slot ids (StepContext.slot_offset); a shard writes only the slots
-it owns and sees other shards' keys only through collectives. Every layer runs the attention
-kind's one `step` (attention_layer.py) with the attention implementation "sequence"
-(attend.py); decode and the last token's read pass are cached_forward's drivers per shard.
+slots and masks stay global slot ids; a shard writes only the slots it owns and sees other
+shards' keys only through collectives. Every layer runs its kind's one `step` over a shard
+view of the cache (parallel/sequence.ShardView) with sequence parallelism's attention
+implementation (parallel/sequence.SequenceAttention); decode and the last token's read pass
+are drivers.py's per shard.
 
 prefill, layer by layer, each shard over its own slice of the slot grid, in chunks of C: the
 token at slot s of row b is prompt token s - start_b (start = cache.lengths), so a prompt
 continues a partly filled cache and slots outside [start, end) keep what they hold. Per layer:
   window arms (orthros, swa): the shard's last min(W-1, Ls) slots are written first, then each
-    shard receives the W-1 slots before it (sequence_parallel.halo; several hops when W-1 > Ls):
+    shard receives the W-1 slots before it (kernels/collectives.halo; several hops when W-1 > Ls):
     the same bytes at any prompt length.
   transformer: every slot is written first, then the layer's K/V is all-gathered (MaxText's
     default strategy for the baseline).
@@ -24,7 +25,7 @@ The last layer only writes its K/V (its base output is dead); then the last toke
 output stream through every layer, or a single-stream arm's last token through the last layer
 (its hidden state broadcast from the shard owning its slot), split-K over the shards.
 
-decode: cached_forward.decode per shard: the new token's K/V lands on the shard owning its slot;
+decode: drivers.decode per shard: the new token's K/V lands on the shard owning its slot;
 the window read (which may straddle shards) and the global read are split-K partials merged
 across shards by log-sum-exp.
 """
@@ -40,62 +41,43 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from orthros_jax import cached_forward as fwd
-from orthros_jax import kv_cache as kvc
-from orthros_jax import sequence_parallel as sp
-from orthros_jax import sharding, stack
-from orthros_jax.attend import Keys
 from orthros_jax.config import ModelConfig
-from orthros_jax.kv_cache import KVCache
-from orthros_jax.layer_kind import CHUNK, LayerKind, Params, StepContext, Stream
+from orthros_jax.inference import drivers as fwd
+from orthros_jax.inference.cache import KVCache, cache_shardings
+from orthros_jax.layers import stack
+from orthros_jax.layers.cache_view import slot_segments
+from orthros_jax.layers.kind import CHUNK, LayerKind, Params, StepContext, Stream
+from orthros_jax.parallel import sequence as pseq
+from orthros_jax.parallel.sequence import SEQ, SequenceAttention, ShardView, sequence_size
 
-SEQ = sp.SEQUENCE_AXIS
-IMPL = "sequence"
-
-
-def sequence_size(mesh: Mesh | None) -> int:
-    """Size of the mesh's "sequence" axis (1 without a mesh or without the axis)."""
-    return 1 if mesh is None else int(mesh.shape.get(SEQ, 1))
+__all__ = ["decode", "decode_jit", "mesh_of", "prefill", "sequence_size", "slot_tokens", "specs"]
 
 
 def mesh_of(cache: KVCache) -> Mesh | None:
     """The mesh a cache from init_cache(..., mesh=) is split over, if its slots are split (a
     "sequence" axis > 1); None for any other cache (which runs the single-program drivers)."""
-    sh = getattr(cache.k, "sharding", None)
-    if isinstance(sh, NamedSharding) and sequence_size(sh.mesh) > 1:
-        return sh.mesh
+    for leaf in jax.tree.leaves(cache.states):
+        sh = getattr(leaf, "sharding", None)
+        if (
+            isinstance(sh, NamedSharding)
+            and isinstance(sh.mesh, Mesh)
+            and sequence_size(sh.mesh) > 1
+        ):
+            return sh.mesh
     return None
 
 
-def check_mesh(cfg: ModelConfig, batch_size: int, max_len: int, mesh: Mesh) -> None:
-    """ValueError (before anything compiles) unless a cache of batch_size rows and max_len
-    slots can be split over the mesh: rows over its batch axes, slots over "sequence"."""
-    sharding.check_batch_divisible(batch_size, mesh, "batch size")
-    seq = sequence_size(mesh)
-    if seq == 1:
-        return
-    sp.check_sequence_split(max_len, seq, "cache length (max_len)")
-    other = sorted(set(cfg.layer_types) - {"attention"})
-    if other:
-        raise ValueError(
-            f"sequence parallelism (mesh axis 'sequence' = {seq}) supports attention layers "
-            f"only; layer_types {cfg.layer_types} has {other}: use a mesh without a sequence axis"
-        )
-    if mesh.shape.get("tensor", 1) > 1:
-        raise ValueError(
-            f"a sequence axis ({seq}) cannot be combined with tensor parallelism (tensor = "
-            f"{mesh.shape['tensor']}); use sharding.sequence_mesh(sequence, data)"
-        )
-
-
 def specs(cfg: ModelConfig, mesh: Mesh, batch: int, max_len: int) -> tuple[KVCache, Any]:
-    """shard_map specs: the cache's (by sharding.RULES) and the rows' mesh axes (or None)."""
-    sh = sharding.cache_shardings(cfg, batch, max_len, mesh)
-    rows = sh.lengths.spec[0] if len(sh.lengths.spec) else None
-    return KVCache(k=sh.k.spec, v=sh.v.spec, lengths=sh.lengths.spec), rows
+    """shard_map specs: the cache's (by the rules) and the rows' mesh axes (or None)."""
+    sh = cache_shardings(cfg, batch, max_len, mesh)
+    spec = jax.tree.map(lambda s: s.spec, sh)
+    rows = spec.lengths[0] if len(spec.lengths) else None
+    return spec, rows
 
 
-def slot_tokens(tokens: np.ndarray, lengths: np.ndarray, held: np.ndarray, max_len: int):
+def slot_tokens(
+    tokens: np.ndarray, lengths: np.ndarray, held: np.ndarray, max_len: int
+) -> np.ndarray:
     """Prompts on the cache's slot grid: [B, S] int32 holding row b's prompt token t at slot
     held[b] + t (zeros elsewhere). tokens [B, T] right-padded, lengths/held [B]."""
     out = np.zeros((tokens.shape[0], max_len), np.int32)
@@ -108,11 +90,12 @@ def slot_tokens(tokens: np.ndarray, lengths: np.ndarray, held: np.ndarray, max_l
 
 
 def _prefill_shard(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Array, *,
-                   cfg: ModelConfig):  # fmt: skip
+                   cfg: ModelConfig, mesh: Mesh) -> tuple[jax.Array, KVCache]:  # fmt: skip
     """One shard's prefill (inside shard_map). cache: this shard's slots [.., b, K, Ls, H];
     tokens [b, Ls]: the tokens at its slots; lengths [b] prompt lengths. Returns (logits
     [b, V], cache)."""
-    bsz, ls = cache.batch_size, cache.max_len
+    bsz, ls = cache.batch_size, cache.max_len // sequence_size(mesh)
+    impl = SequenceAttention(cfg.attention_impl)
     w = cfg.window
     off = jax.lax.axis_index(SEQ) * ls
     start = cache.lengths
@@ -122,57 +105,61 @@ def _prefill_shard(params: Params, cache: KVCache, tokens: jax.Array, lengths: j
     grid = jnp.arange(n_chunks * chunk, dtype=jnp.int32)  # local rows; >= Ls: padding
     glob = off + grid
     valid = (glob[None] >= start[:, None]) & (glob[None] < end[:, None]) & (grid < ls)[None]
-    slot_seg = fwd.slot_segments((off + grid[:ls])[None] < end[:, None])
+    slot_seg = slot_segments((off + grid[:ls])[None] < end[:, None])
     # Only chunks holding a prompt token of some row run (a short prompt in a long cache).
     has = valid.reshape(bsz, n_chunks, chunk).any(axis=(0, 2))
     lo = jnp.where(has.any(), jnp.argmax(has), 0)
     hi = jnp.where(has.any(), n_chunks - jnp.argmax(has[::-1]), 0)
     x = fwd.embed(params, jnp.pad(tokens, ((0, 0), (0, grid.size - ls))), cfg)
 
-    def run(x, states, kind: LayerKind, p, li, first, size: int, compute_base: bool, **remote):
+    def run(x: jax.Array, states: dict[str, Any], kind: LayerKind, p: Params, li: Any,
+            first: Any, size: int, compute_base: bool, **remote: Any) -> tuple[jax.Array, Any]:  # fmt: skip
         """The step over local rows [first, first + size) of the grid (a chunk)."""
         idx = first + jnp.arange(size, dtype=jnp.int32)
         pos = jnp.broadcast_to(off + idx, (bsz, size))
         ok = jax.lax.dynamic_slice_in_dim(valid, first, size, 1)
-        ctx = StepContext(
-            mode=CHUNK,
-            impl=IMPL,
-            slots=jnp.where(ok, idx, ls),  # slots without a prompt token -> Ls: dropped
+        view = ShardView(
             window_slots=fwd.window_before(pos[:, 0], w),
             slot_segments=slot_seg,
-            valid=ok,
             slot_offset=off,
+            slots=jnp.where(ok, idx, ls),  # slots without a prompt token -> Ls: dropped
             **remote,
         )
+        ctx = StepContext(mode=CHUNK, impl=impl, view=view, valid=ok)
         xc = jax.lax.dynamic_slice_in_dim(x, first, size, 1)
         base = Stream(xc, pos, jnp.ones_like(pos))
-        base, _, st = kind.step(p, cfg, base, None, states[kind.name], li, ctx, compute_base)
+        new, _, st = kind.step(p, cfg, base, None, states[kind.name], li, ctx, compute_base)
         if compute_base:
-            x = jax.lax.dynamic_update_slice_in_dim(x, base.x, first, 1)
+            assert new is not None
+            x = jax.lax.dynamic_update_slice_in_dim(x, new.x, first, 1)
         return x, {**states, kind.name: st}
 
-    def chunks(carry, kind, p, li, compute_base: bool, **remote):
-        body = lambda c, xs: run(*xs, kind, p, li, c * chunk, chunk, compute_base, **remote)
+    def chunks(carry: Any, kind: LayerKind, p: Params, li: Any, compute_base: bool,
+               **remote: Any) -> Any:  # fmt: skip
+        body = lambda c, xs: run(
+            xs[0], xs[1], kind, p, li, c * chunk, chunk, compute_base, **remote
+        )
         return jax.lax.fori_loop(lo, hi, body, carry)
 
-    def layer(carry, kind: LayerKind, p, li):
+    def layer(carry: Any, kind: LayerKind, p: Params, li: Any) -> Any:
         x, states = carry
         if cfg.base_window is None:  # causal over every slot: all-gather the layer's K/V
             x, states = chunks((x, states), kind, p, li, False)
-            remote = {"gathered": _gathered(states, li, end)}
+            remote = {"gathered": pseq.gathered_keys(states[kind.name], li, end)}
         elif w > 1:  # the window: the last W-1 slots of the shards before, by halo exchange
             tail = min(w - 1, ls)
             x, states = run(x, states, kind, p, li, ls - tail, tail, False)
-            remote = {"halo": _halo(states, li, off, w - 1, end)}
+            remote = {"halo": pseq.halo_keys(states[kind.name], li, off, w - 1, end)}
         else:
             remote = {}
         return chunks((x, states), kind, p, li, True, **remote)
 
-    def last(carry, kind: LayerKind, p, li):  # its base output is dead: write K/V only
+    def last(carry: Any, kind: LayerKind, p: Params, li: Any) -> Any:  # base output dead: K/V only
         return chunks(carry, kind, p, li, False)
 
-    x, states = stack.layer_loop(params, cfg, (x, cache.states()), layer, by_index=True, last=last)
-    cache = cache.with_states(states, end)
+    local = cache.replace(max_len=ls)  # what the read pass sees of this shard
+    x, states = stack.layer_loop(params, cfg, (x, local.states), layer, by_index=True, last=last)
+    local = local.with_states(states, end)
     # Each row's last prompt token lies on one shard: broadcast what the read pass needs.
     here = end - 1 - off
     mine = (here >= 0) & (here < ls)
@@ -182,36 +169,15 @@ def _prefill_shard(params: Params, cache: KVCache, tokens: jax.Array, lengths: j
         tok = jax.lax.psum(jnp.where(mine, tok, 0), SEQ)
         x0 = fwd.embed(params, tok[:, None], cfg)[:, 0]
         last_x = fwd.read_pass(
-            params, cfg, cache, x0, impl=IMPL, base=False, last_only=False, slot_offset=off
+            params, cfg, local, x0, impl=impl, base=False, last_only=False, slot_offset=off
         )
     else:
         got = jnp.take_along_axis(x, at[:, None, None], 1)[:, 0]
         x_in = jax.lax.psum(jnp.where(mine[:, None], got, 0), SEQ)
         last_x = fwd.read_pass(
-            params, cfg, cache, x_in, impl=IMPL, base=True, last_only=True, slot_offset=off
+            params, cfg, local, x_in, impl=impl, base=True, last_only=True, slot_offset=off
         )
-    return fwd.logits_of(params, last_x, cfg), cache
-
-
-def _halo(states, li, off, rows: int, end: jax.Array) -> Keys:
-    """Head-major Keys of the `rows` slots right before this shard at layer li (received from
-    the shards before it); slots before 0 or past each row's end are padding."""
-    ck, cv = states["attention"]
-    k = sp.halo(kvc.layer_view(ck, li), rows, SEQ, axis=2)
-    v = sp.halo(kvc.layer_view(cv, li), rows, SEQ, axis=2)
-    slots = jnp.broadcast_to(off - rows + jnp.arange(rows, dtype=jnp.int32), (end.shape[0], rows))
-    seg = fwd.slot_segments((slots >= 0) & (slots < end[:, None]))
-    return Keys(k, v, slots, seg, head_major=True)
-
-
-def _gathered(states, li, end: jax.Array) -> Keys:
-    """Head-major Keys of every slot of layer li (all-gathered over the shards)."""
-    ck, cv = states["attention"]
-    gather = lambda a: jax.lax.all_gather(kvc.layer_view(a, li), SEQ, axis=2, tiled=True)
-    k, v = gather(ck), gather(cv)
-    slots = jnp.broadcast_to(jnp.arange(k.shape[2], dtype=jnp.int32), (end.shape[0], k.shape[2]))
-    seg = fwd.slot_segments(slots < end[:, None])
-    return Keys(k, v, slots, seg, head_major=True)
+    return fwd.logits_of(params, last_x, cfg), local.replace(max_len=cache.max_len)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "mesh"), donate_argnames=("cache",))
@@ -222,7 +188,7 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
     Returns (logits [B, V] at each prompt's last token, the cache split the same way)."""
     cache_spec, rows = specs(cfg, mesh, cache.batch_size, cache.max_len)
     fn = jax.shard_map(
-        functools.partial(_prefill_shard, cfg=cfg),
+        functools.partial(_prefill_shard, cfg=cfg, mesh=mesh),
         mesh=mesh,
         in_specs=(P(), cache_spec, P(rows, SEQ), P(rows)),
         out_specs=(P(rows), cache_spec),
@@ -239,9 +205,15 @@ def decode(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array,
     loop). tokens, active [B] -> (logits [B, V], cache split the same way)."""
     cache_spec, rows = specs(cfg, mesh, cache.batch_size, cache.max_len)
 
-    def shard(params, cache, tokens, active):
-        off = jax.lax.axis_index(SEQ) * cache.max_len
-        return fwd.decode(params, cache, tokens, active, cfg=cfg, impl=IMPL, slot_offset=off)
+    def shard(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array) -> Any:
+        ls = cache.max_len // sequence_size(mesh)
+        off = jax.lax.axis_index(SEQ) * ls
+        local = cache.replace(max_len=ls)
+        impl = SequenceAttention(cfg.attention_impl)
+        logits, local = fwd.decode(
+            params, local, tokens, active, cfg=cfg, impl=impl, slot_offset=off
+        )
+        return logits, local.replace(max_len=cache.max_len)
 
     fn = jax.shard_map(
         shard,

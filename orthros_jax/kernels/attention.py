@@ -34,7 +34,7 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def _pad_axis1(x: jax.Array, length: int, value, front: bool = False) -> jax.Array:
+def _pad_axis1(x: jax.Array, length: int, value: Any, front: bool = False) -> jax.Array:
     pad = length - x.shape[1]
     if pad == 0:
         return x
@@ -233,7 +233,7 @@ def _attend_key_blocks(
     bk = keys.k.shape[3]
     scale = 1.0 / math.sqrt(h)
 
-    def attend(carry, j, masked: bool):
+    def attend(carry: tuple[jax.Array, ...], j: Any, masked: bool) -> tuple[jax.Array, ...]:
         acc, m, total = carry
         s = jnp.einsum("bkxh,bkyh->bkxy", q_i, keys.k[:, :, j], preferred_element_type=jnp.float32)
         s = s * scale
@@ -254,7 +254,7 @@ def _attend_key_blocks(
         )  # fmt: skip
         return acc * corr[..., None] + pv, m_new, total * corr + p.sum(axis=-1)
 
-    def visit(carry, j):
+    def visit(carry: Any, j: Any) -> tuple[Any, None]:
         branches = [
             lambda c: c,
             lambda c: attend(c, j, masked=True),
@@ -305,7 +305,7 @@ def global_attention(
     queries = _block_queries(q, q_pos, q_seg, kv, bq)
     keys = _block_keys(k, v, k_pos, k_seg, min(block_k, _round_up(lk, 8)))
     kind = _block_kinds(queries, keys)
-    out = jax.lax.map(lambda a: _attend_key_blocks(*a, keys), (*queries, kind))
+    out = jax.lax.map(lambda a: _attend_key_blocks(a[0], a[1], a[2], a[3], keys), (*queries, kind))
     nq, bsz = out.shape[:2]  # out [nq, B, K, G*bq, H]
     out = out.reshape(nq, bsz, kv, n // kv, bq, h).transpose(1, 0, 4, 2, 3, 5)
     return out.reshape(bsz, nq * bq, n, h)[:, :lq].astype(q.dtype)
@@ -380,27 +380,3 @@ def check_positions_contract(positions: Any, segment_ids: Any | None = None) -> 
             f"position {int(pos[row, col + 1])} at index {col + 1} after {int(pos[row, col])} "
             f"at index {col} in the same segment {int(seg[row, col])}"
         )
-
-
-def reference_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    q_positions: jax.Array,
-    k_positions: jax.Array,
-    q_segment_ids: jax.Array | None = None,
-    k_segment_ids: jax.Array | None = None,
-    window: int | None = None,
-) -> jax.Array:
-    """Dense masked attention (Lq x Lk scores) — the specification the kernels are tested against."""
-    bsz, lq, n, h = q.shape
-    kv = k.shape[2]
-    q_seg = _default_segments(q_segment_ids, q)
-    k_seg = _default_segments(k_segment_ids, k)
-    kr = jnp.repeat(k, n // kv, axis=2).astype(jnp.float32)
-    vr = jnp.repeat(v, n // kv, axis=2).astype(jnp.float32)
-    s = jnp.einsum("bqnh,bsnh->bnqs", q.astype(jnp.float32), kr) / math.sqrt(h)
-    mask = visibility(q_positions, q_seg, k_positions, k_seg, window)
-    s = jnp.where(mask[:, None], s, _MASKED)
-    return jnp.einsum("bnqs,bsnh->bqnh", jax.nn.softmax(s, axis=-1), vr).astype(q.dtype)

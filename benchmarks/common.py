@@ -1,8 +1,8 @@
-"""Pieces of the benchmark (launch/benchmark.py; its report: bench_report.py) that compare like
-with like.
+"""Pieces of the benchmark (launch/benchmark.py; its report: benchmarks/report.py) that compare
+like with like.
 
 Besides the library's own `inference.prefill`, the benchmark times two references that are
-the same prefill driver with another attention implementation (attend.py):
+the same prefill driver with another attention implementation (layers/attend.py):
   floor_prefill  the token-wise floor: attention replaced by identity (o = q), chunked like
                  `prefill`. No architecture can prefill faster than this.
   dense_prefill  the Transformer arm with `jax.nn.dot_product_attention` over the whole prompt
@@ -27,11 +27,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from orthros_jax import flops, inference
-from orthros_jax.attention import local_attention
-from orthros_jax.cached_forward import prefill
+from benchmarks import flops
+from orthros_jax import inference
 from orthros_jax.config import ModelConfig
-from orthros_jax.kv_cache import KVCache, init_cache
+from orthros_jax.inference.cache import KVCache, init_cache
+from orthros_jax.inference.drivers import prefill
+from orthros_jax.kernels.attention import local_attention
+from orthros_jax.layers.attend import AttentionImpl, Keys
+from orthros_jax.layers.registry import kinds_of
+from orthros_jax.layers.stack import so_names
 from orthros_jax.model import Params
 
 
@@ -44,13 +48,21 @@ def model_configs(model: Any, arms: dict[str, dict[str, Any]]) -> dict[str, Mode
     return {name: ModelConfig.from_dict(base | dict(fields)) for name, fields in arms.items()}
 
 
-def drop_so(params: Params) -> Params:
-    """A two-stream model's weights without its scale-offset vectors ("so_" in the name, in
-    `layers` and `gdn_layers`): the single-stream arm that shares every other weight."""
-    return {
-        k: {n: a for n, a in v.items() if "so_" not in n} if isinstance(v, dict) else v
-        for k, v in params.items()
-    }
+def drop_so(params: Params, cfg: ModelConfig) -> Params:
+    """A two-stream model's (cfg's) weights without its scale-offset vectors (each kind's, by
+    stack.so_names): the single-stream arm that shares every other weight."""
+    out = dict(params)
+    for kind in kinds_of(cfg):
+        drop = set(so_names(kind, cfg))
+        out[kind.params_key] = {n: a for n, a in params[kind.params_key].items() if n not in drop}
+    return out
+
+
+def floor(q: jax.Array, q_pos: jax.Array, q_seg: jax.Array, keys: Keys, window: int | None,
+          cfg: ModelConfig) -> jax.Array:  # fmt: skip
+    """The token-wise floor as an attention implementation (attend.AttentionImpl): o = q, no
+    attention at all. Not a model: what no architecture can prefill faster than."""
+    return q
 
 
 def prompt(cfg: ModelConfig, t: int, c: Any) -> tuple[jax.Array, jax.Array]:
@@ -93,7 +105,9 @@ def prefill_call(
     return call
 
 
-def _full_prompt_prefill(cfg: ModelConfig, impl: str):
+def _full_prompt_prefill(
+    cfg: ModelConfig, impl: AttentionImpl | str
+) -> Callable[..., tuple[jax.Array, KVCache]]:
     def run(params: Params, cache: KVCache, tokens: jax.Array) -> tuple[jax.Array, KVCache]:
         lengths = jnp.full((tokens.shape[0],), tokens.shape[1], jnp.int32)
         return prefill(params, cache, tokens, lengths, cfg=cfg, impl=impl)
@@ -103,8 +117,8 @@ def _full_prompt_prefill(cfg: ModelConfig, impl: str):
 
 def floor_prefill(cfg: ModelConfig) -> Callable[..., tuple[jax.Array, KVCache]]:
     """Jitted token-wise floor prefill(params, cache, tokens [B, T]) (T a multiple of the chunk):
-    the library's prefill driver with the attention implementation "floor" (o = q)."""
-    return _full_prompt_prefill(cfg, "floor")
+    the library's prefill driver with the attention implementation `floor` (o = q)."""
+    return _full_prompt_prefill(cfg, floor)
 
 
 def dense_prefill(cfg: ModelConfig) -> Callable[..., tuple[jax.Array, KVCache]]:
@@ -144,9 +158,17 @@ def filled_cache(cfg: ModelConfig, bsz: int, context: int, room: int) -> KVCache
     """A cache holding `context` random K/V entries per row and `room` free slots (decode cost
     does not depend on the values; a GDN state stays zero)."""
     cache = init_cache(cfg, bsz, context + room)
-    k = 0.1 * jax.random.normal(jax.random.PRNGKey(1), cache.k.shape, cache.k.dtype)
-    v = 0.1 * jax.random.normal(jax.random.PRNGKey(2), cache.v.shape, cache.v.dtype)
-    return cache.replace(k=k, v=v, lengths=jnp.full((bsz,), context, jnp.int32))
+    states = dict(cache.states)
+    for kind in kinds_of(cfg):
+        if kind.splits_over_slots:  # K/V over slots: random entries (a recurrent state stays 0)
+            keys = jax.random.split(jax.random.PRNGKey(1), len(jax.tree.leaves(states[kind.name])))
+            leaves, tree = jax.tree.flatten(states[kind.name])
+            leaves = [
+                0.1 * jax.random.normal(r, a.shape, a.dtype)
+                for r, a in zip(keys, leaves, strict=True)
+            ]
+            states[kind.name] = jax.tree.unflatten(tree, leaves)
+    return cache.replace(states=states, lengths=jnp.full((bsz,), context, jnp.int32))
 
 
 def decode_row(

@@ -30,10 +30,11 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float, zero_centered: bool = F
 
 
 def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
-    """Inverse frequencies [R/2] in float32 (R = the rotated part of the head: head_dim times
-    cfg.partial_rotary_factor), with Llama-3 style scaling when configured."""
-    h = cfg.rotary_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+    """Inverse frequencies [R/2] in float32, theta^(-2i / r) for r = cfg.rope_dim (R =
+    cfg.rotary_dim, the rotated part of the head; transformers' rule, odd r included), with
+    Llama-3 style scaling when configured."""
+    r = cfg.rope_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, r, 2, dtype=jnp.float32) / r))
     if cfg.rope_type == "llama3":
         low_wavelen = cfg.rope_original_max_position / cfg.rope_low_freq_factor
         high_wavelen = cfg.rope_original_max_position / cfg.rope_high_freq_factor

@@ -1,4 +1,4 @@
-"""The gated DeltaNet layer kind: one step for every mode (see layer_kind.py).
+"""The gated DeltaNet layer kind: one step for every mode (see kind.py).
 
 A GDN layer is the shared block (pre-norms + SwiGLU FFN, layer_kind.block_param_shapes) around
 the Qwen3.5 GDN mixer of gdn.py. Single-stream arms (gdn, hybrid) run it on the one stream. In
@@ -11,7 +11,7 @@ is the Orthros-H model with identity cross SO.
 Per-layer parameters (the stack adds a leading layers axis, under "gdn_layers"): the shared
 block, gdn.gdn_param_shapes, and gdn_so_out_scale / gdn_so_out_offset [Hk, dk] (orthros_h with
 scale_offset). The cache state is gdn.GDNState with every field stacked over the GDN layers
-(KVCache.linear): conv windows [layers, B, Kc-1, heads, dim], recurrent [layers, B, Hv, dk, dv].
+(KVCache.states['gdn']): conv windows [layers, B, Kc-1, heads, dim], recurrent [layers, B, Hv, dk, dv].
 
 Modes: sequence (chunked rule; the state restarts where segment_ids change or positions do not
 increase, i.e. at packed-document starts; padding, segment 0 and last, is its own document so
@@ -24,21 +24,26 @@ reads_last_token=False and prefill runs such a last layer in full.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
-from orthros_jax import gdn
-from orthros_jax.axes import BATCH, HEAD_DIM, LAYERS
+from orthros_jax.axes import BATCH, GDN_K_HEADS, GDN_V_HEADS, HEAD_DIM, LAYERS
 from orthros_jax.config import ModelConfig
-from orthros_jax.layer_kind import (
+from orthros_jax.layers import gdn_mixer as gdn
+from orthros_jax.layers.kind import (
     CHUNK,
     DECODE,
     READ,
     SEQUENCE,
-    LayerKind,
+    Initializer,
+    Kind,
     Params,
+    ParamSpec,
     StepContext,
     Stream,
+    Work,
     block_param_shapes,
     default_init,
     ffn_residual,
@@ -49,17 +54,17 @@ from orthros_jax.layer_kind import (
 SO_NAMES = ("gdn_so_out_scale", "gdn_so_out_offset")
 
 
-def param_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+def param_shapes(cfg: ModelConfig) -> dict[str, ParamSpec]:
     """Shape and logical axes of every per-layer parameter (without the leading layers axis)."""
-    shapes = block_param_shapes(cfg)
+    shapes: dict[str, ParamSpec] = block_param_shapes(cfg)
     shapes.update(gdn.gdn_param_shapes(cfg))
     if cfg.two_streams and cfg.scale_offset:
-        so = ((cfg.gdn_num_k_heads, cfg.gdn_k_head_dim), (gdn.GDN_K_HEADS, HEAD_DIM))
+        so = ((cfg.gdn_num_k_heads, cfg.gdn_k_head_dim), (GDN_K_HEADS, HEAD_DIM))
         shapes.update(dict.fromkeys(SO_NAMES, so))
     return shapes
 
 
-def init_for(name: str, cfg: ModelConfig):
+def init_for(name: str, cfg: ModelConfig) -> Initializer:
     """The mixer's parameters as Qwen3.5 initialises them (gdn.gdn_init: its norm is a plain
     scale w even when the model's norms are zero-centred), the rest as every kind's."""
     if name in gdn.gdn_param_shapes(cfg):
@@ -73,13 +78,15 @@ def _cross_so(p: Params, cfg: ModelConfig) -> gdn.CrossSO | None:
     return None
 
 
-def _sequence(p: Params, cfg: ModelConfig, base: Stream, out: Stream | None, ctx: StepContext):
+def _sequence(
+    p: Params, cfg: ModelConfig, base: Stream, out: Stream | None, ctx: StepContext
+) -> tuple[jax.Array, jax.Array | None]:
     """Sequence mode: (y [B, T, D], cross_y [B, T_out, D] or None). The state restarts at
     ctx.reset (packed-document starts).
 
     The chunked rule needs each copy's query at its base token: with SFT's output copies
     (ctx.out_index) their normed states are scattered to base alignment (zeros where no copy),
-    the cross outputs computed for every base token and gathered back, so the cross query,
+    the cross outputs computed for every base token and taken back, so the cross query,
     gated norm and out_proj run over T tokens instead of T_out."""
     h = norm(p, base.x, "attn_norm", cfg)
     if out is None:
@@ -94,15 +101,16 @@ def _sequence(p: Params, cfg: ModelConfig, base: Stream, out: Stream | None, ctx
         p, h, cfg, reset_BL=ctx.reset, cross_h_BLD=h_out, cross_so=_cross_so(p, cfg)
     )
     if idx is not None:
+        assert cross_y is not None
         cross_y = jnp.take_along_axis(cross_y, idx[:, :, None], axis=1)
     return y, cross_y
 
 
-def _layer_state(state: gdn.GDNState, li) -> gdn.GDNState:
+def _layer_state(state: gdn.GDNState, li: Any) -> gdn.GDNState:
     return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, li, keepdims=False), state)
 
 
-def _write_state(state: gdn.GDNState, li, new: gdn.GDNState) -> gdn.GDNState:
+def _write_state(state: gdn.GDNState, li: Any, new: gdn.GDNState) -> gdn.GDNState:
     return jax.tree.map(
         lambda a, x: jax.lax.dynamic_update_index_in_dim(a, x.astype(a.dtype), li, 0), state, new
     )
@@ -113,24 +121,25 @@ def step(
     cfg: ModelConfig,
     base: Stream | None,
     out: Stream | None,
-    state,
-    li,
+    state: Any,
+    li: Any,
     ctx: StepContext,
     compute_base: bool = True,
-):
+) -> tuple[Stream | None, Stream | None, Any]:
     """One GDN layer for both streams in any mode. Returns (base, out, state)."""
-    if ctx.slot_offset is not None:
-        raise ValueError("GDN layers do not run sequence-parallel (sp_forward.check_mesh)")
-    y = cross_y = None
+    y: jax.Array | None = None
+    cross_y: jax.Array | None = None
     if ctx.mode == SEQUENCE:
+        assert base is not None
         y, cross_y = _sequence(p, cfg, base, out, ctx)
     elif ctx.mode == READ:
-        if base is not None:
+        if base is not None or out is None:
             raise ValueError("a GDN layer cannot read a base token alone (reads_last_token)")
         h_out = norm(p, out.x, "attn_norm", cfg)
         st = _layer_state(state, li)
         cross_y = gdn.gdn_read(p, h_out, cfg, state=st, cross_so=_cross_so(p, cfg))
     else:
+        assert base is not None
         h = norm(p, base.x, "attn_norm", cfg)
         st = _layer_state(state, li)
         if ctx.mode == CHUNK:
@@ -138,9 +147,10 @@ def step(
                 raise ValueError("prefill chunks run the base stream only")
             y, _, new = gdn.gdn_mix(p, h, cfg, state=st, valid_BL=ctx.valid, reset_BL=ctx.reset)
         elif ctx.mode == DECODE:
-            h_out = None if out is None else norm(p, out.x, "attn_norm", cfg)
+            assert ctx.valid is not None
+            cross_h = None if out is None else norm(p, out.x, "attn_norm", cfg)
             y, cross_y, new = gdn.gdn_decode(
-                p, h, cfg, state=st, active_B=ctx.valid[:, 0], cross_h_B1D=h_out,
+                p, h, cfg, state=st, active_B=ctx.valid[:, 0], cross_h_B1D=cross_h,
                 cross_so=_cross_so(p, cfg),
             )  # fmt: skip
         else:
@@ -154,7 +164,9 @@ def step(
     return base, out, state
 
 
-def init_state(cfg: ModelConfig, n_layers: int, batch: int, max_len: int, dtype) -> gdn.GDNState:
+def init_state(
+    cfg: ModelConfig, n_layers: int, batch: int, max_len: int, dtype: Any
+) -> gdn.GDNState:
     """gdn.init_gdn_state (conv windows in dtype, recurrent float32) with every field stacked
     on a leading [layers] axis; max_len is unused (the state does not grow with the sequence)."""
     one = jax.eval_shape(lambda: gdn.init_gdn_state(cfg, batch, dtype))
@@ -164,16 +176,48 @@ def init_state(cfg: ModelConfig, n_layers: int, batch: int, max_len: int, dtype)
 def state_axes(cfg: ModelConfig) -> gdn.GDNState:
     """Logical axes of the stacked state: conv windows over batch and heads, the recurrent
     state over batch and value heads."""
-    k_conv = (LAYERS, BATCH, None, gdn.GDN_K_HEADS, HEAD_DIM)
+    k_conv = (LAYERS, BATCH, None, GDN_K_HEADS, HEAD_DIM)
     return gdn.GDNState(
         conv_q=k_conv,
         conv_k=k_conv,
-        conv_v=(LAYERS, BATCH, None, gdn.GDN_V_HEADS, HEAD_DIM),
-        recurrent=(LAYERS, BATCH, gdn.GDN_V_HEADS, None, None),
+        conv_v=(LAYERS, BATCH, None, GDN_V_HEADS, HEAD_DIM),
+        recurrent=(LAYERS, BATCH, GDN_V_HEADS, None, None),
     )
 
 
-KIND = LayerKind(
+def validate(cfg: ModelConfig) -> None:
+    """The GDN fields of a config that uses GDN layers."""
+    if cfg.gdn_num_v_heads % cfg.gdn_num_k_heads:
+        raise ValueError(
+            f"ModelConfig.gdn_num_v_heads={cfg.gdn_num_v_heads} must be a multiple of "
+            f"gdn_num_k_heads={cfg.gdn_num_k_heads} (each key head serves Hv/Hk consecutive "
+            "value heads)"
+        )
+
+
+def per_token_flops(cfg: ModelConfig) -> dict[str, int]:
+    """FLOPs one token spends in one GDN layer, by part: what carries the state (k/v/beta/decay
+    projections, their conv, the rank-1 update with its k^T S read) and what reads it (q
+    projection and conv, the gate z, q^T S, out_proj, FFN)."""
+    d, kc = cfg.d_model, cfg.gdn_conv_kernel
+    hk, hv, dk, dv = gdn.gdn_dims(cfg)
+    return {
+        "state": 2 * d * (hk * dk + hv * dv + 2 * hv) + 2 * kc * (hk * dk + hv * dv)
+        + 4 * hv * dk * dv,
+        "q": 2 * d * hk * dk + 2 * kc * hk * dk,
+        "read": 2 * d * hv * dv + 2 * hv * dk * dv + 2 * hv * dv * d + 2 * 3 * d * cfg.d_ff,
+    }  # fmt: skip
+
+
+def flops(cfg: ModelConfig, work: Work) -> int:
+    """The recurrent form's FLOPs (not the chunked form's extra intra-chunk work): the state
+    update of every new token, a query + read + FFN per base output and per output copy (an
+    Orthros-H copy reads the state with its own query, gate, out_proj and FFN)."""
+    g = per_token_flops(cfg)
+    return work.tokens * g["state"] + (work.base_outputs + work.copies) * (g["q"] + g["read"])
+
+
+KIND = Kind(
     name="gdn",
     params_key="gdn_layers",
     param_shapes=param_shapes,
@@ -181,5 +225,7 @@ KIND = LayerKind(
     init_state=init_state,
     state_axes=state_axes,
     step=step,
+    flops=flops,
+    validate=validate,
     reads_last_token=False,
 )

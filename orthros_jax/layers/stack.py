@@ -21,17 +21,12 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from orthros_jax import attention_layer, gdn_layer
 from orthros_jax.axes import LAYERS
 from orthros_jax.config import ModelConfig
-from orthros_jax.layer_kind import LayerKind, Params
+from orthros_jax.layers.kind import LayerKind, Params
+from orthros_jax.layers.registry import KINDS, kinds_of
 
-KINDS: dict[str, LayerKind] = {"attention": attention_layer.KIND, "gdn": gdn_layer.KIND}
-
-
-def kinds_of(cfg: ModelConfig) -> list[LayerKind]:
-    """The kinds a config uses, in cycle order, each once."""
-    return [KINDS[name] for name in dict.fromkeys(cfg.layer_types)]
+__all__ = ["KINDS", "KindStack", "fill_identity_so", "kinds_of", "layer_loop", "remat", "so_names"]
 
 
 def so_names(kind: LayerKind, cfg: ModelConfig) -> tuple[str, ...]:
@@ -103,12 +98,12 @@ def layer_loop(
     stacks = {k.name: params[k.params_key] for k in kinds_of(cfg)}
     n_loop = cfg.n_cycles - (last is not None)
 
-    def layer_at(name: str, li):
+    def layer_at(name: str, li: Any) -> Params:
         return jax.tree.map(
             lambda a: jax.lax.dynamic_index_in_dim(a, li, keepdims=False), stacks[name]
         )
 
-    def run_cycle(carry, c, cycle_params, upto: int):
+    def run_cycle(carry: Any, c: Any, cycle_params: Any, upto: int) -> Any:
         for j in range(upto):
             name, li = cycle[j], cfg.layer_index(c, j)
             if cycle_params is None:
@@ -131,7 +126,7 @@ def layer_loop(
                     lambda a, n=n: a[: n_loop * n].reshape(n_loop, n, *a.shape[1:]), s
                 )
 
-            def scan_body(carry, inputs):
+            def scan_body(carry: Any, inputs: Any) -> tuple[Any, None]:
                 c, cycle_params = inputs
                 return run_cycle(carry, c, cycle_params, len(cycle)), None
 

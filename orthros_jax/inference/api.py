@@ -9,12 +9,12 @@ Shapes: B batch, T prompt tokens, S cache slots, M new tokens, V vocab.
 
 params is OrthrosLM's unboxed params dict (model.init_params); cfg the static ModelConfig.
 These functions validate their inputs on the host (ValueError, before any compile), pad
-prompts to a length bucket, then call the jitted functions of cached_forward.py with the
+prompts to a length bucket, then call the jitted functions of drivers.py with the
 config static and the cache donated (do not reuse a cache passed in). `generate` runs the
 whole decode loop on device in one jit (a lax.while_loop).
 
 A cache made with init_cache(..., mesh=mesh) on a mesh with a "sequence" axis > 1
-(sharding.sequence_mesh) has its slots split over that axis: prefill, decode_step and
+(pmesh.sequence_mesh) has its slots split over that axis: prefill, decode_step and
 generate(mesh=mesh) then run sequence-parallel (sp_forward.py) and return a cache split the
 same way.
 """
@@ -33,12 +33,14 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from orthros_jax import cached_forward as fwd
-from orthros_jax import sharding, sp_forward
 from orthros_jax.config import ModelConfig
-from orthros_jax.kv_cache import KVCache, cache_shape, init_cache
+from orthros_jax.inference import drivers as fwd
+from orthros_jax.inference import sequence_parallel as sp_forward
+from orthros_jax.inference.cache import KVCache, check_cache, init_cache
+from orthros_jax.inference.sampling import Sampler, sample
 from orthros_jax.model import Params
-from orthros_jax.sampling import Sampler, sample
+from orthros_jax.parallel import mesh as pmesh
+from orthros_jax.parallel.sequence import SEQ
 
 __all__ = [
     "GenerateOutput",
@@ -95,9 +97,7 @@ def _host(x: jax.Array) -> np.ndarray:
 
 
 def _check_cache(cache: KVCache, cfg: ModelConfig) -> np.ndarray:
-    want = cache_shape(cfg, cache.batch_size, cache.max_len)
-    if cache.k.shape != want or cache.v.shape != want:
-        raise ValueError(f"cache k/v have shape {cache.k.shape}; this config needs {want}")
+    check_cache(cache, cfg)
     return _host(cache.lengths).astype(np.int64)
 
 
@@ -140,8 +140,8 @@ def prefill(
         slots = sp_forward.slot_tokens(toks, lens, held, cache.max_len)
         _, rows = sp_forward.specs(cfg, mesh, bsz, cache.max_len)
         return sp_forward.prefill(
-            params, cache, sharding.put(slots, NamedSharding(mesh, P(rows, sp_forward.SEQ))),
-            sharding.put(lens.astype(np.int32), NamedSharding(mesh, P(rows))), cfg=cfg, mesh=mesh,
+            params, cache, pmesh.put(slots, NamedSharding(mesh, P(rows, SEQ))),
+            pmesh.put(lens.astype(np.int32), NamedSharding(mesh, P(rows))), cfg=cfg, mesh=mesh,
         )  # fmt: skip
     t_pad = prompt_bucket(int(lens.max()), cfg)
     padded = np.zeros((bsz, t_pad), np.int32)  # padding is 0: never an invalid id on device
@@ -174,10 +174,11 @@ def decode_step(
     mesh = sp_forward.mesh_of(cache)
     if mesh is not None:
         _, rows = sp_forward.specs(cfg, mesh, cache.batch_size, cache.max_len)
-        on_rows = lambda a: sharding.put(a, NamedSharding(mesh, P(rows)))
-        active = on_rows(np.ones((cache.batch_size,), bool))
-        toks = on_rows(toks.astype(np.int32))
-        return sp_forward.decode_jit(params, cache, toks, active, cfg=cfg, mesh=mesh)
+        on_rows = lambda a: pmesh.put(a, NamedSharding(mesh, P(rows)))
+        return sp_forward.decode_jit(
+            params, cache, on_rows(toks.astype(np.int32)),
+            on_rows(np.ones((cache.batch_size,), bool)), cfg=cfg, mesh=mesh,
+        )  # fmt: skip
     active = jnp.ones((cache.batch_size,), bool)
     return fwd.decode_jit(params, cache, jnp.asarray(toks, jnp.int32), active, cfg=cfg)
 
@@ -185,8 +186,7 @@ def decode_step(
 # ---------------------------------------------------------------- generation loop
 
 
-@flax.struct.dataclass
-class _LoopState:
+class _LoopState(flax.struct.PyTreeNode):
     cache: KVCache
     tokens: jax.Array  # [B, M] generated ids, -1 after a row stopped
     last: jax.Array  # [B] the token to feed next
@@ -197,8 +197,7 @@ class _LoopState:
     rng: jax.Array
 
 
-@flax.struct.dataclass
-class GenerateOutput:
+class GenerateOutput(flax.struct.PyTreeNode):
     """tokens [B, M] (the stop token included, -1 after the end), lengths [B] (tokens
     generated per row), hit_capacity [B] (row stopped because its cache was full)."""
 
@@ -207,7 +206,9 @@ class GenerateOutput:
     hit_capacity: np.ndarray
 
 
-def _generate_loop(params, cache, logits, rng, stops, *, cfg, sampler, max_new_tokens, mesh):
+def _generate_loop(params: Params, cache: KVCache, logits: jax.Array, rng: jax.Array,
+                   stops: jax.Array, *, cfg: ModelConfig, sampler: Sampler,
+                   max_new_tokens: int, mesh: Mesh | None) -> Any:  # fmt: skip
     """The decode loop in one jit: sample, stop rows that emitted a stop token, feed the rest.
     mesh: the mesh of a sequence-split cache (None: the single-program decode)."""
     bsz, s = cache.batch_size, cache.max_len

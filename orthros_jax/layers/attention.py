@@ -1,4 +1,4 @@
-"""The attention layer kind: one step for every mode (see layer_kind.py).
+"""The attention layer kind: one step for every mode (see kind.py).
 
 Orthros: K/V come from the base stream only; the base queries attend a window of w keys, the
 output stream's queries attend every key at an original position <= their own. Both streams
@@ -8,31 +8,33 @@ every key; swa: one stream, the window. The cache state is the head-major K/V of
 k, v [layers, B, K, S, H], written in place at the layer index (no stack slicing).
 
 Per-layer parameters (the stack adds a leading layers axis): the shared block
-(layer_kind.block_param_shapes) and wq [D, N, H], wk/wv [D, K, H], wo [N, H, D];
+(kind.block_param_shapes) and wq [D, N, H], wk/wv [D, K, H], wo [N, H, D];
 q_norm/k_norm [H] (qk_norm); wq_gate [D, N, H] (attn_output_gate);
 so_{base,out}_{scale,offset} [N, H] (orthros with scale_offset).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
-from orthros_jax import kv_cache as kvc
-from orthros_jax import layers as nnl
-from orthros_jax.attend import Keys, attend
-from orthros_jax.attention import KEY_PAD_SEGMENT
 from orthros_jax.axes import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, LAYERS, LENGTH
 from orthros_jax.config import ModelConfig
-from orthros_jax.layer_kind import (
+from orthros_jax.layers import primitives as nnl
+from orthros_jax.layers.attend import Keys, attend
+from orthros_jax.layers.kind import (
     CHUNK,
     DECODE,
     READ,
     SEQUENCE,
-    LayerKind,
+    Kind,
     Params,
+    ParamSpec,
     StepContext,
     Stream,
+    Work,
     block_param_shapes,
     default_init,
     ffn_residual,
@@ -41,10 +43,10 @@ from orthros_jax.layer_kind import (
 )
 
 
-def param_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+def param_shapes(cfg: ModelConfig) -> dict[str, ParamSpec]:
     """Shape and logical axes of every per-layer parameter (without the leading layers axis)."""
     d, n, k, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    shapes = block_param_shapes(cfg)
+    shapes: dict[str, ParamSpec] = block_param_shapes(cfg)
     shapes.update(
         wq=((d, n, h), (EMBED, HEADS, HEAD_DIM)),
         wk=((d, k, h), (EMBED, KV_HEADS, HEAD_DIM)),
@@ -63,7 +65,9 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str
     return shapes
 
 
-def layer_kv(p: Params, x: jax.Array, positions: jax.Array, cfg: ModelConfig):
+def layer_kv(
+    p: Params, x: jax.Array, positions: jax.Array, cfg: ModelConfig
+) -> tuple[jax.Array, jax.Array]:
     """K/V of a layer from its base input x [B, L, D]: k (rotated), v [B, L, K, H]."""
     h = norm(p, x, "attn_norm", cfg)
     k = jnp.einsum("bld,dkh->blkh", h, p["wk"].astype(h.dtype))
@@ -73,7 +77,9 @@ def layer_kv(p: Params, x: jax.Array, positions: jax.Array, cfg: ModelConfig):
     return nnl.apply_rope(k, positions, nnl.rope_inv_freq(cfg)), v
 
 
-def layer_query(p: Params, x: jax.Array, positions: jax.Array, cfg: ModelConfig, stream: str):
+def layer_query(
+    p: Params, x: jax.Array, positions: jax.Array, cfg: ModelConfig, stream: str
+) -> jax.Array:
     """Queries [B, L, N, H] of a stream ('base' or 'out'): q = alpha*(x Wq)+beta, then RoPE."""
     h = norm(p, x, "attn_norm", cfg)
     q = jnp.einsum("bld,dnh->blnh", h, p["wq"].astype(h.dtype))
@@ -94,89 +100,33 @@ def layer_finish(p: Params, x: jax.Array, attn: jax.Array, cfg: ModelConfig) -> 
     return ffn_residual(p, x, mixed, cfg)
 
 
-def _read_slots(ck, cv, li, slots, ctx: StepContext):
-    """K/V [B, K, L, H] and segments [B, L] of a layer at global slots [B, L]: from this shard's
-    cache, or from ctx.halo for the slots right before the shard; any other slot (negative,
-    beyond the cache, another shard's) is padding."""
-    s = ctx.slot_segments.shape[1]
-    local = slots if ctx.slot_offset is None else slots - ctx.slot_offset
-    mine = (local >= 0) & (local < s)
-    own_seg = jnp.take_along_axis(ctx.slot_segments, jnp.clip(local, 0, s - 1), 1)
-    seg = jnp.where(mine, own_seg, KEY_PAD_SEGMENT)
-    k, v = kvc.read(ck, li, local), kvc.read(cv, li, local)
-    if ctx.halo is not None:
-        h = ctx.halo
-        r = h.positions.shape[1]
-        idx = slots - h.positions[:, :1]  # the halo holds consecutive slots
-        in_halo = (idx >= 0) & (idx < r) & ~mine
-        idx = jnp.clip(idx, 0, r - 1)
-        sel = in_halo[:, None, :, None]
-        k = jnp.where(sel, jnp.take_along_axis(h.k, idx[:, None, :, None], axis=2), k)
-        v = jnp.where(sel, jnp.take_along_axis(h.v, idx[:, None, :, None], axis=2), v)
-        seg = jnp.where(in_halo, jnp.take_along_axis(h.segment_ids, idx, 1), seg)
-    return k, v, seg
-
-
-def _cache_keys(ck, cv, li, ctx: StepContext, base: Stream | None, kv) -> tuple[Keys, Keys]:
-    """(window keys, global keys) of a cached mode. The global keys are the layer's whole
-    head-major cache read in place; the window keys are a chunk's own K/V plus the W-1 slots
-    before it (chunk), or the W slots ending at the query (decode/read).
-
-    Sequence parallelism (ctx.slot_offset set; the cache holds this shard's slots): decode/read
-    keys are split (attend's `sequence` merges the shards); a chunk's own keys are read back
-    from the cache after its write (a slot inside the chunk that holds an earlier prompt keeps
-    it), its window's slots before the shard come from ctx.halo, and its global queries read
-    ctx.gathered (the layer's K/V of every shard) when given."""
-    bsz, s = ctx.slot_segments.shape
-    sharded = ctx.slot_offset is not None
-    first = ctx.slot_offset if sharded else 0
-    slot_ids = jnp.broadcast_to(first + jnp.arange(s, dtype=jnp.int32), (bsz, s))
-    full = ctx.gathered
-    if full is None:
-        full = Keys(
-            kvc.layer_view(ck, li), kvc.layer_view(cv, li), slot_ids, ctx.slot_segments,
-            head_major=True, split=sharded,
-        )  # fmt: skip
-    win = ctx.window_slots
-    wk, wv, win_seg = _read_slots(ck, cv, li, win, ctx)  # [B, K, W, H]
-    if ctx.mode == CHUNK:
-        if sharded:
-            k, v, seg = _read_slots(ck, cv, li, base.positions, ctx)
-            k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
-        else:
-            (k, v), seg = kv, jnp.ones(base.positions.shape, jnp.int32)
-        prefix = (jnp.swapaxes(wk, 1, 2), jnp.swapaxes(wv, 1, 2), win, win_seg)
-        local = Keys(k, v, base.positions, seg, prefix=prefix, aligned=True)
-    else:
-        local = Keys(wk, wv, win, win_seg, head_major=True, split=sharded)
-    return local, full
-
-
 def step(
     p: Params,
     cfg: ModelConfig,
     base: Stream | None,
     out: Stream | None,
-    state,
-    li,
+    state: Any,
+    li: Any,
     ctx: StepContext,
     compute_base: bool = True,
-):
+) -> tuple[Stream | None, Stream | None, Any]:
     """One attention layer for both streams in any mode. Returns (base, out, state)."""
     kv = None
     if base is not None and ctx.mode != READ:
         kv = layer_kv(p, base.x, base.positions, cfg)
     if ctx.mode == SEQUENCE:
+        assert base is not None and kv is not None
         local = full = Keys(
-            *kv, base.positions, base.segment_ids, aligned=True,
+            kv[0], kv[1], base.positions, base.segment_ids, aligned=True,
             default_positions=ctx.default_positions,
         )  # fmt: skip
-    else:
+    else:  # the cache view says where K/V go and which keys are visible
         ck, cv = state
         if ctx.mode in (CHUNK, DECODE):
-            ck, cv = kvc.write(ck, li, ctx.slots, kv[0]), kvc.write(cv, li, ctx.slots, kv[1])
+            assert kv is not None
+            ck, cv = ctx.view.write(ck, li, kv[0]), ctx.view.write(cv, li, kv[1])
         state = (ck, cv)
-        local, full = _cache_keys(ck, cv, li, ctx, base, kv)
+        local, full = ctx.view.keys(ck, cv, li, ctx.mode, base, kv)
     window = cfg.base_window
     base_attn = None
     if base is not None and compute_base:
@@ -202,18 +152,56 @@ def _q_segments(stream: Stream, ctx: StepContext) -> jax.Array:
     return jnp.ones(stream.positions.shape, jnp.int32)
 
 
-def init_state(cfg: ModelConfig, n_layers: int, batch: int, max_len: int, dtype):
+def init_state(
+    cfg: ModelConfig, n_layers: int, batch: int, max_len: int, dtype: Any
+) -> tuple[jax.Array, jax.Array]:
     """(k, v) [layers, B, K, S, H] zeros."""
     shape = (n_layers, batch, cfg.n_kv_heads, max_len, cfg.head_dim)
     return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
 
-def state_axes(cfg: ModelConfig):
+def state_axes(cfg: ModelConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Logical axes of (k, v): batch, kv heads and slots may be split; head_dim never."""
     axes = (LAYERS, BATCH, KV_HEADS, LENGTH, HEAD_DIM)
     return axes, axes
 
 
-KIND = LayerKind(
+def tokenwise_flops(cfg: ModelConfig) -> dict[str, int]:
+    """Matmul FLOPs one token spends in one attention layer outside attention, by part."""
+    d, n, k, h, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+    parts = {"q": 2 * d * n * h, "kv": 2 * 2 * d * k * h, "o": 2 * n * h * d, "mlp": 2 * 3 * d * f}
+    return parts
+
+
+def keys_read(first: int, count: int, window: int | None) -> int:
+    """Keys that queries at positions first .. first + count - 1 read: min(pos + 1, window)
+    each (every earlier key with window None)."""
+
+    def upto(t: int) -> int:  # sum over positions 0 .. t - 1
+        if window is None:
+            return t * (t + 1) // 2
+        ramp = min(t, window)
+        return ramp * (ramp + 1) // 2 + max(t - window, 0) * window
+
+    return upto(first + count) - upto(first)
+
+
+def flops(cfg: ModelConfig, work: Work) -> int:
+    """Necessary FLOPs of one attention layer: K/V of every new token; q, scores, o and FFN for
+    the base outputs needed (their window or causal keys) and each output copy (global keys)."""
+    parts = tokenwise_flops(cfg)
+    per_pair = 4 * cfg.n_heads * cfg.head_dim  # QK^T and PV per (query, key)
+    rest = parts["q"] + parts["o"] + parts["mlp"]
+    first = work.context - work.base_outputs
+    total = work.tokens * parts["kv"]
+    base_keys = keys_read(first, work.base_outputs, cfg.base_window)
+    total += work.base_outputs * rest + per_pair * base_keys
+    copies_first = work.context - work.copies
+    total += work.copies * rest + per_pair * keys_read(copies_first, work.copies, None)
+    return total
+
+
+KIND = Kind(
     name="attention",
     params_key="layers",
     param_shapes=param_shapes,
@@ -221,4 +209,6 @@ KIND = LayerKind(
     init_state=init_state,
     state_axes=state_axes,
     step=step,
+    flops=flops,
+    splits_over_slots=True,
 )

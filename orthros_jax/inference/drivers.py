@@ -3,29 +3,38 @@
 Shapes: B batch, T prompt tokens (padded to a bucket), C prefill chunk, S cache slots,
 D d_model, V vocab, W window.
 
-Both are drivers over the layer kinds' `step` (layer_kind.py) and the one layer loop
-(stack.layer_loop); they compute exactly what the training forward computes:
+Both are drivers over the layer kinds' `step` (layers/kind.py) and the one layer loop
+(layers/stack.layer_loop); they compute exactly what the training forward computes:
   orthros      base stream: sliding window, writes every layer's state; its last layer's
                attention/FFN output is dead and skipped. Output stream: one token per row,
                global over the whole cache of each layer; it writes nothing.
   transformer  one stream, global over the cache; logits at each row's last token.
   swa          one stream, sliding window; logits at each row's last token.
-Positions are cache slots (kv_cache.py), so masks compare slot indices. `impl` overrides
-cfg.attention_impl (the benchmark's floor is impl="floor").
-Input validation lives in inference.py; these functions assume valid inputs.
+Positions are cache slots (cache.py), so masks compare slot indices; attention-like kinds find
+their keys through the cache view in the step context (layers/cache_view.SlotView here, the
+shard view of parallel/sequence.py when a sequence-parallel driver passes slot_offset).
+`impl` overrides cfg.attention_impl (a name or an attend.AttentionImpl, e.g. the benchmark's
+floor). Input validation lives in api.py; these functions assume valid inputs.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
-from orthros_jax import layers as nnl
-from orthros_jax import stack
-from orthros_jax.attention import KEY_PAD_SEGMENT
 from orthros_jax.config import ModelConfig
-from orthros_jax.kv_cache import KVCache
-from orthros_jax.layer_kind import CHUNK, DECODE, READ, LayerKind, Params, StepContext, Stream
+from orthros_jax.inference.cache import KVCache
+from orthros_jax.layers import primitives as nnl
+from orthros_jax.layers import stack
+from orthros_jax.layers.attend import AttentionImpl
+from orthros_jax.layers.cache_view import SlotView, slot_segments
+from orthros_jax.layers.kind import CHUNK, DECODE, READ, LayerKind, Params, StepContext, Stream
+from orthros_jax.model import final_logits
+from orthros_jax.parallel.sequence import ShardView
+
+Impl = AttentionImpl | str
 
 
 def embed(params: Params, tokens: jax.Array, cfg: ModelConfig) -> jax.Array:
@@ -35,13 +44,15 @@ def embed(params: Params, tokens: jax.Array, cfg: ModelConfig) -> jax.Array:
 
 def logits_of(params: Params, x_BD: jax.Array, cfg: ModelConfig) -> jax.Array:
     """Final norm + LM head on one hidden state per row: [B, D] -> float32 [B, V]."""
-    head = params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
-    h = nnl.rms_norm(x_BD[:, None], params["final_norm"], cfg.norm_eps, cfg.norm_zero_centered)
-    return nnl.lm_logits(h, head)[:, 0]
+    return final_logits(params, x_BD[:, None], cfg)[:, 0]
 
 
-def slot_segments(visible_BS: jax.Array) -> jax.Array:
-    return jnp.where(visible_BS, 1, KEY_PAD_SEGMENT).astype(jnp.int32)
+def _view(window_slots: jax.Array, segments: jax.Array, slots: jax.Array | None,
+          slot_offset: jax.Array | None) -> Any:  # fmt: skip
+    """This device's cache view, or a sequence shard's (slot_offset: its first global slot)."""
+    if slot_offset is None:
+        return SlotView(window_slots, segments, slots)
+    return ShardView(window_slots, segments, slot_offset, slots)
 
 
 def _window_ending_at(pos_B: jax.Array, w: int) -> jax.Array:
@@ -54,10 +65,10 @@ def window_before(pos_B: jax.Array, w: int) -> jax.Array:
     return _window_ending_at(pos_B - 1, w - 1)
 
 
-def _stepper(cfg: ModelConfig, ctx: StepContext, compute_base: bool = True):
+def _stepper(cfg: ModelConfig, ctx: StepContext, compute_base: bool = True) -> stack.LayerBody:
     """A layer_loop body running each kind's step on (base, out, states)."""
 
-    def body(carry, kind: LayerKind, p: Params, li):
+    def body(carry: Any, kind: LayerKind, p: Params, li: Any) -> Any:
         base, out, states = carry
         base, out, st = kind.step(p, cfg, base, out, states[kind.name], li, ctx, compute_base)
         return base, out, {**states, kind.name: st}
@@ -65,7 +76,9 @@ def _stepper(cfg: ModelConfig, ctx: StepContext, compute_base: bool = True):
     return body
 
 
-def _slots_and_window(cache: KVCache, cfg: ModelConfig, slot_offset: jax.Array | None):
+def _slots_and_window(
+    cache: KVCache, cfg: ModelConfig, slot_offset: jax.Array | None
+) -> tuple[jax.Array, int]:
     """Global slot ids [S] of the cache's slots and the window W a query reads. A sequence shard
     (slot_offset given) holds S of more slots, so W is not capped at S there."""
     s = cache.max_len
@@ -74,7 +87,7 @@ def _slots_and_window(cache: KVCache, cfg: ModelConfig, slot_offset: jax.Array |
     return slot_offset + jnp.arange(s), cfg.window
 
 
-def read_pass(params: Params, cfg: ModelConfig, cache: KVCache, x_BD: jax.Array, *, impl: str,
+def read_pass(params: Params, cfg: ModelConfig, cache: KVCache, x_BD: jax.Array, *, impl: Impl,
               base: bool, last_only: bool, slot_offset: jax.Array | None = None) -> jax.Array:  # fmt: skip
     """Queries only, over a filled cache, for the token at slot lengths-1 of each row: the
     orthros output stream through every layer (base=False), or a single-stream arm's last
@@ -84,14 +97,12 @@ def read_pass(params: Params, cfg: ModelConfig, cache: KVCache, x_BD: jax.Array,
     slot_ids, w = _slots_and_window(cache, cfg, slot_offset)
     pos = cache.lengths - 1
     slot_seg = slot_segments(slot_ids[None] < cache.lengths[:, None])
-    ctx = StepContext(
-        mode=READ, impl=impl, window_slots=_window_ending_at(pos, w), slot_segments=slot_seg,
-        slot_offset=slot_offset,
-    )  # fmt: skip
+    view = _view(_window_ending_at(pos, w), slot_seg, None, slot_offset)
+    ctx = StepContext(mode=READ, impl=impl, view=view)
     tok = Stream(x_BD[:, None], pos[:, None], jnp.ones((cache.batch_size, 1), jnp.int32))
     streams = (tok, None) if base else (None, tok)
     body = _stepper(cfg, ctx)
-    carry = (*streams, cache.states())
+    carry = (*streams, cache.states)
     if last_only:
         carry = stack.layer_loop(params, cfg, carry, lambda c, *a: c, by_index=True, last=body)
     else:
@@ -99,8 +110,8 @@ def read_pass(params: Params, cfg: ModelConfig, cache: KVCache, x_BD: jax.Array,
     return (carry[0] if base else carry[1]).x[:, 0]
 
 
-def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Array, *, cfg,
-            impl: str | None = None):  # fmt: skip
+def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Array, *,
+            cfg: ModelConfig, impl: Impl | None = None) -> tuple[jax.Array, KVCache]:  # fmt: skip
     """Right-padded prompts tokens [B, T] (T <= C or a multiple of C), lengths [B] >= 1, written
     after each row's cache.lengths. Returns (logits [B, V] at each prompt's last token, cache).
 
@@ -120,19 +131,14 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
     # A single-stream arm whose last layer cannot run its last token alone runs it in full.
     last_in_chunks = not cfg.two_streams and not last_kind.reads_last_token
 
-    def run_chunk(carry, c):
+    def run_chunk(carry: Any, c: jax.Array) -> tuple[Any, None]:
         states, last_x = carry
         off = c * chunk + jnp.arange(chunk, dtype=jnp.int32)  # [C] offsets into the prompt
         pos = start[:, None] + off  # [B, C] positions = slots
         valid = off < lengths[:, None]
-        ctx = StepContext(
-            mode=CHUNK,
-            impl=impl,
-            slots=jnp.where(valid, pos, s),  # padding -> slot S: dropped
-            window_slots=window_before(pos[:, 0], w),
-            slot_segments=slot_seg,
-            valid=valid,
-        )
+        slots = jnp.where(valid, pos, s)  # padding -> slot S: dropped
+        view = SlotView(window_before(pos[:, 0], w), slot_seg, slots)
+        ctx = StepContext(mode=CHUNK, impl=impl, view=view, valid=valid)
         x = embed(params, jax.lax.dynamic_slice_in_dim(tokens, c * chunk, chunk, 1), cfg)
         base = Stream(x, pos, jnp.ones_like(pos))
         body = _stepper(cfg, ctx)
@@ -149,7 +155,7 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
 
     last_x = jnp.zeros((bsz, cfg.d_model), cfg.jnp_dtype)
     chunks = jnp.arange(t // chunk, dtype=jnp.int32)
-    (states, last_x), _ = jax.lax.scan(run_chunk, (cache.states(), last_x), chunks)
+    (states, last_x), _ = jax.lax.scan(run_chunk, (cache.states, last_x), chunks)
     cache = cache.with_states(states, end)
     if cfg.two_streams:  # the output stream runs once, after every layer's cache is filled
         last_tok = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
@@ -160,8 +166,9 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
     return logits_of(params, last_x, cfg), cache
 
 
-def decode(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array, *, cfg,
-           impl: str | None = None, slot_offset: jax.Array | None = None):  # fmt: skip
+def decode(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array, *,
+           cfg: ModelConfig, impl: Impl | None = None,
+           slot_offset: jax.Array | None = None) -> tuple[jax.Array, KVCache]:  # fmt: skip
     """tokens [B] at position cache.lengths -> (logits [B, V] for the next token, cache).
 
     Each row writes its state at its own length. Rows with active=False write nothing and
@@ -175,23 +182,22 @@ def decode(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array,
     pos = cache.lengths  # [B]
     local = pos if slot_offset is None else pos - slot_offset
     slot_ids, w = _slots_and_window(cache, cfg, slot_offset)
-    ctx = StepContext(
-        mode=DECODE,
-        impl=impl or cfg.attention_impl,
-        # inactive rows and other shards' slots -> slot S: dropped
-        slots=jnp.where(active & (local >= 0) & (local < s), local, s)[:, None],
+    view = _view(
         # The sliding-window stream reads only its last W slots: O(W).
-        window_slots=_window_ending_at(pos, w),
-        slot_segments=slot_segments(slot_ids[None] <= pos[:, None]),
-        valid=active[:, None],
-        slot_offset=slot_offset,
+        _window_ending_at(pos, w),
+        slot_segments(slot_ids[None] <= pos[:, None]),
+        # inactive rows and other shards' slots -> slot S: dropped
+        jnp.where(active & (local >= 0) & (local < s), local, s)[:, None],
+        slot_offset,
     )
+    impl = impl or cfg.attention_impl
+    ctx = StepContext(mode=DECODE, impl=impl, view=view, valid=active[:, None])
     x = embed(params, tokens[:, None], cfg)
     base = Stream(x, pos[:, None], jnp.ones((cache.batch_size, 1), jnp.int32))
     out = base if cfg.two_streams else None
     body = _stepper(cfg, ctx)
     base, out, states = stack.layer_loop(
-        params, cfg, (base, out, cache.states()), body, by_index=True
+        params, cfg, (base, out, cache.states), body, by_index=True
     )
     final = out if cfg.two_streams else base
     cache = cache.with_states(states, pos + active.astype(jnp.int32))

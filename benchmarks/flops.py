@@ -1,0 +1,73 @@
+"""Analytic FLOP counts (multiply-add = 2 FLOPs) of prefill, decode and PT steps of any arm.
+
+These are the *necessary* FLOPs of each arm's math, not of our kernels: the sliding window
+counts exactly min(t + 1, w) keys per query and causal attention (t + 1) keys, so a measured
+speedup divided by the ratio of these counts says how close an implementation is to ideal.
+Elementwise work (norms, softmax, RoPE) is ignored; it is O(T * D) for every arm. Each layer
+kind declares its own count (LayerKind.flops of a `Work`: tokens that write state, base outputs
+needed, output copies); this module only says which work each mode asks of each layer.
+"""
+
+from __future__ import annotations
+
+from orthros_jax.config import ModelConfig
+from orthros_jax.layers import attention
+from orthros_jax.layers.kind import Work
+from orthros_jax.layers.registry import KINDS
+
+
+def _head(cfg: ModelConfig, rows: int) -> int:
+    return 2 * cfg.d_model * cfg.vocab_size * rows
+
+
+def _layers(cfg: ModelConfig, work_of: list[Work]) -> int:
+    return sum(
+        KINDS[kind].flops(cfg, w) for (kind, _), w in zip(cfg.layer_slots(), work_of, strict=True)
+    )
+
+
+def prefill_flops(cfg: ModelConfig, t: int) -> int:
+    """FLOPs to prefill a T-token prompt and produce the last position's logits.
+
+    Every arm needs the state of every layer at every position (attention: K/V; GDN: the
+    recurrent state). Only the last position's output is read, so the last layer's base output
+    is needed for one token in the single-stream arms and not at all in the two-stream arms,
+    whose output copy of the last token runs every layer."""
+    n, two = cfg.n_layers, cfg.two_streams
+    work = [
+        Work(tokens=t, context=t, base_outputs=t if i < n - 1 else (0 if two else 1),
+             copies=1 if two else 0)
+        for i in range(n)
+    ]  # fmt: skip
+    return _head(cfg, 1) + _layers(cfg, work)
+
+
+def decode_flops(cfg: ModelConfig, context: int) -> int:
+    """FLOPs of one decode step for one row at a cache of `context` tokens (new one included)."""
+    n, two = cfg.n_layers, cfg.two_streams
+    work = [
+        Work(tokens=1, context=context, base_outputs=0 if two and i == n - 1 else 1,
+             copies=1 if two else 0)
+        for i in range(n)
+    ]  # fmt: skip
+    return _head(cfg, 1) + _layers(cfg, work)
+
+
+def pt_forward_flops(cfg: ModelConfig, t: int) -> int:
+    """Forward FLOPs of one PT row of T tokens with logits at every position (x3 for a step)."""
+    n, two = cfg.n_layers, cfg.two_streams
+    work = [
+        Work(tokens=t, context=t, base_outputs=0 if two and i == n - 1 else t,
+             copies=t if two else 0)
+        for i in range(n)
+    ]  # fmt: skip
+    return _head(cfg, t) + _layers(cfg, work)
+
+
+def floor_prefill_flops(cfg: ModelConfig, t: int) -> int:
+    """The token-wise floor of an attention stack: the same prefill with attention replaced by
+    identity (every layer's projections and FFN for every token, the last layer's for one)."""
+    parts = attention.tokenwise_flops(cfg)
+    one_token_rest = parts["q"] + parts["o"] + parts["mlp"]
+    body = (cfg.n_layers - 1) * t * sum(parts.values())
+    return body + t * parts["kv"] + one_token_rest + _head(cfg, 1)

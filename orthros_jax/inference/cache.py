@@ -1,0 +1,121 @@
+"""The cache: an explicit pytree holding every layer kind's state for a batch of rows.
+
+  states   {kind name: that kind's state stacked over its layers} (the kind's init_state;
+           attention: head-major K/V [layers, B, K, S, H]; gated DeltaNet: conv windows and
+           the recurrent state, which do not grow with S)
+  lengths  [B] int32, the number of filled slots of each row
+  max_len  S, slots per row (static)
+Head-major K/V keep each (row, kv head)'s history a contiguous [S, H] matrix, so the one-query
+attention of a decode step is a plain batched mat-vec over the cache with no transpose (a
+sequence-major cache was copy-transposed every layer; docs/performance.md has the figures).
+
+Slot s of a row holds the state of the token at position s, so every mask is "slot < lengths"
+(plus the window for the base stream). Slots >= lengths are stale or zero and are never read
+unmasked. Orthros keeps the full history (the output stream reads all of it); the window only
+limits what the base stream reads. The container knows no kind: it holds what each registered
+kind declares (layers/registry.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+
+from orthros_jax.axes import BATCH
+from orthros_jax.config import ModelConfig
+from orthros_jax.layers.registry import KINDS, kinds_of
+from orthros_jax.parallel import mesh as pmesh
+from orthros_jax.parallel import sequence as pseq
+
+
+class KVCache(flax.struct.PyTreeNode):
+    """Every layer kind's state of a batch of rows. See the module docstring."""
+
+    states: dict[str, Any]
+    lengths: Any  # [B] int32 (or its sharding, in cache_shardings' tree)
+    max_len: int = flax.struct.field(pytree_node=False)
+
+    def with_states(self, states: dict[str, Any], lengths: jax.Array) -> KVCache:
+        """This cache with some kinds' states and the lengths replaced."""
+        return self.replace(states={**self.states, **states}, lengths=lengths)
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0]
+
+
+def kind_states(cfg: ModelConfig, batch_size: int, max_len: int, dtype: Any) -> dict[str, Any]:
+    """Each used layer kind's zero state stacked over its layers, by kind name."""
+    return {
+        kind.name: kind.init_state(cfg, cfg.layers_of(kind.name), batch_size, max_len, dtype)
+        for kind in kinds_of(cfg)
+    }
+
+
+def _is_axes(x: Any) -> bool:
+    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+
+
+def cache_shardings(cfg: ModelConfig, batch_size: int, max_len: int, mesh: Mesh) -> KVCache:
+    """KVCache of NamedShardings: every kind's state split by its own `state_axes` and the
+    rules of parallel/mesh.py (attention K/V over batch, kv heads and slots, head_dim whole; the
+    GDN state over batch and heads), lengths [B] over batch."""
+    shapes = jax.eval_shape(lambda: kind_states(cfg, batch_size, max_len, cfg.jnp_dtype))
+    states = {
+        name: jax.tree.map(
+            lambda axes, a: NamedSharding(mesh, pmesh.shard_spec(axes, a.shape, mesh)),
+            KINDS[name].state_axes(cfg),
+            shape,
+            is_leaf=_is_axes,
+        )
+        for name, shape in shapes.items()
+    }
+    rows = NamedSharding(mesh, pmesh.shard_spec((BATCH,), (batch_size,), mesh))
+    return KVCache(states, rows, max_len)
+
+
+def init_cache(
+    cfg: ModelConfig,
+    batch_size: int,
+    max_len: int,
+    dtype: jnp.dtype | str | None = None,
+    *,
+    mesh: Mesh | None = None,
+) -> KVCache:
+    """An empty cache of `max_len` slots per row, in `dtype` (default: the activation dtype).
+
+    mesh: a jax.sharding.Mesh to split the cache over by the rules: rows over the batch axes,
+    slots over "sequence" (parallel/mesh.sequence_mesh). With a sequence axis > 1, prefill,
+    decode_step and generate run sequence-parallel on it (inference/sequence_parallel.py).
+    ValueError when the batch or max_len does not divide over the mesh."""
+    for name, value in (("batch_size", batch_size), ("max_len", max_len)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"init_cache: {name} must be a positive int, got {value!r}")
+    dt = jnp.dtype(dtype or cfg.dtype)
+
+    def empty() -> KVCache:
+        states = kind_states(cfg, batch_size, max_len, dt)
+        return KVCache(states, jnp.zeros((batch_size,), jnp.int32), max_len)
+
+    if mesh is None:
+        return empty()
+    pseq.check_mesh(cfg, batch_size, max_len, mesh)
+    return jax.jit(empty, out_shardings=cache_shardings(cfg, batch_size, max_len, mesh))()
+
+
+def check_cache(cache: KVCache, cfg: ModelConfig) -> None:
+    """ValueError unless the cache holds exactly the states this config's kinds declare (shapes
+    and structure), e.g. a cache made for another config."""
+    want = jax.eval_shape(lambda: kind_states(cfg, cache.batch_size, cache.max_len, jnp.float32))
+    got_kinds, want_kinds = sorted(cache.states), sorted(want)
+    if got_kinds != want_kinds:
+        raise ValueError(f"cache holds states of kinds {got_kinds}; this config has {want_kinds}")
+    for name in want_kinds:
+        got = jax.tree.map(lambda a: tuple(a.shape), cache.states[name])
+        exp = jax.tree.map(lambda a: tuple(a.shape), want[name])
+        if got != exp:
+            raise ValueError(f"cache {name} state has shapes {got}; this config needs {exp}")

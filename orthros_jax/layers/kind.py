@@ -1,0 +1,268 @@
+"""What every layer kind shares: streams, the step context, the kind interface, the FFN half.
+
+A **layer kind** (attention; gated DeltaNet next) owns its parameter shapes with logical axes,
+its per-layer state in the cache, and one `step` that every mode drives:
+  sequence  the full-sequence forward (PT/SFT): no cache; keys are the sequence itself.
+  chunk     one prefill chunk: reads the state the earlier chunks left and writes its own.
+  decode    one token per row: writes the token's state and reads the history.
+  read      queries only, over a filled cache (prefill's output stream; a single-stream arm's
+            last prompt token at the last layer): nothing is written.
+The drivers (model.py: training forward; cached_forward.py: chunked prefill and decode;
+the benchmark floor as an attention implementation) and the layer loop (stack.py) are
+written once over this interface.
+
+Shapes: B batch, T/L tokens, C chunk, S cache slots, D d_model, W window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from orthros_jax.axes import EMBED, MLP
+from orthros_jax.config import ModelConfig
+from orthros_jax.layers import primitives as nnl
+
+Params = dict[str, Any]
+
+
+class Stream(flax.struct.PyTreeNode):
+    """One token stream: activations and the original positions/segments of its tokens."""
+
+    x: jax.Array  # [B, L, D]
+    positions: jax.Array  # [B, L] int32, original positions (output copies keep their token's)
+    segment_ids: (
+        jax.Array
+    )  # [B, L] int32, document id; the packer's padding is segment 0 (it sees only
+    # padding and carries no loss); kernel padding uses KEY/QUERY_PAD_SEGMENT, which match nothing
+
+
+class Mode(enum.Enum):
+    """What a layer step is asked to do (see the module docstring)."""
+
+    SEQUENCE = "sequence"
+    CHUNK = "chunk"
+    DECODE = "decode"
+    READ = "read"
+
+
+SEQUENCE, CHUNK, DECODE, READ = Mode.SEQUENCE, Mode.CHUNK, Mode.DECODE, Mode.READ
+CACHED_MODES = (CHUNK, DECODE, READ)
+
+
+class StepContext(flax.struct.PyTreeNode):
+    """What a mode tells every layer step.
+
+    mode: the Mode. impl: how attention-like kinds attend (an `attend.AttentionImpl`; static).
+    view: cached modes, where a kind finds its cache entries: slots to write, the window and
+      the global keys to read (`cache_view.CacheView`; the drivers build a `SlotView`, sequence
+      parallelism its shard view). None in sequence mode.
+    valid [B, Lb]: base tokens that exist (not padding, row active); None: all of them.
+    reset [B, Lb]: tokens that start a new document (recurrent kinds zero their state before
+      them; None: none does). Sequence mode: `document_starts(base)`, computed once per forward.
+    out_index [B, T_out]: sequence mode, the array index into the base stream of each output
+      copy's token (SFT's output positions); None when the output stream is the base stream
+      itself (PT), aligned with it token for token.
+    default_positions: sequence mode with positions = arange and one segment (lets an attention
+      implementation use its built-in causal / window masks).
+    """
+
+    mode: Mode = flax.struct.field(pytree_node=False)
+    impl: Any = flax.struct.field(pytree_node=False, default=None)
+    view: Any = None
+    valid: jax.Array | None = None
+    reset: jax.Array | None = None
+    out_index: jax.Array | None = None
+    default_positions: bool = flax.struct.field(pytree_node=False, default=False)
+
+
+ParamSpec = tuple[tuple[int, ...], tuple[str | None, ...]]  # (shape, logical axes)
+Initializer = Callable[..., jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """What one layer computes in one call, for analytic FLOP counts (multiply-add = 2).
+
+    tokens: base tokens that write their state (a prompt: T; PT: T; decode: 1), at positions
+    context - tokens .. context - 1. base_outputs: how many of them need the layer's output
+    (all, the last one, or 0 when the base stream is dead). copies: output-stream copies run
+    (two-stream arms), each at one of those positions: `tokens` copies (PT) or the last one.
+    """
+
+    tokens: int
+    context: int
+    base_outputs: int
+    copies: int
+
+
+class StepFn(Protocol):
+    def __call__(
+        self,
+        p: Params,
+        cfg: ModelConfig,
+        base: Stream | None,
+        out: Stream | None,
+        state: Any,
+        li: Any,
+        ctx: StepContext,
+        compute_base: bool = True,
+    ) -> tuple[Stream | None, Stream | None, Any]:
+        """One layer for both streams in ctx.mode. p: this layer's parameters; base / out:
+        Stream | None (out: the output stream's copies); state: the kind's whole stacked cache
+        state (None in sequence mode), written at layer index li; compute_base=False skips the
+        base stream's mixing and FFN (dead in the last layer). Returns (base, out, state)."""
+        ...
+
+
+@runtime_checkable
+class LayerKind(Protocol):
+    """A kind of layer: everything the model, the drivers, the cache, the shardings, FLOP and
+    parameter counts need to know of it. `params_key` names its parameter stack in the model's
+    tree (stacked on a leading axis over the layers of that kind)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def params_key(self) -> str: ...
+
+    @property
+    def reads_last_token(self) -> bool:
+        """Can `read` mode run a base token alone (a single-stream arm's last prompt token)?"""
+        ...
+
+    @property
+    def splits_over_slots(self) -> bool:
+        """Is its cache state K/V over slots (so sequence parallelism may split it)?"""
+        ...
+
+    def num_params(self, cfg: ModelConfig) -> int: ...
+
+    def param_shapes(self, cfg: ModelConfig) -> dict[str, ParamSpec]: ...
+
+    def init_for(self, name: str, cfg: ModelConfig) -> Initializer: ...
+
+    def init_state(self, cfg: ModelConfig, n_layers: int, batch: int, max_len: int,
+                   dtype: Any) -> Any: ...  # fmt: skip
+
+    def state_axes(self, cfg: ModelConfig) -> Any: ...
+
+    def step(self, p: Params, cfg: ModelConfig, base: Stream | None, out: Stream | None,
+             state: Any, li: Any, ctx: StepContext,
+             compute_base: bool = True) -> tuple[Stream | None, Stream | None, Any]: ...  # fmt: skip
+
+    def flops(self, cfg: ModelConfig, work: Work) -> int: ...
+
+    def validate(self, cfg: ModelConfig) -> None: ...
+
+
+def no_checks(cfg: ModelConfig) -> None:
+    """A kind without config checks of its own."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """A LayerKind built from a kind module's functions (one registry entry)."""
+
+    name: str
+    params_key: str
+    param_shapes: Callable[[ModelConfig], dict[str, ParamSpec]]
+    init_for: Callable[[str, ModelConfig], Initializer]
+    init_state: Callable[[ModelConfig, int, int, int, Any], Any]  # (cfg, layers, B, S, dtype)
+    state_axes: Callable[[ModelConfig], Any]  # logical axes of the state (pytree like it)
+    step: StepFn
+    flops: Callable[[ModelConfig, Work], int]
+    validate: Callable[[ModelConfig], None] = no_checks
+    reads_last_token: bool = True
+    splits_over_slots: bool = False
+
+    def num_params(self, cfg: ModelConfig) -> int:
+        """Parameters of one layer of this kind under cfg."""
+        return sum(math.prod(shape) for shape, _ in self.param_shapes(cfg).values())
+
+
+def block_param_shapes(cfg: ModelConfig) -> dict[str, ParamSpec]:
+    """The parts of a layer every kind shares: the two pre-norms and the SwiGLU FFN."""
+    d, f = cfg.d_model, cfg.d_ff
+    return {
+        "attn_norm": ((d,), (EMBED,)),
+        "mlp_norm": ((d,), (EMBED,)),
+        "w_gate": ((d, f), (EMBED, MLP)),
+        "w_up": ((d, f), (EMBED, MLP)),
+        "w_down": ((f, d), (MLP, EMBED)),
+    }
+
+
+def norm(p: Params, x: jax.Array, name: str, cfg: ModelConfig) -> jax.Array:
+    """A pre-norm of the layer (RMSNorm; scale 1 + w with cfg.norm_zero_centered)."""
+    return nnl.rms_norm(x, p[name], cfg.norm_eps, zero_centered=cfg.norm_zero_centered)
+
+
+def ffn_residual(p: Params, x: jax.Array, mixed: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """x + mixed (the token mixer's output after its projection), then the SwiGLU FFN with its
+    residual. x, mixed: [B, L, D]."""
+    x = x + mixed
+    return x + nnl.swiglu(norm(p, x, "mlp_norm", cfg), p["w_gate"], p["w_up"], p["w_down"])
+
+
+def residual_std(cfg: ModelConfig) -> float:
+    """Init std of a residual branch's output projection: init_std / sqrt(2 * layers) (GPT-2)."""
+    return cfg.init_std / (2 * cfg.n_layers) ** 0.5
+
+
+def default_init(name: str, cfg: ModelConfig) -> Initializer:
+    """Norm scales 1 (0 when zero-centred), SO offsets 0, other weights normal(init_std); the
+    residual-branch outputs scaled by 1/sqrt(2 * layers) (GPT-2)."""
+    import flax.linen as nn
+
+    if name.endswith("norm"):
+        return nn.initializers.zeros if cfg.norm_zero_centered else nn.initializers.ones
+    if name.endswith("_scale"):
+        return nn.initializers.ones
+    if name.endswith("_offset"):
+        return nn.initializers.zeros
+    std = cfg.init_std
+    if name in ("wo", "w_down"):
+        std = residual_std(cfg)
+    return nn.initializers.normal(std)
+
+
+def finish_streams(
+    base: Stream | None,
+    out: Stream | None,
+    y: jax.Array | None,
+    y_out: jax.Array | None,
+    finish: Callable[[jax.Array, jax.Array], jax.Array],
+    merge: bool,
+) -> tuple[Stream | None, Stream | None]:
+    """The token-wise end of a layer, shared by both streams: finish(x [B, L, D], mixed
+    [B, L, ...]) -> new x, applied to each stream whose mixer output is not None. merge=True
+    (decode: one token per stream) runs both streams as one [B, 2, D] batch."""
+    if merge and y is not None and y_out is not None:
+        assert base is not None and out is not None
+        both = finish(jnp.concatenate([base.x, out.x], 1), jnp.concatenate([y, y_out], 1))
+        n = base.x.shape[1]
+        return base.replace(x=both[:, :n]), out.replace(x=both[:, n:])
+    if y is not None:
+        assert base is not None
+        base = base.replace(x=finish(base.x, y))
+    if y_out is not None:
+        assert out is not None
+        out = out.replace(x=finish(out.x, y_out))
+    return base, out
+
+
+def document_starts(stream: Stream) -> jax.Array:
+    """[B, L] True where a packed document starts: the first token, a segment change, or a
+    position that does not increase over the previous token's."""
+    seg, pos = stream.segment_ids, stream.positions
+    starts = (seg[:, 1:] != seg[:, :-1]) | (pos[:, 1:] <= pos[:, :-1])
+    return jnp.concatenate([jnp.ones_like(seg[:, :1], bool), starts], axis=1)

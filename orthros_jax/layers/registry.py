@@ -1,0 +1,23 @@
+"""The layer kinds by name. Adding a kind = its module in layers/ and one line in KINDS
+(docs/adding_a_layer_kind.md); config validation, the cache, shardings, FLOP and parameter
+counts and scale-offset discovery all read this table."""
+
+from __future__ import annotations
+
+from orthros_jax import config as config_lib
+from orthros_jax.config import ModelConfig
+from orthros_jax.layers import attention, gdn
+from orthros_jax.layers.kind import LayerKind
+
+KINDS: dict[str, LayerKind] = {  # each module's KIND (a kind.Kind) is a LayerKind
+    attention.KIND.name: attention.KIND,
+    gdn.KIND.name: gdn.KIND,
+}
+
+for _kind in KINDS.values():
+    config_lib.register_layer_kind(_kind.name, _kind.validate)
+
+
+def kinds_of(cfg: ModelConfig) -> list[LayerKind]:
+    """The kinds a config uses, in cycle order, each once."""
+    return [KINDS[name] for name in dict.fromkeys(cfg.layer_types)]

@@ -1,0 +1,64 @@
+"""Shardings of the model's parameters and of a TrainState, from the parameters' logical axes
+and the rules of mesh.py; the jitted train / eval steps with explicit in/out shardings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from orthros_jax import model as model_lib
+from orthros_jax.config import ModelConfig
+from orthros_jax.parallel.mesh import batch_sharding, replicated, shard_spec
+
+
+def param_shardings(cfg: ModelConfig, mesh: Mesh) -> Any:
+    """NamedSharding for every parameter of OrthrosLM(cfg), from its logical axes."""
+    abstract = jax.eval_shape(lambda r: model_lib.init_params(cfg, r), jax.random.PRNGKey(0))
+    logical = model_lib.param_logical_axes(cfg)
+    return jax.tree.map(
+        lambda axes, a: NamedSharding(mesh, shard_spec(tuple(axes), a.shape, mesh)),
+        logical,
+        abstract,
+        is_leaf=lambda x: isinstance(x, PartitionSpec),
+    )
+
+
+def state_shardings(
+    abstract_state: Any, params_sh: Any, tx: optax.GradientTransformation, mesh: Mesh
+) -> Any:
+    """Shardings of a TrainState: params by the rules, optimizer moments like their params
+    (found with optax.tree_map_params), scalars (step, counts, rng) replicated."""
+    opt_sh = optax.tree_map_params(
+        tx,
+        lambda _, sh: sh,
+        abstract_state.opt_state,
+        params_sh,
+        transform_non_params=lambda _: replicated(mesh),
+    )
+    return abstract_state.replace(
+        step=replicated(mesh), params=params_sh, opt_state=opt_sh, rng=replicated(mesh)
+    )
+
+
+def jit_train_step(
+    train_step: Any, state_sh: Any, mesh: Mesh, batch_keys: Mapping[str, int]
+) -> Any:
+    """The train step as one jax.jit: explicit in/out shardings, the state donated.
+    batch_keys: name -> ndim of each batch array."""
+    batch_sh = {k: batch_sharding(mesh, nd) for k, nd in batch_keys.items()}
+    return jax.jit(
+        train_step,
+        in_shardings=(state_sh, batch_sh),
+        out_shardings=(state_sh, replicated(mesh)),
+        donate_argnums=(0,),
+    )
+
+
+def jit_eval_step(eval_step: Any, params_sh: Any, mesh: Mesh, batch_keys: Mapping[str, int]) -> Any:
+    """The eval step as one jax.jit: params and the batch in, replicated metrics out."""
+    batch_sh = {k: batch_sharding(mesh, nd) for k, nd in batch_keys.items()}
+    return jax.jit(eval_step, in_shardings=(params_sh, batch_sh), out_shardings=replicated(mesh))

@@ -37,6 +37,7 @@ import json
 import multiprocessing
 import os
 import statistics
+import sys
 import time
 
 import jax
@@ -44,8 +45,7 @@ import numpy as np
 import openai
 from absl import app, flags
 
-from orthros_jax import bench_table4, inference
-from orthros_jax import benchmarking as bench
+from orthros_jax import inference
 from orthros_jax.configlib import load_config_file
 from orthros_jax.data.tokenizers import ByteTokenizer
 from orthros_jax.model import init_params
@@ -54,8 +54,14 @@ from orthros_jax.serving.api import create_app
 from orthros_jax.serving.background import BackgroundServer
 from orthros_jax.serving.engine import Engine
 
-FLAGS = flags.FLAGS
+# benchmarks/ lives beside launch/, outside the installed package.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks import common as bench  # noqa: E402
+from benchmarks import table4 as bench_table4  # noqa: E402
+from benchmarks.serve_load_report import write_report  # noqa: E402
+
+FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "Output directory.")
 flags.DEFINE_string(
     "config", os.path.join(ROOT, "configs", "bench.py"), "Bench config (the model)."
@@ -275,8 +281,6 @@ def main(argv: list[str]) -> None:
     import logging
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
-    from serve_load_report import write_report
-
     c = load_config_file(FLAGS.config)
     shapes = [tuple(int(x) for x in s.split("/")) for s in FLAGS.shapes]
     pairs = [tuple(p.split(":")) for p in FLAGS.pairs]

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from serving_helpers import ENGINE_SHAPE, NEW_TOKENS, PROMPT_LENS, arm_model
 
-from orthros_jax import inference, sampling
+from orthros_jax import inference
 from orthros_jax.config import ARCHITECTURES
 from orthros_jax.data.tokenizers import ByteTokenizer
+from orthros_jax.inference import sampling
 from orthros_jax.serving import device
 from orthros_jax.serving.engine import Engine
 from orthros_jax.serving.requests import RequestError, SamplingParams

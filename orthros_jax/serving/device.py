@@ -27,12 +27,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from orthros_jax import cached_forward as fwd
 from orthros_jax.axes import BATCH
 from orthros_jax.config import ModelConfig
-from orthros_jax.kv_cache import KVCache, kind_states
+from orthros_jax.inference import drivers as fwd
+from orthros_jax.inference.cache import KVCache, kind_states
+from orthros_jax.layers.registry import KINDS
 from orthros_jax.serving.rowsample import RowSampling, Sampled, sample_rows
-from orthros_jax.stack import KINDS
 
 
 def _is_axes(x: Any) -> bool:
@@ -40,12 +40,12 @@ def _is_axes(x: Any) -> bool:
 
 
 def batch_axes(cfg: ModelConfig, cache: KVCache) -> dict[str, Any]:
-    """The BATCH axis index of every leaf of cache.states(), a pytree like it."""
+    """The BATCH axis index of every leaf of cache.states, a pytree like it."""
     return {
         name: jax.tree.map(
             lambda ax: ax.index(BATCH), KINDS[name].state_axes(cfg), is_leaf=_is_axes
         )
-        for name in cache.states()
+        for name in cache.states
     }
 
 
@@ -57,28 +57,28 @@ def _index(axis: int, rows: jax.Array) -> tuple:
 def gather_rows(cfg: ModelConfig, cache: KVCache, rows_P: jax.Array) -> KVCache:
     """The sub-cache of rows [P] (ids >= B clipped to B-1: padding reads some row)."""
     take = lambda a, ax: jnp.take(a, rows_P, axis=ax, mode="clip")
-    states = jax.tree.map(take, cache.states(), batch_axes(cfg, cache))
-    return KVCache.from_states(states, take(cache.lengths, 0))
+    states = jax.tree.map(take, cache.states, batch_axes(cfg, cache))
+    return cache.replace(states=states, lengths=take(cache.lengths, 0))
 
 
 def scatter_rows(cfg: ModelConfig, cache: KVCache, rows_P: jax.Array, sub: KVCache) -> KVCache:
     """cache with rows [P] replaced by sub's rows; ids >= B are dropped."""
     put = lambda a, ax, x: a.at[_index(ax, rows_P)].set(x, mode="drop")
-    states = jax.tree.map(put, cache.states(), batch_axes(cfg, cache), sub.states())
-    return KVCache.from_states(states, put(cache.lengths, 0, sub.lengths))
+    states = jax.tree.map(put, cache.states, batch_axes(cfg, cache), sub.states)
+    return cache.replace(states=states, lengths=put(cache.lengths, 0, sub.lengths))
 
 
 def reset_rows(cfg: ModelConfig, cache: KVCache, reset_B: jax.Array) -> KVCache:
     """cache with every row where reset is True emptied: length 0, each kind's initial state."""
-    fresh = kind_states(cfg, cache.batch_size, cache.max_len, cache.k.dtype)
+    fresh = kind_states(cfg, cache.batch_size, cache.max_len, cfg.jnp_dtype)  # cast to the cache's
 
     def pick(a, ax, new):
         shape = [1] * a.ndim
         shape[ax] = a.shape[ax]
         return jnp.where(reset_B.reshape(shape), new.astype(a.dtype), a)
 
-    states = jax.tree.map(pick, cache.states(), batch_axes(cfg, cache), fresh)
-    return KVCache.from_states(states, jnp.where(reset_B, 0, cache.lengths))
+    states = jax.tree.map(pick, cache.states, batch_axes(cfg, cache), fresh)
+    return cache.replace(states=states, lengths=jnp.where(reset_B, 0, cache.lengths))
 
 
 def _prefill_rows(params, cache, rows_P, reset_P, tokens_PT, lengths_P, sampling: RowSampling,

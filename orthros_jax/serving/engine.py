@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.kv_cache import init_cache
+from orthros_jax.inference import init_cache
 from orthros_jax.serving import device
 from orthros_jax.serving.events import Event, Request, Slot
 from orthros_jax.serving.metrics import Metrics

@@ -31,6 +31,7 @@ from orthros_jax.axes import BATCH
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import drivers as fwd
 from orthros_jax.inference.cache import KVCache, kind_states
+from orthros_jax.layers.kind import Params
 from orthros_jax.layers.registry import KINDS
 from orthros_jax.serving.rowsample import RowSampling, Sampled, sample_rows
 
@@ -72,7 +73,7 @@ def reset_rows(cfg: ModelConfig, cache: KVCache, reset_B: jax.Array) -> KVCache:
     """cache with every row where reset is True emptied: length 0, each kind's initial state."""
     fresh = kind_states(cfg, cache.batch_size, cache.max_len, cfg.jnp_dtype)  # cast to the cache's
 
-    def pick(a, ax, new):
+    def pick(a: jax.Array, ax: int, new: jax.Array) -> jax.Array:
         shape = [1] * a.ndim
         shape[ax] = a.shape[ax]
         return jnp.where(reset_B.reshape(shape), new.astype(a.dtype), a)
@@ -81,16 +82,18 @@ def reset_rows(cfg: ModelConfig, cache: KVCache, reset_B: jax.Array) -> KVCache:
     return cache.replace(states=states, lengths=jnp.where(reset_B, 0, cache.lengths))
 
 
-def _prefill_rows(params, cache, rows_P, reset_P, tokens_PT, lengths_P, sampling: RowSampling,
-                  *, cfg: ModelConfig) -> tuple[Sampled, KVCache]:  # fmt: skip
+def _prefill_rows(params: Params, cache: KVCache, rows_P: jax.Array, reset_P: jax.Array,
+                  tokens_PT: jax.Array, lengths_P: jax.Array, sampling: RowSampling, *,
+                  cfg: ModelConfig) -> tuple[Sampled, KVCache]:  # fmt: skip
     sub = reset_rows(cfg, gather_rows(cfg, cache, rows_P), reset_P)
     logits, sub = fwd.prefill(params, sub, tokens_PT, lengths_P, cfg=cfg)
     return sample_rows(logits, sampling), scatter_rows(cfg, cache, rows_P, sub)
 
 
-def _decode_rows(params, cache, tokens_B, budget_B, stops_BN, sampling: RowSampling, *,
-                 cfg: ModelConfig, steps: int):  # fmt: skip
-    def one(carry, _):
+def _decode_rows(params: Params, cache: KVCache, tokens_B: jax.Array, budget_B: jax.Array,
+                 stops_BN: jax.Array, sampling: RowSampling, *, cfg: ModelConfig,
+                 steps: int) -> tuple[Sampled, jax.Array, KVCache]:  # fmt: skip
+    def one(carry: tuple, _: None) -> tuple[tuple, tuple[Sampled, jax.Array]]:
         cache, tok, left, count = carry
         fed = left > 0
         logits, cache = fwd.decode(params, cache, tok, fed, cfg=cfg)
@@ -100,7 +103,7 @@ def _decode_rows(params, cache, tokens_B, budget_B, stops_BN, sampling: RowSampl
         carry = (cache, jnp.where(fed, out.tokens, tok), left, count + fed.astype(count.dtype))
         return carry, (out, fed)
 
-    carry = (cache, tokens_B, budget_B, sampling.step)
+    carry: tuple = (cache, tokens_B, budget_B, sampling.step)
     (cache, *_), (outs, fed) = jax.lax.scan(one, carry, None, length=steps)
     return outs, fed, cache
 
@@ -111,4 +114,4 @@ decode_rows = jax.jit(_decode_rows, static_argnames=("cfg", "steps"), donate_arg
 
 def compile_count() -> int:
     """Compiled variants of both calls (tests check it stays put in steady state)."""
-    return prefill_rows._cache_size() + decode_rows._cache_size()
+    return prefill_rows._cache_size() + decode_rows._cache_size()  # type: ignore[attr-defined]

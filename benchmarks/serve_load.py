@@ -3,7 +3,7 @@ r"""Table 4 through the server, and throughput / TTFT against concurrency (issue
     python benchmarks/serve_load.py --out=runs/serve_load
     python benchmarks/serve_load.py --out=runs/serve_load --shapes=4096/32,4096/256 --concurrency=1,4
 
-Each arm of the Table 4 pairs (orthros_jax.bench_table4: the bench model of configs/bench.py,
+Each arm of the Table 4 pairs (benchmarks.table4: the bench model of configs/bench.py,
 two layer cycles; Transformer vs Orthros and Linear Hybrid vs Orthros-H, each pair sharing its
 weights) is served by the engine + OpenAI app (orthros_jax/serving) on 127.0.0.1 in this
 process, and an async `openai` client replays the paper's protocol: per shape input/output,
@@ -140,6 +140,11 @@ class _Client:
             ctx = multiprocessing.get_context("spawn")
             self.pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx)
         return self.pool.submit(_burst_in_process, url, prompts, new).result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
 
 
 _CLIENT = _Client()
@@ -308,6 +313,7 @@ def main(argv: list[str]) -> None:
     os.makedirs(FLAGS.out, exist_ok=True)
     with open(os.path.join(FLAGS.out, "serve_load.json"), "w") as f:
         json.dump(results, f, indent=1)
+    _CLIENT.close()
     write_report(results, FLAGS.out, pairs)
     print(f"wrote {FLAGS.out}/serve_load.{{json,md,png}} in {results['wall_s']:.0f} s", flush=True)
 

@@ -47,12 +47,26 @@ def table4_arms(c: Any) -> dict[str, ModelConfig]:
     )
 
 
+def layer_arms(c: Any) -> dict[str, ModelConfig]:
+    """The pure recurrent stacks of c.table4_layer_arms (gdn / gla / retnet), the Transformer's
+    shape with every layer of the arm's kind: a decode step ratio to the Transformer is one
+    layer's."""
+    model = dict(c.model) | {"scale_offset": None, "n_layers": c.table4_n_layers}
+    dims = {"gdn": dict(c.gdn), "gla": dict(c.gla), "retnet": dict(c.ret)}
+    arms = {a: dims[a] | {"architecture": a, "layer_types": None} for a in c.table4_layer_arms}
+    return bench.model_configs(model, arms)
+
+
 def table4_params(cfgs: dict[str, ModelConfig], seed: int) -> dict[str, dict]:
-    """Shared weights per pair: the single-stream arm is its two-stream partner minus SO."""
+    """Shared weights per pair: the single-stream arm is its two-stream partner minus SO; any
+    other arm its own."""
     out = {}
-    for single, two in PAIRS:
+    for single, two in (pair for pair in PAIRS if pair[1] in cfgs):
         out[two] = init_params(cfgs[two], jax.random.PRNGKey(seed))
         out[single] = bench.drop_so(out[two], cfgs[two])
+    for name, cfg in cfgs.items():
+        if name not in out:
+            out[name] = init_params(cfg, jax.random.PRNGKey(seed))
     return out
 
 
@@ -75,17 +89,21 @@ def table4_suite(c: Any, cfgs: Any, params: Any, results: dict[str, Any]) -> Non
             row[f"{single}_over_{two}"] = bench.ratio(row[single], row[two])
         pre.append(row)
         print(f"table4 prefill T={t}: " + json.dumps(_brief(row)), flush=True)
+    layers = layer_arms(c)
+    params = {**params, **table4_params(layers, c.seed)}
     dec = []
     for ctx in c.table4_contexts:
-        row = bench.decode_row(cfgs, params, ctx, c)
+        row = bench.decode_row(cfgs | layers, params, ctx, c)
         for single, two in PAIRS:
             row[f"{single}_over_{two}"] = bench.ratio(row[single], row[two])
+        for name in layers:  # > 1: the recurrent layer's decode step is slower
+            row[f"{name}_over_transformer"] = bench.ratio(row[name], row["transformer"])
         dec.append(row)
         print(f"table4 decode ctx={ctx}: " + json.dumps(_brief(row)), flush=True)
     results["table4"] = {
         "prefill": pre,
         "decode": dec,
-        "models": {n: c.to_dict() for n, c in cfgs.items()},
+        "models": {n: c.to_dict() for n, c in (cfgs | layers).items()},
     }
 
 
@@ -131,6 +149,24 @@ def markdown(results: dict[str, Any]) -> str:
             f"{r['hybrid_over_orthros_h']:.2f} | {ms['transformer']:.2f} | {ms['orthros']:.2f} | "
             f"{r['transformer_over_orthros']:.2f} |"
         )
+    names = [n for n in ("gdn", "gla", "retnet") if f"{n}_over_transformer" in tab["decode"][0]]
+    if names:
+        lines += [
+            "",
+            "Decode step per layer: pure stacks of each kind vs the Transformer (same layers).",
+            "",
+            "| decode context | transformer ms | "
+            + " | ".join(f"{n} ms | {n}/transformer" for n in names) + " |",
+            "|---:|---:|" + "---:|---:|" * len(names),
+        ]  # fmt: skip
+        for r in tab["decode"]:
+            cells = [
+                f"{1e3 * r[n]['step_s']:.2f} | {r[f'{n}_over_transformer']:.2f}" for n in names
+            ]
+            lines.append(
+                f"| {r['context']} | {1e3 * r['transformer']['step_s']:.2f} | "
+                + " | ".join(cells) + " |"
+            )  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -42,6 +42,23 @@ def get_config() -> ml_collections.ConfigDict:
         dict(gdn_num_k_heads=4, gdn_num_v_heads=8, gdn_k_head_dim=64, gdn_v_head_dim=64,
              gdn_conv_kernel=4, gdn_chunk=64)
     )  # fmt: skip
+    # Suite 'table4', per-layer decode: pure stacks of each recurrent kind beside the
+    # Transformer (all attention), table4_n_layers layers each, so their decode step ratio is a
+    # layer's. GLA / RetNet at fla's proportions for this width (GLA: expand_k 0.5, expand_v 1,
+    # 4 heads; RetNet: expand_k 1, expand_v 2, 8 heads).
+    c.gla = ml_collections.ConfigDict(
+        dict(gla_heads=4, gla_kv_heads=4, gla_k_head_dim=64, gla_v_head_dim=128, gla_chunk=64)
+    )
+    c.ret = ml_collections.ConfigDict(
+        dict(
+            retention_heads=8,
+            retention_kv_heads=8,
+            retention_k_head_dim=64,
+            retention_v_head_dim=128,
+            retention_chunk=64,
+        )
+    )
+    c.table4_layer_arms = ("gdn", "gla", "retnet")
     # Two cycles: with one, the only attention layer is the last, whose base output prefill
     # skips (only its K/V are written), and hybrid and orthros_h would prefill alike.
     c.table4_n_layers = 8

@@ -3,9 +3,10 @@
     python launch/train.py --config=configs/lm_byte.py:orthros --workdir=runs/lm_orthros
     python launch/experiments.py --experiments=lm --out=runs/exp     # all arms x 3 seeds
 
-Arms (the config argument): transformer | swa | orthros | orthros_noso (scale_offset=False).
-All arms share data, optimizer, budget and every shape; only model.architecture /
-model.scale_offset differ. T=128 with window 16, so the base stream sees 1/8 of the context.
+Arms (the config argument): transformer | swa | orthros | orthros_noso (scale_offset=False) |
+gla | retnet (fla's linear baselines: the token mixer replaced, its heads at fla's proportions
+for this width). All arms share data, optimizer, budget and the block (width, layers, FFN);
+only the token mixer (model.architecture, scale_offset and the mixer's own dims) differs. T=128 with window 16, so the base stream sees 1/8 of the context.
 Sized for 2 CPU cores: 12 runs (4 arms x 3 seeds) in ~10-15 minutes.
 """
 
@@ -16,7 +17,13 @@ ARMS = {
     "swa": dict(architecture="swa", scale_offset=False),
     "orthros": dict(architecture="orthros", scale_offset=True),
     "orthros_noso": dict(architecture="orthros", scale_offset=False),
-}
+    # Table 1's fla baselines at this width, fla's proportions (GLA: expand_k 0.5, expand_v 1;
+    # RetNet: expand_k 1, expand_v 2): GLA 2 heads of 16 (keys) / 32 (values), RetNet 4 heads.
+    "gla": dict(architecture="gla", scale_offset=False, gla_heads=2, gla_kv_heads=2,
+                gla_k_head_dim=16, gla_v_head_dim=32),
+    "retnet": dict(architecture="retnet", scale_offset=False, retention_heads=4,
+                   retention_kv_heads=4, retention_k_head_dim=16, retention_v_head_dim=32),
+}  # fmt: skip
 
 
 def get_config(arm: str = "orthros") -> ml_collections.ConfigDict:

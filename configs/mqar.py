@@ -2,6 +2,7 @@
 
     python launch/mqar.py --out=runs/mqar                      # transformer, swa, orthros
     python launch/mqar.py --out=runs/mqar_gdn --arms=gdn,hybrid,orthros_h
+    python launch/mqar.py --out=runs/mqar_linear --arms=gla,retnet
     python launch/mqar.py --out=runs/mqar --override=train.steps=300     # every arm
 
 The arms are configs/recall_passkey.py's (configs/lm_byte.py's attention arms, 2 layers, 4 query
@@ -39,6 +40,9 @@ def get_config(arm: str = "orthros") -> ml_collections.ConfigDict:
     c.model.update(dict(vocab_size=32, d_model=128, head_dim=32, d_ff=384, window=8))
     if "gdn_k_head_dim" in c.model:  # a GDN arm
         c.model.update(dict(gdn_k_head_dim=32, gdn_v_head_dim=32))
+    for p in ("gla", "retention"):  # fla's baselines: their heads doubled with the width
+        if f"{p}_k_head_dim" in c.model:
+            c.model.update({f"{p}_k_head_dim": 32, f"{p}_v_head_dim": 64})
     c.data = section(
         MQARConfig(
             vocab_size=32,

@@ -5,6 +5,7 @@
         --config.tasks=passkey --config.context_lengths=128,192,256
     python launch/experiments.py --experiments=recall --out=runs/exp     # the attention arms
     python launch/experiments.py --experiments=recall --arms=gdn,hybrid,orthros_h --out=runs/g
+    python launch/experiments.py --experiments=recall --arms=gla,retnet --out=runs/linear
 
 SFT on generated passkey examples (data/recall.py): a 2-digit key hidden at a random depth
 of 128 tokens of filler, asked for at the end; loss and output copies only on the answer.
@@ -14,8 +15,9 @@ The window is 16, so from the question the needle is always >= 39 tokens back: b
 window of the base stream (and of the SWA arm, whose 2 layers reach 2 x 15 tokens back).
 Arms: transformer | swa | orthros | orthros_noso, identical except for the attention; and the
 gated-DeltaNet arms gdn (both layers GDN), hybrid (GDN then full attention) and orthros_h
-(GDN then an Orthros layer, the GDN layer's output copies reading the base state): the same
-data, budget and block, the token mixer of the layers the only difference.
+(GDN then an Orthros layer, the GDN layer's output copies reading the base state), and fla's
+linear baselines gla and retnet (configs/lm_byte.py's arms): the same data, budget and block,
+the token mixer of the layers the only difference.
 """
 
 import os

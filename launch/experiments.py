@@ -14,7 +14,8 @@
 
 Arms (--arms): by default the four attention arms transformer, swa, orthros, orthros_noso
 (scale_offset=False), those of results/results.md. The gated-DeltaNet arms are opt-in via
---arms=gdn,hybrid,orthros_h (recall only: lm and convert have no GDN arms). Everything goes into
+--arms=gdn,hybrid,orthros_h (recall only: lm and convert have no GDN arms), and so are fla's
+gla and retnet (recall and lm). Everything goes into
 --out: results.json, results.md, results.png (a panel per experiment), results_niah.png
 (recall heatmaps per arm) and work/<experiment>/<run>/ (training workdirs, the converted
 model, per-run evaluation outputs and heatmaps). Rerunning with a subset of --experiments
@@ -40,10 +41,13 @@ from orthros_jax.convert import from_transformer
 from orthros_jax.evaluation import EvalSpec, evaluate, report, write_results
 from orthros_jax.training import TrainConfig, train
 
-ARMS = ("transformer", "swa", "orthros", "orthros_noso", "gdn", "hybrid", "orthros_h")
+ARMS = ("transformer", "swa", "orthros", "orthros_noso", "gdn", "hybrid", "orthros_h", "gla",
+        "retnet")  # fmt: skip
 # The default arms. The recall experiment also runs the gated-DeltaNet arms when --arms names
 # them; lm and convert have none.
 ATTENTION_ARMS = ("transformer", "swa", "orthros", "orthros_noso")
+# The lm experiment's arms: configs/lm_byte.py's (the attention arms and fla's gla / retnet).
+LM_ARMS = ATTENTION_ARMS + ("gla", "retnet")
 EXPERIMENTS = ("recall", "lm", "convert")
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
 
@@ -52,7 +56,7 @@ _EXPERIMENTS = flags.DEFINE_list("experiments", list(EXPERIMENTS), "Which experi
 _ARMS = flags.DEFINE_list(
     "arms",
     list(ATTENTION_ARMS),
-    f"Arms of the recall and lm experiments, of {list(ARMS)} (lm: the attention arms only).",
+    f"Arms of the recall and lm experiments, of {list(ARMS)} (lm: those of {list(LM_ARMS)}).",
 )
 _SEEDS = flags.DEFINE_integer("seeds", 3, "lm: seeds per arm.")
 _RECALL_SEEDS = flags.DEFINE_integer("recall_seeds", 2, "recall: seeds per arm.")
@@ -337,7 +341,7 @@ def main(argv: list[str]) -> None:
             if exp == "recall":
                 driver.recall(_ARMS.value, _RECALL_SEEDS.value)
             elif exp == "lm":
-                driver.lm([a for a in _ARMS.value if a in ATTENTION_ARMS], _SEEDS.value)
+                driver.lm([a for a in _ARMS.value if a in LM_ARMS], _SEEDS.value)
             else:
                 driver.convert(_CONVERT_ARMS.value, _CONVERT_SEEDS.value)
             driver.results["seconds"] = time.perf_counter() - t0
@@ -351,4 +355,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    configlib.run(main, "experiments.py")

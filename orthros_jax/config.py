@@ -14,7 +14,9 @@ from typing import Any, Literal
 
 import jax.numpy as jnp
 
-Architecture = Literal["orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h"]
+Architecture = Literal[
+    "orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h", "gla", "retnet"
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,10 +31,17 @@ class Arm:
     kinds: frozenset[str]
     two_streams: bool = False
     base_window: bool = False
+    # A hybrid: its "gdn" layers may be of any recurrent kind (RECURRENT_KINDS), e.g. a
+    # (gla, attention) or (retention, gdn, attention) cycle.
+    any_recurrent: bool = False
 
 
 def _arm(cycle: tuple[str, ...], **flags: bool) -> Arm:
     return Arm(cycle, frozenset(cycle), **flags)
+
+
+# The kinds with a recurrent state (no K/V over slots), interchangeable in a hybrid's cycle.
+RECURRENT_KINDS: frozenset[str] = frozenset({"gdn", "gla", "retention"})
 
 
 # The hybrids use Qwen3.5's cycle of three GDN layers and one attention layer.
@@ -41,8 +50,13 @@ ARMS: dict[str, Arm] = {
     "transformer": _arm(("attention",)),
     "swa": _arm(("attention",), base_window=True),
     "gdn": _arm(("gdn",)),
-    "hybrid": _arm(("gdn", "gdn", "gdn", "attention")),
-    "orthros_h": _arm(("gdn", "gdn", "gdn", "attention"), two_streams=True, base_window=True),
+    "hybrid": _arm(("gdn", "gdn", "gdn", "attention"), any_recurrent=True),
+    "orthros_h": _arm(
+        ("gdn", "gdn", "gdn", "attention"), two_streams=True, base_window=True, any_recurrent=True
+    ),
+    # Table 1's other linear baselines (fla's GLA and RetNet), pure stacks.
+    "gla": _arm(("gla",)),
+    "retnet": _arm(("retention",)),
 }
 ARCHITECTURES: tuple[str, ...] = tuple(ARMS)
 TWO_STREAM_ARCHITECTURES: tuple[str, ...] = tuple(a for a, arm in ARMS.items() if arm.two_streams)
@@ -134,6 +148,34 @@ class ModelConfig:
     gdn_v_head_dim: int = 32
     gdn_conv_kernel: int = 4
     gdn_chunk: int = 64
+    # GLA layers (layers/gla.py; fla's GatedLinearAttention): heads, kv heads (repeated to the
+    # heads), key / value head dims (fla: hidden * expand_k / heads, hidden * expand_v / heads),
+    # the low-rank decay gate (rank, logit normalizer, optional clamp_min), the optional short
+    # conv on q/k/v, feature map on q/k, the swish output gate, the norm's weight
+    # (elementwise_affine) and the kernel's chunk.
+    gla_heads: int = 4
+    gla_kv_heads: int = 4
+    gla_k_head_dim: int = 16
+    gla_v_head_dim: int = 32
+    gla_gate_rank: int = 16
+    gla_gate_normalizer: float = 16.0
+    gla_clamp_min: float | None = None
+    gla_short_conv: bool = False
+    gla_conv_kernel: int = 4
+    gla_feature_map: str | None = None
+    gla_output_gate: bool = True
+    gla_norm_affine: bool = True
+    gla_chunk: int = 64
+    # Retention layers (layers/retention.py, the retnet arm; fla's MultiScaleRetention): the
+    # same without the decay gate and conv; decay 1 - 2^(-5-h) per head, rotary over the key dim.
+    retention_heads: int = 8
+    retention_kv_heads: int = 8
+    retention_k_head_dim: int = 16
+    retention_v_head_dim: int = 32
+    retention_feature_map: str | None = None
+    retention_output_gate: bool = True
+    retention_norm_affine: bool = True
+    retention_chunk: int = 64
 
     def __post_init__(self) -> None:
         if self.scale_offset is None:
@@ -227,14 +269,25 @@ class ModelConfig:
             KIND_CHECKS[kind](self)
 
     def _check_layer_types_of_arm(self) -> None:
-        """Every cycle of an arm uses exactly the arm's kinds (ARMS)."""
-        arm = ARMS[self.architecture]
-        if set(self.layer_types) != arm.kinds:
+        """Every cycle of an arm uses exactly the arm's kinds (ARMS); a hybrid's recurrent kinds
+        may be any of RECURRENT_KINDS."""
+        arm, kinds = ARMS[self.architecture], set(self.layer_types)
+        recurrent = kinds - {"attention"}
+        if (
+            arm.any_recurrent
+            and "attention" in kinds
+            and recurrent
+            and recurrent <= RECURRENT_KINDS
+        ):
+            return
+        if kinds != arm.kinds:
             raise ValueError(
                 f"ModelConfig.layer_types={self.layer_types!r} does not fit architecture "
                 f"{self.architecture!r}, which needs exactly the kinds {sorted(arm.kinds)} (e.g. "
-                f"{arm.layer_types!r}, the default)"
-            )
+                f"{arm.layer_types!r}, the default"
+                + (f"; any of {sorted(RECURRENT_KINDS)} may stand for gdn)" if arm.any_recurrent
+                   else ")")
+            )  # fmt: skip
 
     @property
     def rope_dim(self) -> int:

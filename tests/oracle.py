@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 Params = Mapping[str, Any]
-ARCHITECTURES = ("orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h")
+ARCHITECTURES = ("orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h", "gla", "retnet")
 TWO_STREAMS = ("orthros", "orthros_h")
 
 

@@ -100,6 +100,10 @@ def test_benchmark_runs_end_to_end(tmp_path):
         "--config.gdn.gdn_k_head_dim=8",
         "--config.gdn.gdn_v_head_dim=8",
         "--config.gdn.gdn_chunk=8",
+        "--config.gla.gla_k_head_dim=8",
+        "--config.gla.gla_v_head_dim=8",
+        "--config.ret.retention_k_head_dim=8",
+        "--config.ret.retention_v_head_dim=8",
         "--config.table4_n_layers=4",
         "--config.table4_lengths=(40,)",
         "--config.table4_contexts=(32,)",
@@ -130,6 +134,10 @@ def test_benchmark_runs_end_to_end(tmp_path):
         assert row["hybrid_over_orthros_h"] > 0 and row["transformer_over_orthros"] > 0
     assert tab["models"]["orthros_h"]["layer_types"] == ["gdn", "gdn", "gdn", "attention"]
     assert "| 40 |" in (out / "table4.md").read_text()
+    for arm, kind in (("gdn", "gdn"), ("gla", "gla"), ("retnet", "retention")):
+        assert tab["decode"][0][f"{arm}_over_transformer"] > 0
+        assert tab["models"][arm]["layer_types"] == [kind]
+    assert "| decode context | transformer ms | gdn ms |" in (out / "table4.md").read_text()
 
 
 def test_headline_reads_each_target_from_its_suite():
@@ -179,3 +187,18 @@ def test_report_of_a_run_without_core_suites_is_bench_json_only(tmp_path):
     assert bench_report.write_report(results, str(tmp_path)) == ["bench.json"]
     assert sorted(os.listdir(tmp_path)) == ["bench.json"]
     assert json.loads((tmp_path / "bench.json").read_text()) == results
+
+
+def test_report_names_the_measured_train_length_and_skips_an_empty_plot(tmp_path):
+    """--config.train_len=256 is reported at 256 (not the default 2048); a memory-only run
+    writes bench.md but no bench.png (it has no prefill times to plot)."""
+    results = {
+        "date": "d", "backend": "cpu", "device": "cpu", "cpu_count": 2, "jax": "x",
+        "command": "c", "wall_s": 1.0, "xla_flags": "", "repeats": 1,
+        "memory": [{"T": 1024, "orthros": {"temp_over_resident": 0.1}}],
+        "train": {"T": 256, "time_ratio_over_flop_ratio": 0.9},
+    }  # fmt: skip
+    assert bench_report.write_report(results, str(tmp_path)) == ["bench.json", "bench.md"]
+    text = (tmp_path / "bench.md").read_text()
+    assert "PT step Orthros / Transformer at 256," in text and "at 2048" not in text
+    assert not (tmp_path / "bench.png").exists()

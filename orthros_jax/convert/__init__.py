@@ -1,4 +1,4 @@
-"""Hugging Face Llama/Qwen3/Qwen3.5 import and export, and Transformer -> Orthros conversion.
+"""Hugging Face Llama/Qwen3/Qwen3.5 and fla (GLA, RetNet, Gated DeltaNet) import and export, and Transformer -> Orthros conversion.
 
     cfg, params = load_hf(hf_dir)                       # transformer (Qwen3.5: hybrid), numpy
     ocfg, oparams = from_transformer(params, cfg, window=128)   # orthros (Qwen3.5: orthros_h)
@@ -14,6 +14,7 @@ from typing import Any
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.convert.export import check_params, expected_param_shapes, export_hf
+from orthros_jax.convert.fla import config_from_fla, is_fla, params_from_fla
 from orthros_jax.convert.hf_config import (
     SUPPORTED_ARCHITECTURES,
     config_from_hf,
@@ -56,15 +57,20 @@ __all__ = [
 
 def load_hf(hf_dir: str, **overrides: Any) -> tuple[ModelConfig, dict[str, Any]]:
     """(cfg, params) of the checkpoint's own single-stream arm from a HF Llama/Qwen3 directory
-    (transformer) or a Qwen3.5 one (hybrid; gdn when every layer is linear attention).
+    (transformer), a Qwen3.5 one (hybrid; gdn when every layer is linear attention) or an
+    flash-linear-attention one (model_type gla / retnet / gated_deltanet: arms gla / retnet / gdn).
 
     overrides: extra ModelConfig fields (e.g. param_dtype='bfloat16', window, prefill_chunk);
     the architecture stays the checkpoint's — convert with `from_transformer`. Config and
     tensor names/shapes are validated before any weight is read.
     """
-    if overrides.pop("architecture", None) not in (None, "transformer", "hybrid", "gdn"):
+    own = (None, "transformer", "hybrid", "gdn", "gla", "retnet")
+    if overrides.pop("architecture", None) not in own:
         raise ValueError("load_hf returns the checkpoint's arm; use from_transformer for Orthros")
     hf = read_hf_config(hf_dir)
+    if is_fla(hf):
+        cfg = config_from_fla(hf, **overrides)
+        return cfg, params_from_fla(SafetensorsCheckpoint(hf_dir), cfg)
     if is_qwen35(hf):
         cfg = config_from_qwen35(hf, **overrides)
         return cfg, params_from_qwen35(SafetensorsCheckpoint(hf_dir), cfg)

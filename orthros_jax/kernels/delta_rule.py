@@ -218,3 +218,30 @@ def delta_step(
     s = s + k[..., :, None] * delta[..., None, :]
     outs = tuple(jnp.einsum("bhk,bhkv->bhv", q.astype(f32), s) for q in queries)
     return outs, jnp.where(active_B[:, None, None, None], s, state_BHKV.astype(f32))
+
+
+def delta_step_stacked(
+    queries: tuple[jax.Array, ...],
+    k_BHK: jax.Array,
+    v_BHV: jax.Array,
+    beta_BH: jax.Array,
+    g_BH: jax.Array,
+    active_B: jax.Array,
+    stack: jax.Array,
+    li: jax.Array | int,
+) -> tuple[tuple[jax.Array, ...], jax.Array]:
+    """delta_step on entry li of a stacked state [layers, B, H, dk, dv] (float32), written in
+    place. The old entry is read by a gather (its own buffer: a dynamic-slice read by the
+    k S_{t-1} matmul aliases the stack, and XLA then copies the whole stack, every layer, as
+    soon as a loop iteration updates it more than once) and the queries read the written
+    entry. Returns (outputs [B, H, dv], the stack)."""
+    f32 = jnp.float32
+    k, v = k_BHK.astype(f32), v_BHV.astype(f32)
+    a = jnp.exp(g_BH.astype(f32))[..., None, None]
+    old = jnp.take(stack, li, axis=0, mode="clip").astype(f32)
+    delta = (v - jnp.einsum("bhk,bhkv->bhv", k, a * old)) * beta_BH.astype(f32)[..., None]
+    new = jnp.where(active_B[:, None, None, None], a * old + k[..., :, None] * delta[..., None, :],
+                    old)  # fmt: skip
+    stack = jax.lax.dynamic_update_index_in_dim(stack, new.astype(stack.dtype), li, 0)
+    s = jax.lax.dynamic_index_in_dim(stack, li, keepdims=False).astype(f32)
+    return tuple(jnp.einsum("bhk,bhkv->bhv", q.astype(f32), s) for q in queries), stack

@@ -149,13 +149,15 @@ def step(
         elif ctx.mode == DECODE:
             assert ctx.valid is not None
             cross_h = None if out is None else norm(p, out.x, "attn_norm", cfg)
-            y, cross_y, new = gdn.gdn_decode(
-                p, h, cfg, state=st, active_B=ctx.valid[:, 0], cross_h_B1D=cross_h,
+            # the stacked state, updated in place at li (no copy of the stack per layer)
+            y, cross_y, state = gdn.gdn_decode(
+                p, h, cfg, state=state, layer=li, active_B=ctx.valid[:, 0], cross_h_B1D=cross_h,
                 cross_so=_cross_so(p, cfg),
             )  # fmt: skip
         else:
             raise ValueError(f"unknown mode {ctx.mode!r}")
-        state = _write_state(state, li, new)
+        if ctx.mode == CHUNK:
+            state = _write_state(state, li, new)
     if not compute_base:
         y = None
     # The FFN is token-wise and shared (decode: both streams as one batch).

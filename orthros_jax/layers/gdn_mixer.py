@@ -38,6 +38,7 @@ from orthros_jax.kernels.delta_rule import (
     chunked_delta_rule,
     conv_step,
     delta_step,
+    delta_step_stacked,
     l2_normalize,
 )
 
@@ -247,10 +248,9 @@ def _mix(
         w = p[f"gdn_conv_{key}"]
         pre = _proj(h, p[f"gdn_w{key}"])  # [B, L, heads, dim]
         old = getattr(state, f"conv_{key}")  # [B, Kc-1, heads, dim]
-        y, new = conv(
-            pre.reshape(b, seq, -1), w.reshape(w.shape[0], -1), old.reshape(b, old.shape[1], -1)
-        )
-        x[key], hist[key] = y.reshape(pre.shape), new.reshape(old.shape)
+        # conv takes and returns the stored window as stored (one layer's, or the stack)
+        y, new = conv(pre.reshape(b, seq, -1), w.reshape(w.shape[0], -1), old)
+        x[key], hist[key] = y.reshape(pre.shape), new
     q, k, v = x["q"], x["k"], x["v"]
 
     beta = jnp.where(keep, jax.nn.sigmoid(_proj(h, p["gdn_wb"]).astype(jnp.float32)), 0.0)
@@ -303,8 +303,9 @@ def gdn_mix(
     reset = reset & valid
     doc = jnp.cumsum(reset, axis=1)
 
-    def conv(x: jax.Array, w: jax.Array, hist: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return causal_conv(x, w, hist, valid, doc)
+    def conv(x: jax.Array, w: jax.Array, stored: jax.Array) -> tuple[jax.Array, jax.Array]:
+        y, hist = causal_conv(x, w, stored.reshape(b, stored.shape[1], -1), valid, doc)
+        return y, hist.reshape(stored.shape)
 
     def rule(queries: tuple[jax.Array, ...], k: jax.Array, v: jax.Array, beta: jax.Array,
              g: jax.Array, s: jax.Array) -> tuple[tuple[jax.Array, ...], jax.Array]:  # fmt: skip
@@ -323,26 +324,39 @@ def gdn_decode(
     cross_h_B1D: jax.Array | None = None,
     cross_so: CrossSO | None = None,
     cross_silu: bool = True,
+    layer: jax.Array | int | None = None,
 ) -> tuple[jax.Array, jax.Array | None, GDNState]:
     """One decode token per row, recurrent form (no chunk padding): the same outputs as
     gdn_mix on a length-1 call. active_B False = the row keeps its state and outputs zeros.
-    Returns (y_B1D, cross_y_B1D or None, new state)."""
+    layer: `state` is the stack of every GDN layer's state ([layers, ...] fields) and entry
+    `layer` is updated in place (delta_step_stacked). Returns (y_B1D, cross_y_B1D or None, new
+    state, or the stack)."""
     b = h_B1D.shape[0]
     if h_B1D.ndim != 3 or h_B1D.shape[1] != 1:
         raise ValueError(f"gdn_decode takes one token per row: h [B, 1, D], got {h_B1D.shape}")
     masks = {"active_B": (active_B, (b,))}
-    _check_inputs(p, h_B1D, cfg, state, masks, cross_h_B1D, cross_so)
+    one = (
+        state
+        if layer is None
+        else jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), state)
+    )
+    _check_inputs(p, h_B1D, cfg, one, masks, cross_h_B1D, cross_so)
     active = active_B.astype(bool)
+    # a gather, not a dynamic slice: see delta_step_stacked
+    at = lambda a: a if layer is None else jnp.take(a, layer, axis=0, mode="clip")
 
-    def conv(x: jax.Array, w: jax.Array, hist: jax.Array) -> tuple[jax.Array, jax.Array]:
-        y, hist = conv_step(x[:, 0], w, hist, active)
+    def conv(x: jax.Array, w: jax.Array, stored: jax.Array) -> tuple[jax.Array, jax.Array]:
+        one = at(stored)
+        y, hist = conv_step(x[:, 0], w, one.reshape(b, one.shape[1], -1), active)
+        hist = hist.reshape(one.shape).astype(stored.dtype)
+        if layer is not None:
+            hist = jax.lax.dynamic_update_index_in_dim(stored, hist, layer, 0)
         return y[:, None], hist
 
     def rule(queries: tuple[jax.Array, ...], k: jax.Array, v: jax.Array, beta: jax.Array,
              g: jax.Array, s: jax.Array) -> tuple[tuple[jax.Array, ...], jax.Array]:  # fmt: skip
-        outs, s = delta_step(
-            tuple(q[:, 0] for q in queries), k[:, 0], v[:, 0], beta[:, 0], g[:, 0], active, s
-        )
+        args = (tuple(q[:, 0] for q in queries), k[:, 0], v[:, 0], beta[:, 0], g[:, 0], active)
+        outs, s = delta_step(*args, s) if layer is None else delta_step_stacked(*args, s, layer)
         return tuple(o[:, None] for o in outs), s
 
     return _mix(

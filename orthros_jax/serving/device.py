@@ -9,10 +9,10 @@ of each of them this call (a bucket), S cache slots per row, V vocab.
 prefill_rows gathers rows [P] of the cache (every leaf along the axis its kind's `state_axes`
 names BATCH, lengths along 0), resets those with reset=True to an empty row (length 0 and
 each kind's init_state: a new request's row, GDN recurrent state included), continues their
-prefill with cached_forward.prefill (tokens [P, T] right-padded, lengths [P] >= 0: a row with
+prefill with inference/drivers.prefill (tokens [P, T] right-padded, lengths [P] >= 0: a row with
 0 tokens keeps its state and length) and scatters them back. Row ids >= B are padding:
 gathered clipped, never written back (mode='drop'), so no row outside `rows` changes.
-decode_rows runs K decode steps (a lax.scan; K static) of cached_forward.decode on every row,
+decode_rows runs K decode steps (a lax.scan; K static) of inference/drivers.decode on every row,
 each feeding the token the step before sampled: row b runs while it has budget[b] steps left
 and has not sampled one of its stop ids (stops [B, N], -1 padded); other rows write nothing
 (fed[k, b] says which ran). K > 1 trades streaming granularity for one host round trip per K
@@ -37,7 +37,7 @@ from orthros_jax.serving.rowsample import RowSampling, Sampled, sample_rows
 
 
 def _is_axes(x: Any) -> bool:
-    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+    return isinstance(x, tuple) and bool(x) and all(a is None or isinstance(a, str) for a in x)
 
 
 def batch_axes(cfg: ModelConfig, cache: KVCache) -> dict[str, Any]:

@@ -1,0 +1,379 @@
+"""flash-linear-attention (fla 0.6.0) checkpoints <-> ModelConfig/params: `model_type` "gla"
+(GLAForCausalLM, our arm gla), "retnet" (RetNetForCausalLM, arm retnet) and "gated_deltanet"
+(GatedDeltaNetForCausalLM, arm gdn), config.json + safetensors as fla's save_pretrained writes.
+
+Every fla block is pre-RMSNorm mixer + residual, pre-RMSNorm SwiGLU + residual (d_ff = the
+config's intermediate_size, or 256 * ceil(int(D * hidden_ratio * 2/3) / 256)), a final norm and
+an untied head unless tie_word_embeddings. Tensor names (per layer i, under model.layers.i.):
+  attn_norm / mlp_norm.weight [D]; mlp.gate_proj / up_proj [F, D], down_proj [D, F]
+  GLA:    attn.q_proj [N*H, D], k_proj [K*H, D], v_proj [K*E, D], g_proj [N*E, D] (output gate),
+          gk_proj.0 [R, D], gk_proj.1 [K*H, R] + bias [K*H], o_proj [D, N*E],
+          q/k/v_conv1d [channels, 1, Kc] (short conv), the norm g_norm_swish_gate (fused, the
+          default) or g_norm [E] (no weight without elementwise_affine)
+  RetNet: the same without gk_proj and conv
+  GDN:    attn.q/k_proj [Hk*dk, D], v_proj / g_proj [Hv*dv, D], a_proj / b_proj [Hv, D],
+          A_log / dt_bias [Hv], q/k/v_conv1d, o_norm [dv], o_proj [D, Hv*dv]
+Options fla has that compute something we do not (hybrid `attn` layers, attnres, powlu, a
+sigmoid or absent GDN output gate, no GDN conv, negative eigenvalues, conv bias, l2warp) and
+any key fla's configs do not have are refused by name, before any tensor is read. Options that
+only pick fla's kernels (attn_mode, fuse_*) are accepted; so are the ones fla 0.6.0 reads but
+never uses (GLA's use_gk / use_gv, RetNet's use_short_conv and conv_size).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from orthros_jax.config import ModelConfig
+
+ARM_OF = {"gla": "gla", "retnet": "retnet", "gated_deltanet": "gdn"}
+MODEL_TYPE_OF = {"gla": "gla", "retnet": "retnet", "gdn": "gated_deltanet"}
+CLASS_OF = {"gla": "GLAForCausalLM", "retnet": "RetNetForCausalLM",
+            "gated_deltanet": "GatedDeltaNetForCausalLM"}  # fmt: skip
+# Keys every fla config.json may carry that change nothing we compute (kernel choice, token ids,
+# HF bookkeeping); written back with fla's defaults on export.
+_NEUTRAL = {
+    "architectures", "model_type", "transformers_version", "dtype", "torch_dtype", "attn_mode",
+    "fuse_norm", "fuse_swiglu", "fuse_cross_entropy", "fuse_linear_cross_entropy", "use_cache",
+    "bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings",
+    "initializer_range", "output_attentions", "output_hidden_states", "return_dict",
+}  # fmt: skip
+_SHAPES = {"vocab_size", "hidden_size", "num_hidden_layers", "norm_eps", "hidden_ratio",
+           "intermediate_size", "hidden_act", "tie_word_embeddings", "attn",
+           "attnres_block_size", "use_l2warp"}  # fmt: skip
+_KEYS = {
+    "gla": {"expand_k", "expand_v", "num_heads", "num_kv_heads", "feature_map", "use_short_conv",
+            "conv_size", "use_output_gate", "clamp_min", "elementwise_affine", "use_gk",
+            "use_gv"},
+    "retnet": {"expand_k", "expand_v", "num_heads", "num_kv_heads", "feature_map",
+               "use_short_conv", "conv_size", "use_output_gate", "elementwise_affine"},
+    "gated_deltanet": {"expand_v", "use_gate", "use_short_conv", "allow_neg_eigval",
+                       "conv_size", "head_dim", "num_heads", "num_v_heads",
+                       "output_gate_activation"},
+}  # fmt: skip
+# (key, the only value we compute, why) for options that would change the function.
+_MUST = {
+    "all": [("attn", None, "fla's hybrid attention layers are not mapped"),
+            ("attnres_block_size", None, "attention residuals are not implemented"),
+            ("hidden_act", "swish", "only the SwiGLU FFN / swish gate is implemented"),
+            ("use_l2warp", False, "l2warp changes the training loss")],
+    "gla": [],
+    "retnet": [],
+    "gated_deltanet": [("use_gate", True, "our GDN always has its output gate"),
+                       ("use_short_conv", True, "our GDN always has its short conv"),
+                       ("allow_neg_eigval", False, "beta in (0, 2) is not implemented")],
+}  # fmt: skip
+Params = dict[str, Any]
+
+
+def is_fla(hf: Mapping[str, Any]) -> bool:
+    """Whether a config.json dict is one of fla's three supported model types."""
+    return str(hf.get("model_type") or "") in ARM_OF
+
+
+def d_ff_of(hf: Mapping[str, Any]) -> int:
+    """fla's GatedMLP width: intermediate_size, or 256 * ceil(int(D * ratio * 2/3) / 256)."""
+    if hf.get("intermediate_size") is not None:
+        return int(hf["intermediate_size"])
+    ratio = 4 if hf.get("hidden_ratio") is None else hf["hidden_ratio"]
+    return 256 * math.ceil(int(int(hf["hidden_size"]) * ratio * 2 / 3) / 256)
+
+
+def _check(hf: Mapping[str, Any]) -> str:
+    mt = str(hf.get("model_type") or "")
+    if mt not in ARM_OF:
+        raise ValueError(f"fla model_type {mt!r} is unsupported; supported: {sorted(ARM_OF)}")
+    unknown = sorted(set(hf) - _NEUTRAL - _SHAPES - _KEYS[mt])
+    if unknown:
+        raise ValueError(f"unsupported fla {mt} config option(s) {unknown}")
+    for key, want, why in _MUST["all"] + _MUST[mt]:
+        value = hf.get(key, want)
+        if value != want:
+            raise ValueError(
+                f"unsupported fla {mt} option {key}={value!r} (expected {want!r}: {why})"
+            )
+    if mt == "gated_deltanet":
+        act = hf.get("output_gate_activation", "swish")
+        if act not in ("swish", "silu"):
+            raise ValueError(f"unsupported fla gated_deltanet option output_gate_activation={act!r}"
+                             " (expected 'swish': our GDN's output gate is SiLU)")  # fmt: skip
+    return mt
+
+
+def _per_head(total: float, heads: int, what: str) -> int:
+    if not math.isclose(total, round(total)) or round(total) % heads:
+        raise ValueError(f"fla {what}={total} must be an integer divisible by num_heads={heads}")
+    return round(total) // heads
+
+
+def config_from_fla(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
+    """ModelConfig of an fla config.json dict (the checkpoint's own arm); ValueError naming any
+    option we do not compute."""
+    mt = _check(hf)
+    d = int(hf.get("hidden_size", 2048))
+    fields: dict[str, Any] = dict(
+        architecture=ARM_OF[mt],
+        vocab_size=int(hf.get("vocab_size", 32000)),
+        d_model=d,
+        n_layers=int(hf.get("num_hidden_layers", 24)),
+        d_ff=d_ff_of({"hidden_size": d, **hf}),
+        norm_eps=float(hf.get("norm_eps", 1e-6)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        init_std=float(hf.get("initializer_range", 0.02)),
+    )
+    if mt == "gated_deltanet":
+        hk, dk = int(hf.get("num_heads", 6)), int(hf.get("head_dim", 256))
+        hv = int(hf.get("num_v_heads") or hk)
+        dv = hf.get("expand_v", 2.0) * dk
+        if not math.isclose(dv, round(dv)) or hv < hk or hv % hk:
+            raise ValueError(f"fla gated_deltanet: head_dim * expand_v = {dv} must be an integer "
+                             f"and num_v_heads={hv} a multiple of num_heads={hk}")  # fmt: skip
+        fields.update(gdn_num_k_heads=hk, gdn_num_v_heads=hv, gdn_k_head_dim=dk,
+                      gdn_v_head_dim=round(dv), gdn_conv_kernel=int(hf.get("conv_size", 4)))  # fmt: skip
+    else:
+        gla = mt == "gla"
+        p = "gla" if gla else "retention"
+        n = int(hf.get("num_heads", 4 if gla else 8))
+        kv = int(hf.get("num_kv_heads") or n)
+        ek, ev = hf.get("expand_k", 0.5 if gla else 1.0), hf.get("expand_v", 1.0 if gla else 2.0)
+        fields.update({
+            f"{p}_heads": n, f"{p}_kv_heads": kv,
+            f"{p}_k_head_dim": _per_head(d * ek, n, "hidden_size * expand_k"),
+            f"{p}_v_head_dim": _per_head(d * ev, n, "hidden_size * expand_v"),
+            f"{p}_feature_map": hf.get("feature_map"),
+            f"{p}_output_gate": bool(hf.get("use_output_gate", True)),
+            f"{p}_norm_affine": bool(hf.get("elementwise_affine", True)),
+        })  # fmt: skip
+        if gla:
+            cm = hf.get("clamp_min")
+            fields.update(gla_short_conv=bool(hf.get("use_short_conv", False)),
+                          gla_conv_kernel=int(hf.get("conv_size", 4)),
+                          gla_clamp_min=None if cm is None else float(cm))  # fmt: skip
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+def fla_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict[str, Any]:
+    """fla's config.json for a gla / retnet / gdn model (fla's defaults for the neutral keys)."""
+    check_exportable(cfg)
+    mt = MODEL_TYPE_OF[cfg.architecture]
+    out: dict[str, Any] = {
+        "architectures": [CLASS_OF[mt]], "model_type": mt, "attn": None, "attn_mode": "chunk",
+        "attnres_block_size": None, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None,
+        "dtype": torch_dtype or cfg.param_dtype, "fuse_cross_entropy": True,
+        "fuse_linear_cross_entropy": False, "fuse_norm": True, "fuse_swiglu": True,
+        "hidden_act": "swish", "hidden_ratio": 4, "hidden_size": cfg.d_model,
+        "initializer_range": cfg.init_std, "intermediate_size": cfg.d_ff,
+        "max_position_embeddings": 2048, "norm_eps": cfg.norm_eps,
+        "num_hidden_layers": cfg.n_layers, "tie_word_embeddings": cfg.tie_embeddings,
+        "use_cache": True, "use_l2warp": False, "vocab_size": cfg.vocab_size,
+    }  # fmt: skip
+    if mt == "gated_deltanet":
+        out.update(num_heads=cfg.gdn_num_k_heads, num_v_heads=cfg.gdn_num_v_heads,
+                   head_dim=cfg.gdn_k_head_dim, expand_v=cfg.gdn_v_head_dim / cfg.gdn_k_head_dim,
+                   conv_size=cfg.gdn_conv_kernel, use_gate=True, use_short_conv=True,
+                   allow_neg_eigval=False, output_gate_activation="swish")  # fmt: skip
+        return out
+    p = "gla" if mt == "gla" else "retention"
+    n = getattr(cfg, f"{p}_heads")
+    out.update(
+        num_heads=n, num_kv_heads=getattr(cfg, f"{p}_kv_heads"),
+        expand_k=n * getattr(cfg, f"{p}_k_head_dim") / cfg.d_model,
+        expand_v=n * getattr(cfg, f"{p}_v_head_dim") / cfg.d_model,
+        feature_map=getattr(cfg, f"{p}_feature_map"),
+        use_output_gate=getattr(cfg, f"{p}_output_gate"),
+        elementwise_affine=getattr(cfg, f"{p}_norm_affine"),
+    )  # fmt: skip
+    if mt == "gla":
+        out.update(use_short_conv=cfg.gla_short_conv, conv_size=cfg.gla_conv_kernel,
+                   clamp_min=cfg.gla_clamp_min, use_gk=True, use_gv=False)  # fmt: skip
+    else:
+        out.update(use_short_conv=False, conv_size=4)
+    return out
+
+
+def check_exportable(cfg: ModelConfig) -> None:
+    """ValueError unless fla's model of cfg's arm computes exactly cfg's function."""
+    if cfg.architecture not in MODEL_TYPE_OF:
+        raise ValueError(
+            f"only the gla, retnet and gdn arms export to fla (got {cfg.architecture!r})"
+        )
+    need = {"norm_zero_centered": False, "scale_offset": False}
+    wrong = {k: getattr(cfg, k) for k, v in need.items() if getattr(cfg, k) != v}
+    if cfg.architecture == "gla" and (cfg.gla_gate_rank, cfg.gla_gate_normalizer) != (16, 16):
+        wrong["gla_gate_rank/normalizer"] = (cfg.gla_gate_rank, cfg.gla_gate_normalizer)
+    if wrong:
+        raise ValueError(f"an fla export needs {need} and fla's fixed GLA gate (rank 16, "
+                         f"normalizer 16); this config has {wrong}")  # fmt: skip
+
+
+def _norm_name(cfg: ModelConfig, p: str) -> str | None:
+    """fla's name of the mixer's per-head norm weight (None: no weight)."""
+    if not getattr(cfg, f"{p}_norm_affine"):
+        return None
+    return "g_norm_swish_gate" if getattr(cfg, f"{p}_output_gate") else "g_norm"
+
+
+def _layer_map(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """Our per-layer name -> (fla name under model.layers.i., fla shape, our shape) for the
+    arm's mixer; ours = fla's transposed ([out, in] -> [in, out]) then reshaped (conv weights
+    [C, 1, Kc] -> [Kc, C] then reshaped; 1-D ones only reshaped)."""
+    d = cfg.d_model
+    if cfg.architecture == "gdn":
+        hk, hv, dk, dv, kc = (cfg.gdn_num_k_heads, cfg.gdn_num_v_heads, cfg.gdn_k_head_dim,
+                              cfg.gdn_v_head_dim, cfg.gdn_conv_kernel)  # fmt: skip
+        return {
+            "gdn_wq": ("attn.q_proj.weight", (hk * dk, d), (d, hk, dk)),
+            "gdn_wk": ("attn.k_proj.weight", (hk * dk, d), (d, hk, dk)),
+            "gdn_wv": ("attn.v_proj.weight", (hv * dv, d), (d, hv, dv)),
+            "gdn_wz": ("attn.g_proj.weight", (hv * dv, d), (d, hv, dv)),
+            "gdn_wa": ("attn.a_proj.weight", (hv, d), (d, hv)),
+            "gdn_wb": ("attn.b_proj.weight", (hv, d), (d, hv)),
+            "gdn_a_log": ("attn.A_log", (hv,), (hv,)),
+            "gdn_dt_bias": ("attn.dt_bias", (hv,), (hv,)),
+            "gdn_conv_q": ("attn.q_conv1d.weight", (hk * dk, 1, kc), (kc, hk, dk)),
+            "gdn_conv_k": ("attn.k_conv1d.weight", (hk * dk, 1, kc), (kc, hk, dk)),
+            "gdn_conv_v": ("attn.v_conv1d.weight", (hv * dv, 1, kc), (kc, hv, dv)),
+            "gdn_norm": ("attn.o_norm.weight", (dv,), (dv,)),
+            "gdn_out": ("attn.o_proj.weight", (d, hv * dv), (hv, dv, d)),
+        }
+    p = "gla" if cfg.architecture == "gla" else "retention"
+    n, kv, h, e = (getattr(cfg, f"{p}_{x}") for x in ("heads", "kv_heads", "k_head_dim",
+                                                         "v_head_dim"))  # fmt: skip
+    out = {
+        f"{p}_wq": ("attn.q_proj.weight", (n * h, d), (d, n, h)),
+        f"{p}_wk": ("attn.k_proj.weight", (kv * h, d), (d, kv, h)),
+        f"{p}_wv": ("attn.v_proj.weight", (kv * e, d), (d, kv, e)),
+        f"{p}_out": ("attn.o_proj.weight", (d, n * e), (n, e, d)),
+    }
+    if getattr(cfg, f"{p}_output_gate"):
+        out[f"{p}_wg"] = ("attn.g_proj.weight", (n * e, d), (d, n, e))
+    norm = _norm_name(cfg, p)
+    if norm:
+        out[f"{p}_norm"] = (f"attn.{norm}.weight", (e,), (e,))
+    if p == "gla":
+        r = cfg.gla_gate_rank
+        out.update({
+            "gla_wgk1": ("attn.gk_proj.0.weight", (r, d), (d, r)),
+            "gla_wgk2": ("attn.gk_proj.1.weight", (kv * h, r), (r, kv, h)),
+            "gla_bgk": ("attn.gk_proj.1.bias", (kv * h,), (kv, h)),
+        })  # fmt: skip
+        if cfg.gla_short_conv:
+            kc = cfg.gla_conv_kernel
+            for x, heads, dim in (("q", n, h), ("k", kv, h), ("v", kv, e)):
+                out[f"gla_conv_{x}"] = (f"attn.{x}_conv1d.weight", (heads * dim, 1, kc),
+                                        (kc, heads, dim))  # fmt: skip
+    return out
+
+
+_BLOCK = {"attn_norm": "attn_norm.weight", "mlp_norm": "mlp_norm.weight",
+          "w_gate": "mlp.gate_proj.weight", "w_up": "mlp.up_proj.weight",
+          "w_down": "mlp.down_proj.weight"}  # fmt: skip
+PARAMS_KEY = {"gdn": "gdn_layers", "gla": "gla_layers", "retnet": "retention_layers"}
+
+
+def _to_ours(a: np.ndarray, ours: tuple[int, ...]) -> np.ndarray:
+    if a.ndim == 3:  # conv [C, 1, Kc] -> [Kc, C]
+        a = a[:, 0, :].T
+    elif a.ndim == 2:
+        a = a.T
+    return a.reshape(ours)
+
+
+def _to_fla(a: np.ndarray, fla: tuple[int, ...]) -> np.ndarray:
+    if len(fla) == 3:
+        return a.reshape(a.shape[0], -1).T[:, None, :]
+    if len(fla) == 2:
+        return a.reshape(fla[1], fla[0]).T
+    return a.reshape(fla)
+
+
+def fla_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor name of fla's checkpoint of cfg, with its shape."""
+    d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    block = {
+        "attn_norm": (d,),
+        "mlp_norm": (d,),
+        "w_gate": (f, d),
+        "w_up": (f, d),
+        "w_down": (d, f),
+    }
+    out = {"model.embeddings.weight": (v, d)}
+    for i in range(cfg.n_layers):
+        pre = f"model.layers.{i}."
+        out.update({pre + _BLOCK[k]: s for k, s in block.items()})
+        out.update({pre + name: shape for name, shape, _ in _layer_map(cfg).values()})
+    out["model.norm.weight"] = (d,)
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = (v, d)
+    return out
+
+
+def _source_names(tensors: Mapping[str, Any]) -> dict[str, str]:
+    """{the name fla_tensor_shapes uses: the checkpoint's name}: with fuse_norm=False (or an
+    unfused gate) fla names the per-head norm g_norm rather than g_norm_swish_gate."""
+    names = {n: n for n in tensors}
+    for n in tensors:
+        if n.endswith("attn.g_norm.weight"):
+            names[n.replace("g_norm.weight", "g_norm_swish_gate.weight")] = n
+    return names
+
+
+def params_from_fla(tensors: Mapping[str, Any], cfg: ModelConfig, dtype: Any = None) -> Params:
+    """Params (numpy) of cfg from fla-named tensors, names and shapes validated first."""
+    check_exportable(cfg)
+    want = fla_tensor_shapes(cfg)
+    names = _source_names(tensors)
+    missing = sorted(set(want) - set(names))
+    used = {names[n] for n in want if n in names}
+    extra = sorted(set(tensors) - used - ({"lm_head.weight"} if cfg.tie_embeddings else set()))
+    if missing or extra:
+        raise ValueError(f"fla {MODEL_TYPE_OF[cfg.architecture]} checkpoint of {cfg.n_layers} "
+                         f"layers: missing {missing[:8]}, unexpected {extra[:8]}")  # fmt: skip
+    for name, shape in want.items():
+        src = names[name]
+        got = tensors.shape(src) if hasattr(tensors, "shape") else np.shape(tensors[src])
+        if tuple(got) != shape:
+            raise ValueError(f"tensor {src!r} has shape {list(got)}; expected {list(shape)}")
+    dtype = np.dtype(dtype or cfg.param_dtype)
+    get = lambda name: np.asarray(tensors[names[name]], np.float32)
+    layer_map = _layer_map(cfg)
+    stack: dict[str, list[np.ndarray]] = {}
+    for i in range(cfg.n_layers):
+        pre = f"model.layers.{i}."
+        for ours, name in _BLOCK.items():
+            a = get(pre + name)
+            stack.setdefault(ours, []).append(a.T if a.ndim == 2 else a)
+        for ours, (name, _, shape) in layer_map.items():
+            stack.setdefault(ours, []).append(_to_ours(get(pre + name), shape))
+    params: Params = {
+        "embedding": get("model.embeddings.weight").astype(dtype),
+        "final_norm": get("model.norm.weight").astype(dtype),
+        PARAMS_KEY[cfg.architecture]: {k: np.stack(a).astype(dtype) for k, a in stack.items()},
+    }
+    if not cfg.tie_embeddings:
+        params["lm_head"] = get("lm_head.weight").T.astype(dtype)
+    return params
+
+
+def fla_from_params(params: Params, cfg: ModelConfig, dtype: Any = None) -> dict[str, np.ndarray]:
+    """fla-named tensors (numpy) of a gla / retnet / gdn model; inverse of params_from_fla."""
+    check_exportable(cfg)
+    cast = lambda a: np.ascontiguousarray(a if dtype is None else a.astype(np.dtype(dtype)))
+    stack = {k: np.asarray(a) for k, a in params[PARAMS_KEY[cfg.architecture]].items()}
+    out = {"model.embeddings.weight": cast(np.asarray(params["embedding"]))}
+    for i in range(cfg.n_layers):
+        pre = f"model.layers.{i}."
+        for ours, name in _BLOCK.items():
+            a = stack[ours][i]
+            out[pre + name] = cast(a.T if a.ndim == 2 else a)
+        for ours, (name, shape, _) in _layer_map(cfg).items():
+            out[pre + name] = cast(_to_fla(stack[ours][i], shape))
+    out["model.norm.weight"] = cast(np.asarray(params["final_norm"]))
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = cast(np.asarray(params["lm_head"]).T)
+    return out

@@ -37,6 +37,7 @@ import json
 import multiprocessing
 import os
 import statistics
+import sys
 import time
 
 import jax
@@ -44,8 +45,6 @@ import numpy as np
 import openai
 from absl import app, flags
 
-from benchmarks import common as bench
-from benchmarks import table4 as bench_table4
 from orthros_jax import inference
 from orthros_jax.configlib import load_config_file
 from orthros_jax.data.tokenizers import ByteTokenizer
@@ -55,8 +54,14 @@ from orthros_jax.serving.api import create_app
 from orthros_jax.serving.background import BackgroundServer
 from orthros_jax.serving.engine import Engine
 
-FLAGS = flags.FLAGS
+# benchmarks/ lives beside launch/, outside the installed package.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks import common as bench  # noqa: E402
+from benchmarks import table4 as bench_table4  # noqa: E402
+from benchmarks.serve_load_report import write_report  # noqa: E402
+
+FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "Output directory.")
 flags.DEFINE_string(
     "config", os.path.join(ROOT, "configs", "bench.py"), "Bench config (the model)."
@@ -135,6 +140,11 @@ class _Client:
             ctx = multiprocessing.get_context("spawn")
             self.pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx)
         return self.pool.submit(_burst_in_process, url, prompts, new).result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
 
 
 _CLIENT = _Client()
@@ -276,8 +286,6 @@ def main(argv: list[str]) -> None:
     import logging
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
-    from serve_load_report import write_report
-
     c = load_config_file(FLAGS.config)
     shapes = [tuple(int(x) for x in s.split("/")) for s in FLAGS.shapes]
     pairs = [tuple(p.split(":")) for p in FLAGS.pairs]
@@ -293,6 +301,8 @@ def main(argv: list[str]) -> None:
                 ("shapes", FLAGS.shapes),
                 ("pairs", FLAGS.pairs),
                 ("concurrency", FLAGS.concurrency),
+                ("decode_steps", FLAGS.decode_steps),
+                ("repeats", FLAGS.repeats),
                 ("out", FLAGS.out),
             )
         ),  # fmt: skip
@@ -303,6 +313,7 @@ def main(argv: list[str]) -> None:
     os.makedirs(FLAGS.out, exist_ok=True)
     with open(os.path.join(FLAGS.out, "serve_load.json"), "w") as f:
         json.dump(results, f, indent=1)
+    _CLIENT.close()
     write_report(results, FLAGS.out, pairs)
     print(f"wrote {FLAGS.out}/serve_load.{{json,md,png}} in {results['wall_s']:.0f} s", flush=True)
 

@@ -14,13 +14,23 @@ GDN = dict(
 )  # fmt: skip
 
 
+# GLA with its short conv (a conv window in the state), retention without (an empty one).
+LINEAR = dict(
+    gla_heads=4, gla_kv_heads=2, gla_k_head_dim=8, gla_v_head_dim=6, gla_short_conv=True,
+    gla_conv_kernel=3, gla_chunk=4, retention_heads=4, retention_kv_heads=2, retention_k_head_dim=8,
+    retention_v_head_dim=6, retention_chunk=4,
+)  # fmt: skip
+
+
 def arm_config(arch: str, **kw) -> ModelConfig:
     """A tiny model of the arm (init_std 0.2: peaked logits, so greedy ties are unlikely);
-    GDN arms with one (gdn, attention) cycle, or one gdn layer."""
+    GDN arms with one (gdn, attention) cycle, or one gdn layer; gla / retnet with 2 layers."""
     base = dict(architecture=arch, prefill_chunk=8, init_std=0.2, window=4)
     if arch in ("gdn", "hybrid", "orthros_h"):
         layers = ("gdn",) if arch == "gdn" else ("gdn", "attention")
         base |= GDN | dict(n_layers=2, layer_types=layers)
+    elif arch in ("gla", "retnet"):
+        base |= LINEAR | dict(n_layers=2)
     return tiny_config(**(base | kw))
 
 

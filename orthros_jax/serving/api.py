@@ -23,10 +23,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from orthros_jax.serving.chat import ChatTemplate
 from orthros_jax.serving.engine import Engine, Event
+from orthros_jax.serving.events import Request as EngineRequest
 from orthros_jax.serving.requests import (
     RequestError,
     SamplingParams,
@@ -70,7 +71,7 @@ def create_app(
     stops."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not engine.running:
             engine.start()
         yield
@@ -83,11 +84,11 @@ def create_app(
     token_text = lambda t: tokenizer.decode([t])
 
     @app.exception_handler(RequestError)
-    async def _request_error(request: Request, e: RequestError):
+    async def _request_error(request: Request, e: RequestError) -> JSONResponse:
         return _error(e)
 
     @app.exception_handler(Exception)
-    async def _internal(request: Request, e: Exception):
+    async def _internal(request: Request, e: Exception) -> JSONResponse:
         log.exception("unhandled error")
         return JSONResponse(
             error_body(f"internal error: {type(e).__name__}", None, 500), status_code=500
@@ -108,7 +109,7 @@ def create_app(
             raise RequestError("'stream' must be a boolean", "stream")
         return sampling_params(body, vocab, engine.max_len, TOP_LOGPROBS)
 
-    async def run(request: Request, body: dict, prompts: list[list[int]], chat: bool):
+    async def run(request: Request, body: dict, prompts: list[list[int]], chat: bool) -> Response:
         sp = params_of(body)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
@@ -141,7 +142,7 @@ def create_app(
         return JSONResponse(fmt.whole(choices))
 
     @app.post("/v1/completions")
-    async def completions(request: Request):
+    async def completions(request: Request) -> Response:
         body = await _body(request)
         check_model(body)
         if "prompt" not in body:
@@ -150,7 +151,7 @@ def create_app(
         return await run(request, body, prompts, chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
+    async def chat_completions(request: Request) -> Response:
         body = await _body(request)
         check_model(body)
         if chat_template is None:
@@ -166,13 +167,13 @@ def create_app(
         return await run(request, body, prompts, chat=True)
 
     @app.get("/v1/models")
-    async def models():
+    async def models() -> dict:
         card = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "orthros-jax",
                 "max_model_len": engine.max_len}  # fmt: skip
         return {"object": "list", "data": [card]}
 
     @app.get("/health")
-    async def health():
+    async def health() -> Any:
         if engine.closed:
             return JSONResponse({"status": "draining"}, status_code=503)
         return {
@@ -182,7 +183,7 @@ def create_app(
         }
 
     @app.get("/metrics")
-    async def metrics():
+    async def metrics() -> PlainTextResponse:
         return PlainTextResponse(engine.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
@@ -202,8 +203,8 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-async def _stream(request, engine, reqs, queue, fmt: Formatter, choices: list[Choice],
-                  include_usage: bool) -> AsyncIterator[str]:  # fmt: skip
+async def _stream(request: Request, engine: Engine, reqs: list[EngineRequest], queue: asyncio.Queue,
+                  fmt: Formatter, choices: list[Choice], include_usage: bool) -> AsyncIterator[str]:  # fmt: skip
     """Server-sent events: one chunk per token with text, a last chunk per choice with its
     finish_reason, [DONE]. An engine error ends the stream with an error event."""
     offsets, started = [0] * len(choices), [False] * len(choices)
@@ -223,7 +224,7 @@ async def _stream(request, engine, reqs, queue, fmt: Formatter, choices: list[Ch
             if text or finish is not None or (pending[i] and fmt.logprobs):
                 yield _sse(fmt.chunk(c, text, pending[i], offsets[i], finish, first=not started[i]))
                 started[i] = True
-                offsets[i] += sum(len(c.token_text(e.token)) for e in pending[i])
+                offsets[i] += sum(len(c.token_text(e.token or 0)) for e in pending[i])
                 pending[i] = []
             left -= ev.kind == "done"
         if include_usage:

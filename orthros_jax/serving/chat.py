@@ -53,7 +53,7 @@ class ChatTemplate:
             ) from None
 
 
-def _raise(message: str):
+def _raise(message: str) -> None:
     raise RequestError(f"chat template: {message}", "messages")
 
 

@@ -31,12 +31,13 @@ from orthros_jax.axes import BATCH
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import drivers as fwd
 from orthros_jax.inference.cache import KVCache, kind_states
+from orthros_jax.layers.kind import Params
 from orthros_jax.layers.registry import KINDS
 from orthros_jax.serving.rowsample import RowSampling, Sampled, sample_rows
 
 
 def _is_axes(x: Any) -> bool:
-    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+    return isinstance(x, tuple) and bool(x) and all(a is None or isinstance(a, str) for a in x)
 
 
 def batch_axes(cfg: ModelConfig, cache: KVCache) -> dict[str, Any]:
@@ -58,39 +59,41 @@ def gather_rows(cfg: ModelConfig, cache: KVCache, rows_P: jax.Array) -> KVCache:
     """The sub-cache of rows [P] (ids >= B clipped to B-1: padding reads some row)."""
     take = lambda a, ax: jnp.take(a, rows_P, axis=ax, mode="clip")
     states = jax.tree.map(take, cache.states, batch_axes(cfg, cache))
-    return KVCache(states, take(cache.lengths, 0), cache.max_len)
+    return cache.replace(states=states, lengths=take(cache.lengths, 0))
 
 
 def scatter_rows(cfg: ModelConfig, cache: KVCache, rows_P: jax.Array, sub: KVCache) -> KVCache:
     """cache with rows [P] replaced by sub's rows; ids >= B are dropped."""
     put = lambda a, ax, x: a.at[_index(ax, rows_P)].set(x, mode="drop")
     states = jax.tree.map(put, cache.states, batch_axes(cfg, cache), sub.states)
-    return KVCache(states, put(cache.lengths, 0, sub.lengths), cache.max_len)
+    return cache.replace(states=states, lengths=put(cache.lengths, 0, sub.lengths))
 
 
 def reset_rows(cfg: ModelConfig, cache: KVCache, reset_B: jax.Array) -> KVCache:
     """cache with every row where reset is True emptied: length 0, each kind's initial state."""
-    fresh = kind_states(cfg, cache.batch_size, cache.max_len, cfg.jnp_dtype)
+    fresh = kind_states(cfg, cache.batch_size, cache.max_len, cfg.jnp_dtype)  # cast to the cache's
 
-    def pick(a, ax, new):
+    def pick(a: jax.Array, ax: int, new: jax.Array) -> jax.Array:
         shape = [1] * a.ndim
         shape[ax] = a.shape[ax]
         return jnp.where(reset_B.reshape(shape), new.astype(a.dtype), a)
 
     states = jax.tree.map(pick, cache.states, batch_axes(cfg, cache), fresh)
-    return KVCache(states, jnp.where(reset_B, 0, cache.lengths), cache.max_len)
+    return cache.replace(states=states, lengths=jnp.where(reset_B, 0, cache.lengths))
 
 
-def _prefill_rows(params, cache, rows_P, reset_P, tokens_PT, lengths_P, sampling: RowSampling,
-                  *, cfg: ModelConfig) -> tuple[Sampled, KVCache]:  # fmt: skip
+def _prefill_rows(params: Params, cache: KVCache, rows_P: jax.Array, reset_P: jax.Array,
+                  tokens_PT: jax.Array, lengths_P: jax.Array, sampling: RowSampling, *,
+                  cfg: ModelConfig) -> tuple[Sampled, KVCache]:  # fmt: skip
     sub = reset_rows(cfg, gather_rows(cfg, cache, rows_P), reset_P)
     logits, sub = fwd.prefill(params, sub, tokens_PT, lengths_P, cfg=cfg)
     return sample_rows(logits, sampling), scatter_rows(cfg, cache, rows_P, sub)
 
 
-def _decode_rows(params, cache, tokens_B, budget_B, stops_BN, sampling: RowSampling, *,
-                 cfg: ModelConfig, steps: int):  # fmt: skip
-    def one(carry, _):
+def _decode_rows(params: Params, cache: KVCache, tokens_B: jax.Array, budget_B: jax.Array,
+                 stops_BN: jax.Array, sampling: RowSampling, *, cfg: ModelConfig,
+                 steps: int) -> tuple[Sampled, jax.Array, KVCache]:  # fmt: skip
+    def one(carry: tuple, _: None) -> tuple[tuple, tuple[Sampled, jax.Array]]:
         cache, tok, left, count = carry
         fed = left > 0
         logits, cache = fwd.decode(params, cache, tok, fed, cfg=cfg)
@@ -100,7 +103,7 @@ def _decode_rows(params, cache, tokens_B, budget_B, stops_BN, sampling: RowSampl
         carry = (cache, jnp.where(fed, out.tokens, tok), left, count + fed.astype(count.dtype))
         return carry, (out, fed)
 
-    carry = (cache, tokens_B, budget_B, sampling.step)
+    carry: tuple = (cache, tokens_B, budget_B, sampling.step)
     (cache, *_), (outs, fed) = jax.lax.scan(one, carry, None, length=steps)
     return outs, fed, cache
 
@@ -111,4 +114,4 @@ decode_rows = jax.jit(_decode_rows, static_argnames=("cfg", "steps"), donate_arg
 
 def compile_count() -> int:
     """Compiled variants of both calls (tests check it stays put in steady state)."""
-    return prefill_rows._cache_size() + decode_rows._cache_size()
+    return prefill_rows._cache_size() + decode_rows._cache_size()  # type: ignore[attr-defined]

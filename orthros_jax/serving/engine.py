@@ -25,6 +25,7 @@ stops.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -35,12 +36,12 @@ import jax
 import numpy as np
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.inference.cache import init_cache
+from orthros_jax.inference import init_cache
 from orthros_jax.serving import device
 from orthros_jax.serving.events import Event, Request, Slot
 from orthros_jax.serving.metrics import Metrics
 from orthros_jax.serving.requests import MAX_STOP_IDS, RequestError, SamplingParams
-from orthros_jax.serving.rowsample import RowSampling
+from orthros_jax.serving.rowsample import RowSampling, Sampled
 from orthros_jax.serving.text import TextStream
 
 log = logging.getLogger(__name__)
@@ -226,18 +227,18 @@ class Engine:
         now = time.perf_counter()
         if pre is not None:
             for j, (i, n) in enumerate(chunks):
-                slot = self.slots[i]
+                slot = self._held(i)
                 slot.prefilled += n
                 if slot.decoding:  # its last chunk: the first token
-                    self._guard(i, lambda s=slot, j=j: self._accept(s, pre, j, now))
+                    self._guard(i, functools.partial(self._accept, slot, pre, j, now))
         if dec is not None:
             sampled, fed = dec
-            owners = {i: self.slots[i] for i in decoding}
+            owners = {i: self._held(i) for i in decoding}
             for k in range(self.decode_steps):
                 step_k = jax.tree.map(lambda a, k=k: a[k], sampled)
                 for i, slot in owners.items():
                     if fed[k, i] and self.slots[i] is slot:  # not finished by an earlier token
-                        self._guard(i, lambda s=slot, i=i, o=step_k: self._accept(s, o, i, now))
+                        self._guard(i, functools.partial(self._accept, slot, step_k, i, now))
         self.steps += 1
         with self._cond:
             self._publish_load()
@@ -264,13 +265,18 @@ class Engine:
                     stop_ids.add(self.eos_id)
                 self.slots[i] = Slot(req, TextStream(self.decode_text, p.stop), frozenset(stop_ids))
 
+    def _held(self, i: int) -> Slot:
+        slot = self.slots[i]
+        assert slot is not None, f"slot {i} is free"
+        return slot
+
     def _plan_prefill(self) -> list[tuple[int, int]]:
         """(slot, prompt tokens this step) for the slots still prefilling, oldest first."""
         waiting = [i for i, s in enumerate(self.slots) if s is not None and not s.decoding]
-        waiting.sort(key=lambda i: self.slots[i].req.arrival)
+        waiting.sort(key=lambda i: self._held(i).req.arrival)
         budget, out = self.chunk_budget, []
         for i in waiting[: self.prefill_batches[-1]]:
-            s = self.slots[i]
+            s = self._held(i)
             n = min(len(s.req.ids) - s.prefilled, budget, self.max_chunk)
             if n < 1:
                 break
@@ -279,7 +285,7 @@ class Engine:
         return out
 
     def _sampling(self, slots: list[Slot | None]) -> RowSampling:
-        def col(f, dtype):
+        def col(f: Callable[[Slot], Any], dtype: Any) -> np.ndarray:
             return np.array([f(s) if s is not None else 0 for s in slots], dtype)
 
         return RowSampling(
@@ -290,7 +296,7 @@ class Engine:
             step=col(lambda s: s.generated, np.int32),
         )
 
-    def _run_prefill(self, chunks: list[tuple[int, int]]):
+    def _run_prefill(self, chunks: list[tuple[int, int]]) -> Sampled:
         p = next(x for x in self.prefill_batches if x >= len(chunks))
         t = next(x for x in self.prefill_lengths if x >= max(n for _, n in chunks))
         rows = np.full((p,), self.max_batch, np.int32)  # padding rows: never written
@@ -298,22 +304,15 @@ class Engine:
         tokens = np.zeros((p, t), np.int32)
         slots: list[Slot | None] = [None] * p
         for j, (i, n) in enumerate(chunks):
-            s = self.slots[i]
+            s = self._held(i)
             rows[j], reset[j], lengths[j], slots[j] = i, s.prefilled == 0, n, s
             tokens[j, :n] = s.req.ids[s.prefilled : s.prefilled + n]
         sampled, self.cache = device.prefill_rows(
-            self.params,
-            self.cache,
-            rows,
-            reset,
-            tokens,
-            lengths,
-            self._sampling(slots),
-            cfg=self.cfg,
-        )
+            self.params, self.cache, rows, reset, tokens, lengths, self._sampling(slots), cfg=self.cfg
+        )  # fmt: skip
         return sampled
 
-    def _run_decode(self, decoding: list[int]):
+    def _run_decode(self, decoding: list[int]) -> tuple[Sampled, jax.Array]:
         """decode_steps steps for the decoding slots: each runs while it has max_tokens and
         cache slots left and has not sampled a stop id (stop strings are the host's)."""
         b = self.max_batch
@@ -321,7 +320,7 @@ class Engine:
         stops = np.full((b, STOP_WIDTH), -1, np.int32)
         slots: list[Slot | None] = [None] * b
         for i in decoding:
-            s = self.slots[i]
+            s = self._held(i)
             in_cache = len(s.req.ids) + s.generated - 1  # s.last is not fed yet
             left = min(s.req.params.max_tokens - s.generated, self.max_len - in_cache)
             tokens[i], budget[i], slots[i] = s.last, min(self.decode_steps, left), s
@@ -332,7 +331,7 @@ class Engine:
         )  # fmt: skip
         return sampled, fed
 
-    def _accept(self, slot: Slot, sampled, j: int, now: float) -> None:
+    def _accept(self, slot: Slot, sampled: Sampled, j: int, now: float) -> None:
         """Slot's token from row j of a sampled batch: stream it, then stop or go on."""
         req, p = slot.req, slot.req.params
         tok = int(sampled.tokens[j])

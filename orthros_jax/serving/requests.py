@@ -7,7 +7,7 @@ and an OpenAI-style error body), before anything reaches the engine.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 MAX_STOP_STRINGS = 4  # as the OpenAI API
@@ -114,7 +114,7 @@ def sampling_params(body: dict, vocab_size: int, max_len: int, max_logprobs: int
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
-        top_k=_int(body, "top_k", 0, 0, vocab_size),
+        top_k=_int(body, "top_k", 0, 0, vocab_size) or 0,
         seed=_int(body, "seed", None, 0, MAX_SEED),
         stop=_stops(body),
         stop_token_ids=tuple(ids),
@@ -124,7 +124,11 @@ def sampling_params(body: dict, vocab_size: int, max_len: int, max_logprobs: int
 
 
 def prompt_ids(
-    prompt: Any, encode, vocab_size: int, max_len: int, field: str = "prompt"
+    prompt: Any,
+    encode: Callable[[str], list[int]],
+    vocab_size: int,
+    max_len: int,
+    field: str = "prompt",
 ) -> list[list[int]]:
     """The prompts of a completions request as token-id lists: a string, a list of ids, or a
     non-empty list of either (one choice each). Empty, non-UTF-8, out-of-vocabulary and

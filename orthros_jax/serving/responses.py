@@ -47,6 +47,7 @@ class Choice:
             "text_offset": [],
         }
         for ev in events:
+            assert ev.token is not None  # token events carry their token
             piece = self.token_text(ev.token)
             out["tokens"].append(piece)
             out["token_logprobs"].append(ev.logprob)
@@ -56,7 +57,8 @@ class Choice:
         return out
 
     def chat_logprobs(self, events: list[Event]) -> dict:
-        def entry(token: int, lp: float) -> dict:
+        def entry(token: int | None, lp: float | None) -> dict:
+            assert token is not None  # token events carry their token
             piece = self.token_text(token)
             return {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8"))}
 

@@ -11,6 +11,8 @@ Shapes: B rows, V vocab, N top logprobs returned.
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -18,21 +20,19 @@ import jax.numpy as jnp
 TOP_LOGPROBS = 5  # alternatives returned per token (the OpenAI API's maximum for completions)
 
 
-@flax.struct.dataclass
-class RowSampling:
+class RowSampling(flax.struct.PyTreeNode):
     """Per-row settings, each [B]: temperature (0 = greedy), top_k (0 = off), top_p (1 = off),
     seed (uint32: the row's PRNG key is PRNGKey(seed)), step (tokens the row sampled so far:
     the key of this draw is fold_in(PRNGKey(seed), step))."""
 
-    temperature: jax.Array
-    top_k: jax.Array
-    top_p: jax.Array
-    seed: jax.Array
-    step: jax.Array
+    temperature: Any  # jax.Array or a host numpy array
+    top_k: Any
+    top_p: Any
+    seed: Any
+    step: Any
 
 
-@flax.struct.dataclass
-class Sampled:
+class Sampled(flax.struct.PyTreeNode):
     """tokens [B] int32, logprob [B] (log-softmax of the raw logits at the chosen token),
     top_ids / top_logprobs [B, N] (the N most likely tokens of the raw distribution)."""
 
@@ -42,7 +42,9 @@ class Sampled:
     top_logprobs: jax.Array
 
 
-def filter_rows(logits_BV: jax.Array, temperature_B, top_k_B, top_p_B) -> jax.Array:
+def filter_rows(
+    logits_BV: jax.Array, temperature_B: jax.Array, top_k_B: jax.Array, top_p_B: jax.Array
+) -> jax.Array:
     """Temperature-scaled float32 logits [B, V] with each row's top-k / top-p tail at -inf.
     Greedy rows (temperature 0) are scaled by 1 (their filter is unused)."""
     v = logits_BV.shape[-1]

@@ -23,6 +23,16 @@ TARGETS = {
 }
 
 
+def targets_of(results: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """TARGETS with the figures named at the lengths that were measured (the train suite's T
+    follows --config.train_len)."""
+    out = dict(TARGETS)
+    if "train" in results:
+        name, target = out["train_ratio"]
+        out["train_ratio"] = (name.replace("at 2048", f"at {results['train']['T']}"), target)
+    return out
+
+
 def _at(rows: list[dict], key: str, value: int) -> dict | None:
     return next((r for r in rows if r.get(key) == value), None)
 
@@ -111,7 +121,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"Times are medians of {results['repeats']} rounds, each running every compared call "
         "once; a ratio is the median of its per-round ratios.",
         "",
-        *targets_table(headline(results), TARGETS),
+        *targets_table(headline(results), targets_of(results)),
     ]
     if results.get("prefill"):
         lines += ["", *_prefill_table(results["prefill"])]
@@ -166,14 +176,17 @@ def plot(
 
 def write_report(results: dict[str, Any], out_dir: str) -> list[str]:
     """Writes bench.json (every number) into out_dir, and, when one of SUITES ran, first adds
-    results["headline"] and writes bench.md and bench.png. Returns the names written."""
+    results["headline"] and writes bench.md, and bench.png when there are prefill times to
+    plot (--suites=memory alone has none). Returns the names written."""
     written = ["bench.json"]
     if any(name in results for name in SUITES):
         results["headline"] = headline(results)
         with open(os.path.join(out_dir, "bench.md"), "w") as f:
             f.write(markdown(results))
-        plot(results, os.path.join(out_dir, "bench.png"))
-        written += ["bench.md", "bench.png"]
+        written.append("bench.md")
+        if results.get("prefill"):
+            plot(results, os.path.join(out_dir, "bench.png"))
+            written.append("bench.png")
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
         json.dump(results, f, indent=2)
     return written

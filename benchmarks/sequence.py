@@ -31,8 +31,8 @@ from benchmarks import report as bench_report
 from benchmarks.hlo_stats import collective_bytes
 from orthros_jax.inference import init_cache
 from orthros_jax.inference import sequence_parallel as sp_forward
+from orthros_jax.inference.cache import cache_shardings
 from orthros_jax.parallel import mesh as pmesh
-from orthros_jax.parallel import sharding
 
 TARGETS = {
     "doubling": ("Orthros SP prefill wall time per doubling, 64K -> 1M (worst)", "<= 2.2"),
@@ -65,7 +65,7 @@ def _prefill_call(cfg, params, t: int, c, mesh) -> tuple[Any, dict]:
 def _compiled(cfg, params, t: int, c, mesh):
     """The compiled sequence-parallel prefill of a t-slot cache (shapes only: nothing runs)."""
     shape = jax.eval_shape(lambda: init_cache(cfg, c.batch_size, t))
-    shardings = sharding.cache_shardings(cfg, c.batch_size, t, mesh)
+    shardings = cache_shardings(cfg, c.batch_size, t, mesh)
     cache = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shape, shardings
     )

@@ -5,14 +5,17 @@
 
 Argument after ':': "100b" (default, Table 1: 100B FineWeb-Edu tokens in 2M-token batches,
 1024 x 2048 = 2,097,152: 47,683 steps) or "10b" (Table 5's ablation budget: 0.25M-token
-batches, 128 x 2048 = 262,144: 38,146 steps). configs/pt_1p3b_swa.py is Table 1's SWA
+batches, 128 x 2048 = 262,144: 38,146 steps). Each update is micro-batches of 16 rows (64 of
+them for 100b, 8 for 10b): 4 rows per chip on v6e:2x2 / v5p:2x2x1, 1 per chip on v5e:4x4, the
+smallest slices it fits (docs/notes/tpugpu.md: launch/compile.py's figures). configs/pt_1p3b_swa.py is Table 1's SWA
 baseline. Recipe: AdamW, lr 3e-4, cosine, 1500 warmup steps, weight decay 0.05, sequence
 length 2048, seed 42, window 128. The paper does not state min-lr ratio, betas, eps or
 clipping, nor whether Table 1 changes lr or warmup with its larger batch; we use the common
 0.1, (0.9, 0.95), 1e-8 and 1.0, and Table 5's lr and warmup for both budgets. Model: Llama-style 2048 x 24 layers, 16 heads of 128, SwiGLU 5632,
 32000 vocab (a Llama-2 style tokenizer.json), untied: 1.36B parameters.
 Sharding: fully sharded data parallel over all devices (fsdp=-1); bf16 activations, fp32
-params and optimizer state, dots-saveable rematerialisation.
+params and optimizer state, dots-saveable rematerialisation, the splash attention kernels (TPU;
+"cudnn" on GPUs, "xla" on CPU: --config.model.attention_impl=...).
 """
 
 import ml_collections
@@ -25,6 +28,7 @@ from orthros_jax.training import DistributedConfig, LoopConfig, MeshConfig, Opti
 SEQ_LEN = 2048
 # budget -> (tokens, sequences per update): Table 1's 2M-token batch, Table 5's 0.25M.
 BUDGETS = {"100b": (100e9, 1024), "10b": (10e9, 128)}
+ROWS = 16  # rows per micro-batch (launch/compile.py: what fits per chip, see the docstring)
 
 
 def get_config(budget: str = "100b") -> ml_collections.ConfigDict:
@@ -51,6 +55,7 @@ def get_config(budget: str = "100b") -> ml_collections.ConfigDict:
             param_dtype="float32",
             scan_layers=True,
             remat="dots",
+            attention_impl="splash",
             attention_block_q=512,
             attention_block_k=512,
         )
@@ -61,7 +66,7 @@ def get_config(budget: str = "100b") -> ml_collections.ConfigDict:
             kind="pt",
             tokenizer=None,
             seq_len=SEQ_LEN,
-            batch_size=batch,
+            batch_size=ROWS,
             validation_fraction=0.001,
             seed=42,
         )
@@ -78,7 +83,7 @@ def get_config(budget: str = "100b") -> ml_collections.ConfigDict:
             eps=1e-8,
             weight_decay=0.05,
             grad_clip=1.0,
-            grad_accum_steps=1,
+            grad_accum_steps=batch // ROWS,
         )
     )
     c.train = section(

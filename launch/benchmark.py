@@ -30,7 +30,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from orthros_jax import configlib
 from orthros_jax.config import ModelConfig
@@ -312,4 +312,4 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
     np.set_printoptions(precision=4)
-    app.run(main)
+    configlib.run(main, "benchmark.py")

@@ -10,9 +10,14 @@ continues from; tokenizer.json is carried along):
 Llama/Qwen3, Orthros-H for a Qwen3.5 hybrid; --architecture=transformer keeps the checkpoint's
 own arm (transformer, or hybrid / gdn for Qwen3.5). orthros_h and hybrid are accepted by name.
 
-Export (single-stream model dir -> HF dir that transformers loads; gdn / hybrid as Qwen3.5):
+Export (any model dir or workdir -> HF dir that transformers loads): transformer as Llama /
+Qwen3, gdn / hybrid as Qwen3.5, orthros / swa / orthros_h (or any arm with --remote) as
+trust_remote_code (config.json's auto_map names modeling_orthros.py, copied alongside):
 
     python launch/convert.py --export --model=runs/llama_cpt --out=path/to/hf_dir
+    # AutoModelForCausalLM.from_pretrained("path/to/hf_dir", trust_remote_code=True)
+
+A trust_remote_code directory imports back with --hf_dir (its own arm).
 
 flash-linear-attention checkpoints (model_type gla / retnet / gated_deltanet) import as their
 own arm (gla / retnet / gdn) and export back to fla's format (--export_format=fla for gdn):
@@ -27,8 +32,15 @@ import os
 
 from absl import app, flags, logging
 
-from orthros_jax import checkpoint
-from orthros_jax.convert import export_hf, from_transformer, hf_tokenizer_file, load_hf
+from orthros_jax import checkpoint, configlib
+from orthros_jax.convert import (
+    export_hf,
+    from_transformer,
+    hf_tokenizer_file,
+    load_hf,
+    read_hf_config,
+)
+from orthros_jax.convert.remote import is_remote, load_remote
 from orthros_jax.model import num_params
 
 FLAGS = flags.FLAGS
@@ -53,10 +65,21 @@ flags.DEFINE_enum(
 )
 flags.DEFINE_enum("export_format", None, ["hf", "fla"], "Export format (default: the arm's).")
 flags.DEFINE_integer("max_shard_mb", 5 * 1024, "Shard exported safetensors above this many MiB.")
+flags.DEFINE_bool(
+    "remote", False, "Export as trust_remote_code even where transformers has the class."
+)
 
 
 def import_hf(hf_dir: str, out: str) -> None:
     """HF directory -> model directory (its own arm, or converted to Orthros / Orthros-H)."""
+    hf = read_hf_config(hf_dir)
+    if is_remote(hf):  # an exported orthros-jax model comes back as its own arm
+        cfg, params = load_remote(hf_dir, param_dtype=FLAGS.param_dtype, dtype=FLAGS.dtype)
+        checkpoint.save_model(out, cfg, params, hf_tokenizer_file(hf_dir),
+                              hf.get("max_position_embeddings"))  # fmt: skip
+        print(f"wrote {cfg.architecture} model ({num_params(cfg):,} params) to "
+              f"{os.path.abspath(out)}")  # fmt: skip
+        return
     cfg, params = load_hf(hf_dir, param_dtype=FLAGS.param_dtype, dtype=FLAGS.dtype)
     logging.info("imported %s: %.1fM params", hf_dir, num_params(cfg) / 1e6)
     if FLAGS.architecture in ("orthros", "orthros_h"):
@@ -75,12 +98,15 @@ def import_hf(hf_dir: str, out: str) -> None:
         # Without it the model dir would fall back to byte tokens, which is wrong for any
         # HF vocabulary; say so rather than fail, since training from ids still works.
         logging.warning("%s has no tokenizer.json; the model directory will have none", hf_dir)
-    checkpoint.save_model(out, cfg, params, tokenizer_file=tokenizer)
+    # The source's context: generate.py warns beyond it and --export writes it back.
+    checkpoint.save_model(
+        out, cfg, params, tokenizer_file=tokenizer, max_context=hf.get("max_position_embeddings")
+    )
     print(f"wrote {cfg.architecture} model ({num_params(cfg):,} params) to {os.path.abspath(out)}")
 
 
 def export(model_dir: str, out: str) -> None:
-    """Model directory (transformer arm) -> HF directory."""
+    """Model directory or workdir (any arm) -> HF directory."""
     loaded = checkpoint.load_model(model_dir)
     files = export_hf(
         out,
@@ -89,6 +115,8 @@ def export(model_dir: str, out: str) -> None:
         tokenizer_file=loaded.tokenizer_file,
         dtype=FLAGS.export_dtype,
         max_shard_bytes=FLAGS.max_shard_mb * 2**20,
+        max_position=loaded.max_context,
+        remote=True if FLAGS.remote else None,
         fmt=FLAGS.export_format,
     )
     print(f"wrote Hugging Face directory {os.path.abspath(out)}: {', '.join(files)}")
@@ -102,6 +130,9 @@ def main(argv: list[str]) -> None:
 
 
 def run(argv: list[str]) -> None:
+    if not FLAGS["verbosity"].present:
+        # Orbax logs every file it writes at INFO; default to warnings (--verbosity=0: all).
+        logging.set_verbosity(logging.WARNING)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     if not FLAGS.out:
@@ -117,4 +148,4 @@ def run(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    configlib.run(main, "convert.py")

@@ -355,4 +355,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    configlib.run(main, "experiments.py")

@@ -18,9 +18,10 @@ import sys
 import time
 
 import jax
-from absl import app, flags
+from absl import flags
 from absl import logging as absl_logging
 
+from orthros_jax import configlib
 from orthros_jax.checkpoint import load_model
 from orthros_jax.data.tokenizers import load_tokenizer
 from orthros_jax.inference import decode_step, init_cache, prefill
@@ -84,6 +85,8 @@ def main(argv: list[str]) -> None:
 
     ids = tokenizer.encode(FLAGS.prompt)
     max_len = FLAGS.max_len or len(ids) + FLAGS.max_new_tokens
+    if note := loaded.beyond_context(len(ids) + FLAGS.max_new_tokens):
+        print(f"generate.py: warning: prompt + --max_new_tokens: {note}", file=sys.stderr)
     try:
         if not ids:
             raise ValueError("--prompt encodes to no tokens; give a non-empty prompt")
@@ -135,4 +138,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    configlib.run(main, "generate.py")

@@ -37,6 +37,9 @@ from orthros_jax.training import TrainConfig, train
 CONFIG = os.path.join(experiments.CONFIG_DIR, "mqar.py")
 DEFAULT_ARMS = ("transformer", "swa", "orthros")
 FLAGS = flags.FLAGS
+# experiments.py defines the flags; listed in this module's --help as its own.
+for _name in ("out", "arms", "seeds", "tiny", "override", "keep_work", "replot"):
+    flags.declare_key_flag(_name)
 # --tiny: one small shape; the rest of the shrinking is experiments.TINY_OVERRIDES.
 TINY_MQAR = {
     "data.train_lengths": (64,),
@@ -150,4 +153,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    configlib.run(main, "mqar.py")

@@ -1,5 +1,15 @@
-"""Every logical axis name. Parameters, cache states and batches carry them; parallel/mesh.py's
-RULES maps them to mesh axes in one table."""
+"""Every logical axis name, and RULES: the one table mapping them to mesh axes ("data", "fsdp",
+"tensor"; "sequence" in an inference mesh). Parameters, cache states and batches carry the
+names; parallel/mesh.py turns them into PartitionSpecs (shard_spec).
+
+The rules:
+  * batch dims are split over data x fsdp (every device gets distinct examples);
+  * parameters are split over fsdp along their embed dim (ZeRO-3 style: all-gathered per use)
+    and over tensor along heads / kv heads / mlp / vocab (Megatron-style tensor parallelism);
+  * a KV cache's slots (logical "length") are split over sequence (sequence-parallel prefill
+    and decode); a mesh without that axis keeps them whole;
+  * the stacked layer axis and head_dim are never split.
+"""
 
 LAYERS = "layers"
 VOCAB = "vocab"
@@ -14,3 +24,25 @@ LENGTH = "length"  # a sequence / cache-slot axis
 GDN_K_HEADS = "gdn_k_heads"
 GDN_V_HEADS = "gdn_v_heads"
 CONV_KERNEL = "conv_kernel"
+
+# The mesh axis a sequence (and a KV cache's slot axis) is split over.
+SEQUENCE_AXIS = "sequence"
+
+MeshAxes = str | tuple[str, ...] | None
+
+RULES: dict[str, MeshAxes] = {
+    BATCH: ("data", "fsdp"),
+    LENGTH: SEQUENCE_AXIS,
+    LAYERS: None,
+    VOCAB: "tensor",
+    EMBED: "fsdp",
+    HEADS: "tensor",
+    KV_HEADS: "tensor",
+    HEAD_DIM: None,
+    MLP: "tensor",
+    # GDN layers: key and value heads on the same axis as attention heads (a key head's value
+    # heads then live on its device when Hk divides over it); the conv taps stay whole.
+    GDN_K_HEADS: "tensor",
+    GDN_V_HEADS: "tensor",
+    CONV_KERNEL: None,
+}

@@ -1,7 +1,10 @@
 """Checkpoints: exported model directories (config + params [+ tokenizer]).
 
 A model directory holds
-  model.json       {"model": ModelConfig fields, "tokenizer": "tokenizer.json" | null}
+  model.json       {"model": ModelConfig fields, "tokenizer": "tokenizer.json" | null,
+                    "max_context": the longest sequence it was trained on or imported with
+                    (a training run's seq_len, an imported model's max_position_embeddings),
+                    absent when unknown}
   params/          an orbax StandardCheckpointer save of the unboxed params pytree
   tokenizer.json   optional, copied in by `save_model`
 `load_model` reads such a directory (written by launch/convert.py or exported from training),
@@ -37,9 +40,21 @@ class LoadedModel:
     cfg: ModelConfig
     params: Any
     tokenizer_file: str | None  # absolute path of a tokenizer.json, or None for bytes
+    max_context: int | None = None  # trained / source context length (None: unknown)
+
+    def beyond_context(self, n_tokens: int) -> str | None:
+        """A warning when a sequence of n_tokens is longer than the model's known context."""
+        if not self.max_context or n_tokens <= self.max_context:
+            return None
+        return (
+            f"{n_tokens} tokens are beyond the {self.max_context} this model was trained on or "
+            "imported with (model.json max_context); its output there is untested"
+        )
 
 
-def write_model_json(directory: str, cfg: ModelConfig, tokenizer_file: str | None) -> None:
+def write_model_json(
+    directory: str, cfg: ModelConfig, tokenizer_file: str | None, max_context: int | None = None
+) -> None:
     """Writes model.json (and copies the tokenizer file next to it)."""
     os.makedirs(directory, exist_ok=True)
     tok = None
@@ -49,25 +64,38 @@ def write_model_json(directory: str, cfg: ModelConfig, tokenizer_file: str | Non
             shutil.copyfile(tokenizer_file, dest)
         tok = TOKENIZER_JSON
     with open(os.path.join(directory, MODEL_JSON), "w") as f:
-        json.dump({"model": cfg.to_dict(), "tokenizer": tok}, f, indent=2, sort_keys=True)
+        meta = {"model": cfg.to_dict(), "tokenizer": tok}
+        if max_context:
+            meta["max_context"] = int(max_context)
+        json.dump(meta, f, indent=2, sort_keys=True)
 
 
-def read_model_json(directory: str) -> tuple[ModelConfig, str | None]:
+def read_model_meta(directory: str) -> dict[str, Any]:
+    """The parsed model.json of a model directory or workdir."""
     path = os.path.join(directory, MODEL_JSON)
     if not os.path.isfile(path):
         raise ValueError(f"{directory!r} has no {MODEL_JSON}: not a model directory or workdir")
     with open(path) as f:
-        meta = json.load(f)
+        return json.load(f)
+
+
+def read_model_json(directory: str) -> tuple[ModelConfig, str | None]:
+    meta = read_model_meta(directory)
     tok = meta.get("tokenizer")
     return ModelConfig.from_dict(meta["model"]), (os.path.join(directory, tok) if tok else None)
 
 
 def save_model(
-    directory: str, cfg: ModelConfig, params: Any, tokenizer_file: str | None = None
+    directory: str,
+    cfg: ModelConfig,
+    params: Any,
+    tokenizer_file: str | None = None,
+    max_context: int | None = None,
 ) -> None:
-    """Exports params + config (+ tokenizer) to a model directory that `load_model` reads."""
+    """Exports params + config (+ tokenizer, + the context length it was trained / imported
+    with) to a model directory that `load_model` reads."""
     directory = os.path.abspath(directory)
-    write_model_json(directory, cfg, tokenizer_file)
+    write_model_json(directory, cfg, tokenizer_file, max_context)
     target = os.path.join(directory, PARAMS_DIR)
     if os.path.exists(target):
         shutil.rmtree(target)
@@ -80,9 +108,10 @@ def load_model(directory: str) -> LoadedModel:
     its newest readable checkpoint); params come back as host numpy arrays."""
     directory = os.path.abspath(directory)
     cfg, tok = read_model_json(directory)
+    max_context = read_model_meta(directory).get("max_context")
     target = os.path.join(directory, PARAMS_DIR)
     if not os.path.isdir(target) and os.path.isdir(os.path.join(directory, CHECKPOINTS_DIR)):
-        return LoadedModel(cfg, _restore_params_from_workdir(directory, cfg), tok)
+        return LoadedModel(cfg, _restore_params_from_workdir(directory, cfg), tok, max_context)
     if not os.path.isdir(target):
         raise ValueError(
             f"{directory!r} has {MODEL_JSON} but neither {PARAMS_DIR}/ nor {CHECKPOINTS_DIR}/"
@@ -90,7 +119,7 @@ def load_model(directory: str) -> LoadedModel:
     with ocp.StandardCheckpointer() as ckptr:
         params = ckptr.restore(target)
     params = jax.tree.map(np.asarray, params)
-    return LoadedModel(cfg, params, tok)
+    return LoadedModel(cfg, params, tok, max_context)
 
 
 # ---------------------------------------------------------------- training checkpoints

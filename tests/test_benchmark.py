@@ -187,3 +187,18 @@ def test_report_of_a_run_without_core_suites_is_bench_json_only(tmp_path):
     assert bench_report.write_report(results, str(tmp_path)) == ["bench.json"]
     assert sorted(os.listdir(tmp_path)) == ["bench.json"]
     assert json.loads((tmp_path / "bench.json").read_text()) == results
+
+
+def test_report_names_the_measured_train_length_and_skips_an_empty_plot(tmp_path):
+    """--config.train_len=256 is reported at 256 (not the default 2048); a memory-only run
+    writes bench.md but no bench.png (it has no prefill times to plot)."""
+    results = {
+        "date": "d", "backend": "cpu", "device": "cpu", "cpu_count": 2, "jax": "x",
+        "command": "c", "wall_s": 1.0, "xla_flags": "", "repeats": 1,
+        "memory": [{"T": 1024, "orthros": {"temp_over_resident": 0.1}}],
+        "train": {"T": 256, "time_ratio_over_flop_ratio": 0.9},
+    }  # fmt: skip
+    assert bench_report.write_report(results, str(tmp_path)) == ["bench.json", "bench.md"]
+    text = (tmp_path / "bench.md").read_text()
+    assert "PT step Orthros / Transformer at 256," in text and "at 2048" not in text
+    assert not (tmp_path / "bench.png").exists()

@@ -18,14 +18,14 @@ BAD = [
     ({"layer_types": ("mamba",)}, "layer_types"),
     ({"partial_rotary_factor": 1.5}, "partial_rotary_factor"),
     ({"head_dim": 10, "partial_rotary_factor": 0.05}, "partial_rotary_factor"),  # int(0.5) = 0
-    ({"attention_impl": "cudnn"}, "attention_impl"),
+    ({"attention_impl": "flash"}, "attention_impl"),
     ({"remat": "some"}, "remat"),
     ({"dtype": "float8"}, "dtype"),
     ({"rope_type": "yarn"}, "rope_type"),
     ({"d_model": -4}, "d_model"),
     ({"norm_eps": 0.0}, "norm_eps"),
     ({"gdn_chunk": 0}, "gdn_chunk"),
-    ({"gdn_num_k_heads": 2, "gdn_num_v_heads": 3}, "gdn_num_v_heads"),
+    ({"architecture": "gdn", "gdn_num_k_heads": 2, "gdn_num_v_heads": 3}, "gdn_num_v_heads"),
 ]
 
 

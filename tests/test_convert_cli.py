@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -58,7 +59,9 @@ def make_hf_dir(path: str, kind: str) -> tuple[str, np.ndarray, np.ndarray]:
             transformers.Qwen3Config(**TINY, head_dim=16, tie_word_embeddings=True)
         )
     else:
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY))
+        model = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(**TINY, max_position_embeddings=512)
+        )
     model.eval().save_pretrained(path)
     write_tokenizer(os.path.join(path, "tokenizer.json"))
     tokens = np.random.default_rng(1).integers(0, VOCAB, (2, T))
@@ -111,10 +114,14 @@ def test_import_transformer_then_export(tmp_path):
     model_dir, out = str(tmp_path / "model"), str(tmp_path / "exported")
     run_cli("convert.py", f"--hf_dir={hf_dir}", f"--out={model_dir}", "--architecture=transformer")
     assert checkpoint.load_model(model_dir).cfg.architecture == "transformer"
-    run_cli("convert.py", "--export", f"--model={model_dir}", f"--out={out}")
+    done = run_cli("convert.py", "--export", f"--model={model_dir}", f"--out={out}")
+    absl_info = [ln for ln in done.stderr.splitlines() if re.match(r"I\d{4} ", ln)]
+    assert not absl_info and "orbax" not in done.stderr, done.stderr  # no orbax INFO logs
     assert os.path.isfile(os.path.join(out, "tokenizer.json"))
     with open(os.path.join(out, "config.json")) as f:
-        assert json.load(f)["architectures"] == ["LlamaForCausalLM"]
+        hf = json.load(f)
+    # The source's context length survives the round trip (not transformers' 32768 default).
+    assert hf["architectures"] == ["LlamaForCausalLM"] and hf["max_position_embeddings"] == 512
     original, exported = SafetensorsCheckpoint(hf_dir), SafetensorsCheckpoint(out)
     assert set(original) == set(exported)
     for name in original:
@@ -125,12 +132,31 @@ def test_import_transformer_then_export(tmp_path):
     np.testing.assert_allclose(logits, ref, atol=ATOL, rtol=0)
 
 
+def test_orthros_exports_as_remote_code_and_imports_back(qwen3, orthros_dir, tmp_path):
+    """The README's flow: import, convert to Orthros, export; transformers loads it with
+    trust_remote_code and gives our logits; --hf_dir reads the export back unchanged."""
+    hf_dir, tokens, _ = qwen3
+    out, back = str(tmp_path / "hf"), str(tmp_path / "back")
+    run_cli("convert.py", "--export", f"--model={orthros_dir}", f"--out={out}")
+    loaded = checkpoint.load_model(orthros_dir)
+    ours = OrthrosLM(loaded.cfg).apply({"params": loaded.params}, jnp.asarray(tokens))
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    with torch.no_grad():
+        logits = model.eval()(torch.from_numpy(tokens), use_cache=False).logits.numpy()
+    np.testing.assert_allclose(logits, np.asarray(ours), atol=1e-4, rtol=0)
+    run_cli("convert.py", f"--hf_dir={out}", f"--out={back}")
+    again = checkpoint.load_model(back)
+    assert again.cfg == loaded.cfg
+    for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(loaded.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_cli_errors_are_messages_not_tracebacks(orthros_dir, tmp_path):
     done = run_cli(
-        "convert.py", "--export", f"--model={orthros_dir}", f"--out={tmp_path}/x", check=False
+        "convert.py", "--export", f"--model={tmp_path}/none", f"--out={tmp_path}/x", check=False
     )
     assert done.returncode != 0
-    assert "only architecture='transformer' exports" in done.stderr
+    assert "has no model.json" in done.stderr
     assert "Traceback" not in done.stderr
     (tmp_path / "moe").mkdir()
     moe = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 8}

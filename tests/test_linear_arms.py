@@ -152,8 +152,14 @@ def test_arms_and_fields_validated():
         (dict(architecture="retnet", layer_types=("gla",)), "architecture 'retnet'"),
         (dict(architecture="hybrid", layer_types=("gla", "retention")), "may stand for gdn"),
         (dict(architecture="gla", gla_heads=4, gla_kv_heads=3), "gla_heads=4 must be a multiple"),
-        (dict(architecture="retnet", retention_feature_map="hedgehog"), "retention_feature_map='hedgehog'"),
-        (dict(architecture="retnet", retention_k_head_dim=5), "retention_k_head_dim=5 must be even"),
+        (
+            dict(architecture="retnet", retention_feature_map="hedgehog"),
+            "retention_feature_map='hedgehog'",
+        ),
+        (
+            dict(architecture="retnet", retention_k_head_dim=5),
+            "retention_k_head_dim=5 must be even",
+        ),
         (dict(architecture="gla", gla_clamp_min=0.5), "gla_clamp_min=0.5"),
         (dict(architecture="gla", gla_gate_normalizer=0.0), "gla_gate_normalizer must be > 0"),
         (dict(architecture="gla", gla_chunk=0), "gla_chunk must be a positive int"),

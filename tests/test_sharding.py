@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec
 
+from orthros_jax.inference.cache import cache_shardings
 from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel import sharding
 from orthros_jax.training import MeshConfig
@@ -45,7 +46,7 @@ def test_cache_is_split_over_batch_and_kv_heads():
     from training_helpers import tiny_model
 
     mesh = pmesh.make_mesh(MeshConfig(1, 1, 1))
-    sh = sharding.cache_shardings(tiny_model(), 4, 64, mesh)
+    sh = cache_shardings(tiny_model(), 4, 64, mesh)
     assert sh.k.spec == P() and sh.lengths.spec == P()  # one device: nothing to split
     from orthros_jax.layers import attention as attention_layer
 

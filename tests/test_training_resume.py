@@ -20,7 +20,7 @@ FLAGS = [
     *TINY_FLAGS,
     f"--config.train.steps={STEPS}",
     "--config.train.checkpoint_every=10",
-    "--config.train.log_every=50",
+    "--config.train.log_every=5",  # steps logged after the kept checkpoint are replayed
     "--config.train.eval_every=0",
     "--config.train.data_fingerprints=True",
 ]
@@ -83,6 +83,13 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
         np.testing.assert_allclose(flat_b[k], flat_a[k], atol=1e-6, rtol=0, err_msg=k)
     fa, fb = _fingerprints(full), _fingerprints(killed)
     assert sorted(fa) == list(range(STEPS)) and fb == fa  # same batches in the same order
+    # metrics.jsonl: every logged step once, as in the uninterrupted run.
+    assert _logged_steps(killed) == _logged_steps(full) == list(range(5, STEPS + 1, 5))
+
+
+def _logged_steps(workdir: str) -> list[int]:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [r["step"] for r in map(json.loads, f) if r["split"] == "train"]
 
 
 def _flatten(tree, prefix=""):

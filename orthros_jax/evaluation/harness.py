@@ -34,23 +34,38 @@ from typing import Any
 
 import jax
 import numpy as np
-from lm_eval.api.model import TemplateLM
-from lm_eval.api.registry import register_model
-from lm_eval.models.utils import (
-    handle_stop_sequences,
-    normalize_gen_kwargs,
-    postprocess_generated_text,
-)
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from orthros_jax.checkpoint import LoadedModel, load_model
-from orthros_jax.evaluation.scoring import bucket, score_row, score_rows
-from orthros_jax.evaluation.text import HarnessTokenizer
-from orthros_jax.inference.sampling import Sampler
-from orthros_jax.model import num_params
+EXTRA_HINT = "needs lm-evaluation-harness: pip install -e '.[eval]'"
+try:
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+    from lm_eval.models.utils import (
+        handle_stop_sequences,
+        normalize_gen_kwargs,
+        postprocess_generated_text,
+    )
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+except ModuleNotFoundError as e:
+    if e.name != "lm_eval" and not str(e.name).startswith("lm_eval."):
+        raise
+    if __name__ == "__main__":
+        raise SystemExit(f"python -m orthros_jax.evaluation.harness {EXTRA_HINT}") from None
+    raise ModuleNotFoundError(f"orthros_jax.evaluation.harness {EXTRA_HINT}", name=e.name) from e
+
+from orthros_jax.checkpoint import LoadedModel, load_model  # noqa: E402
+from orthros_jax.evaluation.scoring import bucket, score_row, score_rows  # noqa: E402
+from orthros_jax.evaluation.text import HarnessTokenizer  # noqa: E402
+from orthros_jax.inference.sampling import Sampler  # noqa: E402
+from orthros_jax.model import num_params  # noqa: E402
 
 MODEL_NAME = "orthros_jax"
+DATASET_HINT = (
+    "Download it where the Hugging Face Hub is reachable (running the same task there once "
+    "fills ~/.cache/huggingface/datasets), copy that cache to this machine (or point "
+    "HF_DATASETS_CACHE at it) and rerun with HF_DATASETS_OFFLINE=1"
+)
+
 DEFAULT_MAX_LENGTH = 2048  # lm-eval's `hf` default when a model states no length
 GEN_KEYS = ("until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k")
 log = logging.getLogger(__name__)
@@ -110,7 +125,12 @@ class OrthrosHarnessLM(TemplateLM):
         if batch_size in (None, "auto") or str(batch_size).startswith("auto"):
             batch_size = 16
         self.batch_size = _int_arg("batch_size", batch_size)
-        self._max_length = _int_arg("max_length", max_length or DEFAULT_MAX_LENGTH)
+        # As lm-eval's `hf` model reads max_position_embeddings: the model's own context first.
+        self._max_length = _int_arg(
+            "max_length", max_length or loaded.max_context or DEFAULT_MAX_LENGTH
+        )
+        if note := loaded.beyond_context(self._max_length):
+            log.warning("%s: max_length=%d: %s", MODEL_NAME, self._max_length, note)
         self.max_gen_toks = _int_arg("max_gen_toks", max_gen_toks)
         self.seed = _int_arg("seed", seed, minimum=0)
         self.tok = HarnessTokenizer(loaded.tokenizer_file, eos_token=eos_token)
@@ -121,7 +141,9 @@ class OrthrosHarnessLM(TemplateLM):
             )
         self.add_bos_token = add_bos_token
         self.custom_prefix_token_id = prefix_token_id
-        if device not in (None, "cpu"):  # lm-eval's torch device names mean nothing to JAX
+        # lm-eval's torch device names mean nothing to JAX; its own default ('cuda:0', which
+        # the user never set) is not worth a warning.
+        if device not in (None, "cpu", "cuda", "cuda:0"):
             log.warning("%s: device=%r is ignored; JAX uses %s", MODEL_NAME, device, jax.devices())
 
     # ------------------------------------------------------------ tokens
@@ -300,11 +322,20 @@ class OrthrosHarnessLM(TemplateLM):
 
 def main(argv: Sequence[str] | None = None) -> None:
     """lm-eval's command line with `--model orthros_jax` registered (see the module doc)."""
+    import datasets
     from lm_eval.__main__ import cli_evaluate
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except ValueError as e:  # our model's errors (a bad model dir, model_args)
+        raise SystemExit(f"python -m orthros_jax.evaluation.harness: {e}") from None
+    except (OSError, datasets.exceptions.DatasetsError) as e:  # e.g. an unreachable Hub
+        raise SystemExit(
+            f"python -m orthros_jax.evaluation.harness: a task's dataset cannot be loaded here "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). {DATASET_HINT}"
+        ) from None
 
 
 if __name__ == "__main__":

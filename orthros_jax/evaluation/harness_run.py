@@ -84,6 +84,12 @@ def _dataset_of(manager: Any, name: str) -> str:
     return f"the dataset {cfg['dataset_path']!r}{sub}"
 
 
+def _dataset_hint() -> str:
+    from orthros_jax.evaluation.harness import DATASET_HINT  # needs lm_eval, as this module
+
+    return DATASET_HINT
+
+
 def load_tasks(names: tuple[str, ...], manager: Any) -> list[Any]:
     """The lm-eval Task/Group objects of `names` (datasets loaded), one name at a time so a
     failure names its task. ValueError for an unknown name or a dataset that cannot be read."""
@@ -102,9 +108,7 @@ def load_tasks(names: tuple[str, ...], manager: Any) -> list[Any]:
             what = _dataset_of(manager, name)
             raise ValueError(
                 f"harness task {name!r}: {what} cannot be loaded here ({type(e).__name__}: {e}). "
-                "Download it where the Hugging Face Hub is reachable (running the same task "
-                "there once fills ~/.cache/huggingface/datasets), copy that cache to this "
-                "machine (or point HF_DATASETS_CACHE at it) and rerun with HF_DATASETS_OFFLINE=1"
+                + _dataset_hint()
             ) from e
         if name in loaded.get("groups", {}):
             objs.append(loaded["groups"][name])

@@ -206,7 +206,9 @@ class GenerateOutput(flax.struct.PyTreeNode):
     hit_capacity: np.ndarray
 
 
-def _generate_loop(params, cache, logits, rng, stops, *, cfg, sampler, max_new_tokens, mesh):
+def _generate_loop(params: Params, cache: KVCache, logits: jax.Array, rng: jax.Array,
+                   stops: jax.Array, *, cfg: ModelConfig, sampler: Sampler,
+                   max_new_tokens: int, mesh: Mesh | None) -> Any:  # fmt: skip
     """The decode loop in one jit: sample, stop rows that emitted a stop token, feed the rest.
     mesh: the mesh of a sequence-split cache (None: the single-program decode)."""
     bsz, s = cache.batch_size, cache.max_len

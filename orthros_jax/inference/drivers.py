@@ -131,7 +131,7 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
     # A single-stream arm whose last layer cannot run its last token alone runs it in full.
     last_in_chunks = not cfg.two_streams and not last_kind.reads_last_token
 
-    def run_chunk(carry, c):
+    def run_chunk(carry: Any, c: jax.Array) -> tuple[Any, None]:
         states, last_x = carry
         off = c * chunk + jnp.arange(chunk, dtype=jnp.int32)  # [C] offsets into the prompt
         pos = start[:, None] + off  # [B, C] positions = slots

@@ -192,6 +192,8 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
         mesh=mesh,
         in_specs=(P(), cache_spec, P(rows, SEQ), P(rows)),
         out_specs=(P(rows), cache_spec),
+        # A Pallas kernel's outputs carry no varying-axes types (splash's prefill chunks).
+        check_vma=cfg.attention_impl != "splash",
     )
     return fn(params, cache, tokens, lengths)
 

@@ -254,7 +254,7 @@ def _attend_key_blocks(
         )  # fmt: skip
         return acc * corr[..., None] + pv, m_new, total * corr + p.sum(axis=-1)
 
-    def visit(carry, j):
+    def visit(carry: Any, j: Any) -> tuple[Any, None]:
         branches = [
             lambda c: c,
             lambda c: attend(c, j, masked=True),

@@ -25,10 +25,6 @@ import jax.numpy as jnp
 
 from orthros_jax.kernels.attention import few_query_partial, visibility
 
-# The mesh axis a sequence (and a KV cache's slot axis) is split over; parallel/mesh.py RULES maps the
-# logical "length" axis to it.
-SEQUENCE_AXIS = "sequence"
-
 
 def check_sequence_split(length: int, n_shards: int, what: str = "sequence length") -> int:
     """Validates that `length` rows split evenly over `n_shards`; returns the shard length."""

@@ -12,6 +12,8 @@ and g = 0 leaves S unchanged (padding).
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -175,7 +177,7 @@ def chunked_delta_rule(
     k_end = k * to_end[..., None]
     chunk_gamma = jnp.where(last_seg[..., 0] == 0, jnp.exp(cum[..., -1]), 0.0)  # [n, B, H]
 
-    def step(s, xs):
+    def step(s: jax.Array, xs: Any) -> tuple[jax.Array, tuple[jax.Array, ...]]:
         u_c, w_c, k_end_c, gam_c, qg_c, qk_c = xs
         v_new = u_c - jnp.einsum("bhck,bhkv->bhcv", w_c, s)
         outs = tuple(
@@ -185,7 +187,7 @@ def chunked_delta_rule(
         s = gam_c[..., None, None] * s + jnp.einsum("bhck,bhcv->bhkv", k_end_c, v_new)
         return s, outs
 
-    final, outs = jax.lax.scan(
+    final, chunk_outs = jax.lax.scan(
         step,
         state_BHKV.astype(f32),
         (u, w, k_end, chunk_gamma, tuple(q_gamma), tuple(q_k)),
@@ -193,7 +195,7 @@ def chunked_delta_rule(
     # [n, B, H, C, dv] -> [B, L, H, dv]
     outs = tuple(
         jnp.moveaxis(o, 0, 1).transpose(0, 1, 3, 2, 4).reshape(b, n * c, h, dv)[:, :seq]
-        for o in outs
+        for o in chunk_outs
     )
     return outs, final
 

@@ -12,6 +12,8 @@ g = 0 leaves S unchanged (padding). Everything runs in float32, the state includ
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -46,7 +48,9 @@ def _scores_per_head(q: jax.Array, k: jax.Array, g: jax.Array, mask: jax.Array) 
     return jnp.einsum("zbinh,zbjnh->zbnij", q, k) * _masked_exp(diff, mask)
 
 
-def _scores_per_key(q: jax.Array, k: jax.Array, g: jax.Array, mask: jax.Array, sub: int):
+def _scores_per_key(
+    q: jax.Array, k: jax.Array, g: jax.Array, mask: jax.Array, sub: int
+) -> jax.Array:
     """Intra-chunk scores A_ij = sum_h q_ih k_jh exp(G_ih - G_jh) for a per-key-dim decay, with
     no factor above 1 anywhere (so no overflow however strong the decay, and underflow only
     where the product itself is below float32's range).
@@ -147,7 +151,7 @@ def chunked_linear_attention(
     k_end = jnp.where((seg == last)[..., None, None], k * jnp.exp(after), 0.0)
     chunk_decay = jnp.where((last[:, :, 0] == 0)[..., None, None], jnp.exp(cum[:, :, -1]), 0.0)
 
-    def step(s, xs):
+    def step(s: jax.Array, xs: Any) -> tuple[jax.Array, tuple[jax.Array, ...]]:
         qd_c, intra_c, k_end_c, v_c, decay_c = xs
         outs = tuple(
             jnp.einsum("bcnh,bnhe->bcne", qd, s) + it for qd, it in zip(qd_c, intra_c, strict=True)

@@ -12,6 +12,12 @@ with attend's signature); the model's are chosen by name (ModelConfig.attention_
                its own `is_causal` / `local_window_size=(w-1, 0)`; anything else gets an
                explicit mask built from positions and segment ids (its causal mask is aligned
                top-left, so a chunk attending prefix + chunk or a cache cannot use it).
+  splash       jax's Pallas splash-attention kernels on TPU (splash.py; `interpret` on CPU):
+               aligned self-attention and SFT's output copies; few queries and other cache reads
+               as xla.
+  cudnn        `jax.nn.dot_product_attention(implementation="cudnn")` (cudnn.py): bf16/fp16 on
+               NVIDIA GPUs; an unsupported case is a ValueError, never another implementation.
+splash and cudnn are registered by layers/registry.py (they import this module).
 Implementations that are not models live with what needs them and are passed as objects: the
 benchmark's token-wise floor (benchmarks/common.py) and sequence parallelism's split-K merge
 (parallel/sequence.py).
@@ -48,6 +54,8 @@ class Keys(flax.struct.PyTreeNode):
     segment_ids [B, P]) of the keys right before, e.g. a chunk's window read from the cache).
     default_positions=True: positions are arange(Lk) in one segment (no packing), which lets
     `dot_product` use its built-in causal/window masks.
+    q_index [B, Lq]: the queries are copies of these keys' tokens, at these array indices (SFT's
+    output stream over the sequence; `splash` attends them at their tokens' places).
     split=True: these are only this shard's keys of a set split over a mesh axis (a
     sequence-sharded cache); only sequence parallelism's implementation combines the shards.
     """
@@ -57,6 +65,7 @@ class Keys(flax.struct.PyTreeNode):
     positions: jax.Array
     segment_ids: jax.Array
     prefix: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None = None
+    q_index: jax.Array | None = None
     head_major: bool = flax.struct.field(pytree_node=False, default=False)
     aligned: bool = flax.struct.field(pytree_node=False, default=False)
     default_positions: bool = flax.struct.field(pytree_node=False, default=False)

@@ -137,7 +137,7 @@ def step(
     if out is not None:
         q_out = layer_query(p, out.x, out.positions, cfg, "out")
         if ctx.out_index is not None:  # SFT copies are not the keys' own queries
-            full = full.replace(aligned=False, default_positions=False)
+            full = full.replace(aligned=False, default_positions=False, q_index=ctx.out_index)
         out_attn = attend(ctx.impl, q_out, out.positions, _q_segments(out, ctx), full, None, cfg)
     # W_O and the FFN are token-wise and shared (decode: both streams as one batch).
     finish = lambda x, a: layer_finish(p, x, a, cfg)

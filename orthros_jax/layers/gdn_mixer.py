@@ -303,11 +303,12 @@ def gdn_mix(
     reset = reset & valid
     doc = jnp.cumsum(reset, axis=1)
 
-    def conv(x, w, stored):
+    def conv(x: jax.Array, w: jax.Array, stored: jax.Array) -> tuple[jax.Array, jax.Array]:
         y, hist = causal_conv(x, w, stored.reshape(b, stored.shape[1], -1), valid, doc)
         return y, hist.reshape(stored.shape)
 
-    def rule(queries, k, v, beta, g, s):
+    def rule(queries: tuple[jax.Array, ...], k: jax.Array, v: jax.Array, beta: jax.Array,
+             g: jax.Array, s: jax.Array) -> tuple[tuple[jax.Array, ...], jax.Array]:  # fmt: skip
         return chunked_delta_rule(queries, k, v, beta, g, reset, s, cfg.gdn_chunk)
 
     return _mix(p, h_BLD, cross_h_BLD, valid, cfg, state, conv, rule, cross_so, cross_silu)
@@ -344,7 +345,7 @@ def gdn_decode(
     # a gather, not a dynamic slice: see delta_step_stacked
     at = lambda a: a if layer is None else jnp.take(a, layer, axis=0, mode="clip")
 
-    def conv(x, w, stored):
+    def conv(x: jax.Array, w: jax.Array, stored: jax.Array) -> tuple[jax.Array, jax.Array]:
         one = at(stored)
         y, hist = conv_step(x[:, 0], w, one.reshape(b, one.shape[1], -1), active)
         hist = hist.reshape(one.shape).astype(stored.dtype)
@@ -352,7 +353,8 @@ def gdn_decode(
             hist = jax.lax.dynamic_update_index_in_dim(stored, hist, layer, 0)
         return y[:, None], hist
 
-    def rule(queries, k, v, beta, g, s):
+    def rule(queries: tuple[jax.Array, ...], k: jax.Array, v: jax.Array, beta: jax.Array,
+             g: jax.Array, s: jax.Array) -> tuple[tuple[jax.Array, ...], jax.Array]:  # fmt: skip
         args = (tuple(q[:, 0] for q in queries), k[:, 0], v[:, 0], beta[:, 0], g[:, 0], active)
         outs, s = delta_step(*args, s) if layer is None else delta_step_stacked(*args, s, layer)
         return tuple(o[:, None] for o in outs), s

@@ -20,7 +20,7 @@ from orthros_jax.axes import EMBED, HEAD_DIM, KV_HEADS
 from orthros_jax.config import ModelConfig
 from orthros_jax.layers import linear_kind
 from orthros_jax.layers import linear_mixer as lm
-from orthros_jax.layers.kind import Params, default_init, residual_std
+from orthros_jax.layers.kind import Initializer, Params, ParamSpec, default_init, residual_std
 
 
 def spec(cfg: ModelConfig) -> lm.Spec:
@@ -33,7 +33,7 @@ def spec(cfg: ModelConfig) -> lm.Spec:
     )  # fmt: skip
 
 
-def mixer_param_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+def mixer_param_shapes(cfg: ModelConfig) -> dict[str, ParamSpec]:
     """Every per-layer GLA mixer parameter (no layers axis, no SO), with logical axes."""
     d, r, k, h = cfg.d_model, cfg.gla_gate_rank, cfg.gla_kv_heads, cfg.gla_k_head_dim
     shapes = lm.param_shapes(spec(cfg), d)
@@ -55,7 +55,7 @@ def decay_fn(cfg: ModelConfig) -> lm.DecayFn:
     return decay
 
 
-def init_for(name: str, cfg: ModelConfig):
+def init_for(name: str, cfg: ModelConfig) -> Initializer:
     """fla's init: projections, gate and conv ~ N(0, init_std), the gate bias 0, the norm 1;
     gla_out depth-scaled like every kind's output projection."""
     if name == "gla_bgk":

@@ -17,6 +17,7 @@ recurrent [layers, B, N, H, E] float32, conv windows [layers, B, Kc-1, heads, di
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +30,7 @@ from orthros_jax.layers.kind import (
     DECODE,
     READ,
     SEQUENCE,
+    Initializer,
     Kind,
     Params,
     ParamSpec,
@@ -105,7 +107,7 @@ def make(
             shapes.update(dict.fromkeys(so_names(spec), so))
         return shapes
 
-    def init_for(pname: str, cfg: ModelConfig):
+    def init_for(pname: str, cfg: ModelConfig) -> Initializer:
         return mixer_init(pname, cfg)
 
     def cross_so(p: Params, cfg: ModelConfig) -> lm.CrossSO | None:
@@ -114,13 +116,14 @@ def make(
             return p[scale], p[offset]
         return None
 
-    def sequence(p: Params, cfg: ModelConfig, base: Stream, out: Stream | None, ctx):
+    def sequence(p: Params, cfg: ModelConfig, base: Stream, out: Stream | None,
+                 ctx: StepContext) -> tuple[jax.Array, jax.Array | None]:  # fmt: skip
         """(y [B, T, D], cross_y [B, T_out, D] or None); SFT's output copies (ctx.out_index)
         are scattered to their base tokens and taken back, as in the GDN kind."""
         spec, decay = spec_of(cfg), decay_of(cfg)
         h = norm(p, base.x, "attn_norm", cfg)
         empty = lm.init_state(spec, h.shape[0], cfg.jnp_dtype)
-        kw = dict(state=empty, positions_BL=base.positions, reset_BL=ctx.reset)
+        kw: dict[str, Any] = dict(state=empty, positions_BL=base.positions, reset_BL=ctx.reset)
         if out is None:
             y, _, _ = lm.mix(p, h, spec, decay, **kw)
             return y, None
@@ -132,31 +135,35 @@ def make(
         y, cross_y, _ = lm.mix(p, h, spec, decay, cross_h_BLD=h_out, cross_so=cross_so(p, cfg),
                                **kw)  # fmt: skip
         if idx is not None:
+            assert cross_y is not None
             cross_y = jnp.take_along_axis(cross_y, idx[:, :, None], axis=1)
         return y, cross_y
 
-    def layer_state(state: lm.LinearState, li) -> lm.LinearState:
+    def layer_state(state: lm.LinearState, li: Any) -> lm.LinearState:
         return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, li, keepdims=False), state)
 
-    def write_state(state: lm.LinearState, li, new: lm.LinearState) -> lm.LinearState:
+    def write_state(state: lm.LinearState, li: Any, new: lm.LinearState) -> lm.LinearState:
         put = lambda a, x: jax.lax.dynamic_update_index_in_dim(a, x.astype(a.dtype), li, 0)
         return jax.tree.map(put, state, new)
 
-    def step(p: Params, cfg: ModelConfig, base: Stream | None, out: Stream | None, state, li,
-             ctx: StepContext, compute_base: bool = True):  # fmt: skip
+    def step(p: Params, cfg: ModelConfig, base: Stream | None, out: Stream | None, state: Any,
+             li: Any, ctx: StepContext,
+             compute_base: bool = True) -> tuple[Stream | None, Stream | None, Any]:  # fmt: skip
         """One layer for both streams in any mode. Returns (base, out, state)."""
         spec, decay = spec_of(cfg), decay_of(cfg)
-        y = cross_y = None
+        y: jax.Array | None = None
+        cross_y: jax.Array | None = None
         if ctx.mode == SEQUENCE:
+            assert base is not None
             y, cross_y = sequence(p, cfg, base, out, ctx)
         elif ctx.mode == READ:
-            if base is not None:
+            if base is not None or out is None:
                 raise ValueError(f"a {name} layer cannot read a base token alone")
             h_out = norm(p, out.x, "attn_norm", cfg)
             cross_y = lm.read(p, h_out, spec, state=layer_state(state, li),
                               positions_B1=out.positions, cross_so=cross_so(p, cfg))  # fmt: skip
         elif ctx.mode == CHUNK:
-            if out is not None:
+            if out is not None or base is None:
                 raise ValueError("prefill chunks run the base stream only")
             h = norm(p, base.x, "attn_norm", cfg)
             y, _, new = lm.mix(p, h, spec, decay, state=layer_state(state, li),
@@ -164,11 +171,12 @@ def make(
                                reset_BL=ctx.reset)  # fmt: skip
             state = write_state(state, li, new)
         elif ctx.mode == DECODE:
+            assert base is not None
             h = norm(p, base.x, "attn_norm", cfg)
-            h_out = None if out is None else norm(p, out.x, "attn_norm", cfg)
+            cross_h = None if out is None else norm(p, out.x, "attn_norm", cfg)
             y, cross_y, state = lm.mix(p, h, spec, decay, state=state, layer=li,
                                        positions_BL=base.positions, valid_BL=ctx.valid,
-                                       cross_h_BLD=h_out, cross_so=cross_so(p, cfg),
+                                       cross_h_BLD=cross_h, cross_so=cross_so(p, cfg),
                                        decode=True)  # fmt: skip
         else:
             raise ValueError(f"unknown mode {ctx.mode!r}")
@@ -178,14 +186,15 @@ def make(
         base, out = finish_streams(base, out, y, cross_y, finish, ctx.mode == DECODE)
         return base, out, state
 
-    def init_state(cfg: ModelConfig, n_layers: int, batch: int, max_len: int, dtype):
+    def init_state(cfg: ModelConfig, n_layers: int, batch: int, max_len: int,
+                   dtype: Any) -> lm.LinearState:  # fmt: skip
         """linear_mixer.init_state stacked on a leading [layers] axis; max_len is unused."""
         one = jax.eval_shape(lambda: lm.init_state(spec_of(cfg), batch, dtype))
         return jax.tree.map(lambda a: jnp.zeros((n_layers, *a.shape), a.dtype), one)
 
     def state_axes(cfg: ModelConfig) -> lm.LinearState:
         """The recurrent state over batch and heads; conv windows over batch and heads."""
-        conv = ()
+        conv: tuple[Any, ...] = ()
         if spec_of(cfg).conv_kernel:
             conv = tuple((LAYERS, BATCH, None, heads, HEAD_DIM)
                          for heads in (HEADS, KV_HEADS, KV_HEADS))  # fmt: skip

@@ -37,6 +37,7 @@ from orthros_jax.kernels.linear_attention import (
     linear_attention_step,
     linear_attention_step_stacked,
 )
+from orthros_jax.layers.kind import ParamSpec
 
 Params = dict[str, Any]
 CrossSO = tuple[jax.Array, jax.Array]
@@ -73,10 +74,10 @@ class Spec:
         return self.heads // self.kv_heads
 
 
-def param_shapes(spec: Spec, d: int) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+def param_shapes(spec: Spec, d: int) -> dict[str, ParamSpec]:
     """The mixer parameters every spec has (without a layers axis), with logical axes."""
     n, k, h, e, pre = spec.heads, spec.kv_heads, spec.k_dim, spec.v_dim, spec.prefix
-    shapes = {
+    shapes: dict[str, ParamSpec] = {
         f"{pre}_wq": ((d, n, h), (EMBED, HEADS, HEAD_DIM)),
         f"{pre}_wk": ((d, k, h), (EMBED, KV_HEADS, HEAD_DIM)),
         f"{pre}_wv": ((d, k, e), (EMBED, KV_HEADS, HEAD_DIM)),
@@ -99,13 +100,14 @@ class LinearState:
     """One layer's cache: the recurrent state (float32) and, with a short conv, the last Kc-1
     valid pre-conv inputs of q, k, v (activation dtype; an empty tuple without a conv)."""
 
-    recurrent: jax.Array  # [B, N, H, E] float32
-    conv: tuple[jax.Array, ...] = ()  # ([B, Kc-1, N, H], [B, Kc-1, K, H], [B, Kc-1, K, E])
+    # Arrays, or the same tree of their shapes / logical axes (state_shapes, state_axes): Any.
+    recurrent: Any  # [B, N, H, E] float32
+    conv: tuple[Any, ...] = ()  # ([B, Kc-1, N, H], [B, Kc-1, K, H], [B, Kc-1, K, E])
 
 
 def state_shapes(spec: Spec, batch: int) -> LinearState:
     """The shape of each LinearState field for a batch (as a LinearState of tuples)."""
-    conv = ()
+    conv: tuple[Any, ...] = ()
     if spec.conv_kernel:
         j = spec.conv_kernel - 1
         conv = ((batch, j, spec.heads, spec.k_dim), (batch, j, spec.kv_heads, spec.k_dim),
@@ -237,7 +239,7 @@ def mix(
     k = _repeat(_query(x["k"], spec, positions_BL), spec)
     k = jnp.where(keep[..., None], k, 0.0)  # padding adds nothing to the state
     v = _repeat(x["v"].astype(jnp.float32), spec)
-    queries = (q,)
+    queries: tuple[jax.Array, ...] = (q,)
     if cross_h_BLD is not None:
         cross_h = jnp.where(keep, cross_h_BLD, 0).astype(h.dtype)
         queries += (cross_query(p, cross_h, spec, positions_BL, cross_so),)

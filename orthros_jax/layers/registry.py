@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from orthros_jax import config as config_lib
 from orthros_jax.config import ModelConfig
-from orthros_jax.layers import attention, gdn, gla, retention
+from orthros_jax.layers import attend, attention, gdn, gla, retention
+from orthros_jax.layers.cudnn import cudnn_attention
 from orthros_jax.layers.kind import LayerKind
+from orthros_jax.layers.splash import splash
 
 KINDS: dict[str, LayerKind] = {  # each module's KIND (a kind.Kind) is a LayerKind
     attention.KIND.name: attention.KIND,
@@ -15,6 +17,10 @@ KINDS: dict[str, LayerKind] = {  # each module's KIND (a kind.Kind) is a LayerKi
     gla.KIND.name: gla.KIND,
     retention.KIND.name: retention.KIND,
 }
+
+# The accelerator implementations of attention (they import the seam, so they register here).
+attend.register("splash", splash)
+attend.register("cudnn", cudnn_attention)
 
 for _kind in KINDS.values():
     config_lib.register_layer_kind(_kind.name, _kind.validate)

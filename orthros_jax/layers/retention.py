@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from orthros_jax.config import ModelConfig
 from orthros_jax.layers import linear_kind
 from orthros_jax.layers import linear_mixer as lm
-from orthros_jax.layers.kind import default_init, residual_std
+from orthros_jax.layers.kind import Initializer, ParamSpec, default_init, residual_std
 
 
 def spec(cfg: ModelConfig) -> lm.Spec:
@@ -30,7 +30,7 @@ def spec(cfg: ModelConfig) -> lm.Spec:
     )  # fmt: skip
 
 
-def mixer_param_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+def mixer_param_shapes(cfg: ModelConfig) -> dict[str, ParamSpec]:
     """Every per-layer retention mixer parameter (no layers axis, no SO), with logical axes."""
     return lm.param_shapes(spec(cfg), cfg.d_model)
 
@@ -41,7 +41,7 @@ def decay_fn(cfg: ModelConfig) -> lm.DecayFn:
     return lambda p, h: log_gamma
 
 
-def init_for(name: str, cfg: ModelConfig):
+def init_for(name: str, cfg: ModelConfig) -> Initializer:
     """fla's init: projections ~ N(0, init_std), the norm 1; retention_out depth-scaled."""
     if name == "retention_norm":
         return jax.nn.initializers.ones

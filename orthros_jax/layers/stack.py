@@ -126,7 +126,7 @@ def layer_loop(
                     lambda a, n=n: a[: n_loop * n].reshape(n_loop, n, *a.shape[1:]), s
                 )
 
-            def scan_body(carry, inputs):
+            def scan_body(carry: Any, inputs: Any) -> tuple[Any, None]:
                 c, cycle_params = inputs
                 return run_cycle(carry, c, cycle_params, len(cycle)), None
 

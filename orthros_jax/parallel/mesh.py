@@ -1,4 +1,4 @@
-"""The mesh and the logical-axis rules (a leaf of the package: axes and config only).
+"""The mesh, and shardings by the logical-axis rules (axes.RULES, the one table).
 
 One table, RULES, maps the logical axis names that parameters carry (model.py) to axes of the
 mesh ("data", "fsdp", "tensor"; "sequence" in an inference mesh, `sequence_mesh`):
@@ -23,41 +23,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from orthros_jax.axes import (
-    BATCH,
-    CONV_KERNEL,
-    EMBED,
-    GDN_K_HEADS,
-    GDN_V_HEADS,
-    HEAD_DIM,
-    HEADS,
-    KV_HEADS,
-    LAYERS,
-    LENGTH,
-    MLP,
-    VOCAB,
-)
-from orthros_jax.kernels.collectives import SEQUENCE_AXIS
+from orthros_jax.axes import BATCH, RULES, SEQUENCE_AXIS, MeshAxes
 
 MESH_AXES = ("data", "fsdp", "tensor")
-MeshAxes = str | tuple[str, ...] | None
-
-RULES: dict[str, MeshAxes] = {
-    BATCH: ("data", "fsdp"),
-    LENGTH: SEQUENCE_AXIS,
-    LAYERS: None,
-    VOCAB: "tensor",
-    EMBED: "fsdp",
-    HEADS: "tensor",
-    KV_HEADS: "tensor",
-    HEAD_DIM: None,
-    MLP: "tensor",
-    # GDN layers: key and value heads on the same axis as attention heads (a key head's value
-    # heads then live on its device when Hk divides over it); the conv taps stay whole.
-    GDN_K_HEADS: "tensor",
-    GDN_V_HEADS: "tensor",
-    CONV_KERNEL: None,
-}
 
 
 def initialize_distributed(dist_cfg: Any) -> None:

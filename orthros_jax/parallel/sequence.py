@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from orthros_jax.axes import SEQUENCE_AXIS
 from orthros_jax.config import ModelConfig
 from orthros_jax.kernels import collectives
 from orthros_jax.kernels import slots as slot_ops
@@ -34,7 +35,7 @@ from orthros_jax.layers.kind import CHUNK, Mode, Stream
 from orthros_jax.layers.registry import kinds_of
 from orthros_jax.parallel import mesh as pmesh
 
-SEQ = collectives.SEQUENCE_AXIS
+SEQ = SEQUENCE_AXIS
 
 
 def sequence_size(mesh: Mesh | None) -> int:

@@ -44,6 +44,17 @@ def state_shardings(
     )
 
 
+def traced_under(fn: Any, mesh: Mesh) -> Any:
+    """fn traced with `mesh` as the abstract mesh in context, so a kernel that must run inside
+    shard_map (attention_impl="splash" / "cudnn") finds it with get_abstract_mesh()."""
+
+    def under_mesh(*args: Any) -> Any:
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return fn(*args)
+
+    return under_mesh
+
+
 def jit_train_step(
     train_step: Any, state_sh: Any, mesh: Mesh, batch_keys: Mapping[str, int]
 ) -> Any:
@@ -51,7 +62,7 @@ def jit_train_step(
     batch_keys: name -> ndim of each batch array."""
     batch_sh = {k: batch_sharding(mesh, nd) for k, nd in batch_keys.items()}
     return jax.jit(
-        train_step,
+        traced_under(train_step, mesh),
         in_shardings=(state_sh, batch_sh),
         out_shardings=(state_sh, replicated(mesh)),
         donate_argnums=(0,),
@@ -61,4 +72,7 @@ def jit_train_step(
 def jit_eval_step(eval_step: Any, params_sh: Any, mesh: Mesh, batch_keys: Mapping[str, int]) -> Any:
     """The eval step as one jax.jit: params and the batch in, replicated metrics out."""
     batch_sh = {k: batch_sharding(mesh, nd) for k, nd in batch_keys.items()}
-    return jax.jit(eval_step, in_shardings=(params_sh, batch_sh), out_shardings=replicated(mesh))
+    return jax.jit(
+        traced_under(eval_step, mesh), in_shardings=(params_sh, batch_sh),
+        out_shardings=replicated(mesh),
+    )  # fmt: skip

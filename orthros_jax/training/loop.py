@@ -29,6 +29,7 @@ import numpy as np
 
 from orthros_jax import checkpoint
 from orthros_jax.layers import stack
+from orthros_jax.model import num_params
 from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel import sharding
 from orthros_jax.training.config import TrainConfig
@@ -88,22 +89,57 @@ def _is_checkpointable(it: Any) -> bool:
     return isinstance(it, grain.DatasetIterator | grain.DataLoaderIterator)
 
 
+# ModelConfig fields that change how the model runs, not the function its weights compute:
+# a resumed run may change them (model.json then records the new value).
+RUNTIME_FIELDS = frozenset({
+    "dtype", "scan_layers", "remat", "attention_block_q", "attention_block_k",
+    "attention_block_local", "prefill_chunk", "attention_impl", "gdn_chunk", "init_std",
+})  # fmt: skip
+
+
+def check_resumed_model(cfg: TrainConfig, workdir: str) -> None:
+    """ValueError naming every model field that differs from the workdir's model.json when
+    the workdir holds checkpoints (their weights were trained with model.json's config)."""
+    ckpt_dir = os.path.join(workdir, checkpoint.CHECKPOINTS_DIR)
+    has_ckpt = os.path.isdir(ckpt_dir) and any(d.isdigit() for d in os.listdir(ckpt_dir))
+    if not (has_ckpt and os.path.isfile(os.path.join(workdir, checkpoint.MODEL_JSON))):
+        return
+    old, _ = checkpoint.read_model_json(workdir)
+    changed = {
+        k: (v, getattr(cfg.model, k))
+        for k, v in old.to_dict().items()
+        if getattr(cfg.model, k) != v and k not in RUNTIME_FIELDS
+    }
+    if changed:
+        what = ", ".join(
+            f"model.{k}={new!r} (trained with {was!r})" for k, (was, new) in changed.items()
+        )
+        raise ValueError(
+            f"{workdir} holds checkpoints of a different model shape or math: {what}; resume "
+            "with the workdir's config, or train the changed model in a new workdir"
+        )
+
+
+def config_warnings(cfg: TrainConfig) -> list[str]:
+    """Settings that are valid but almost certainly not meant."""
+    out = []
+    if cfg.optimizer.warmup_steps >= cfg.train.steps:
+        out.append(
+            f"optimizer.warmup_steps={cfg.optimizer.warmup_steps} >= train.steps="
+            f"{cfg.train.steps}: the whole run is warmup (lr never reaches optimizer.lr="
+            f"{cfg.optimizer.lr:g})"
+        )
+    return out
+
+
 def _write_model_json(cfg: TrainConfig, workdir: str) -> None:
-    """workdir/model.json, so checkpoint.load_model(workdir) and launch/generate.py work."""
+    """workdir/model.json, so checkpoint.load_model(workdir) and launch/generate.py work; it
+    records the training sequence length as the model's context."""
     if jax.process_index() != 0:
         return
-    path = os.path.join(workdir, checkpoint.MODEL_JSON)
-    if os.path.isfile(path):
-        old, _ = checkpoint.read_model_json(workdir)
-        changed = {
-            k: (v, getattr(cfg.model, k))
-            for k, v in old.to_dict().items()
-            if getattr(cfg.model, k) != v
-        }
-        if changed:
-            logging.warning("model config differs from the workdir's model.json: %s", changed)
     tokenizer = getattr(cfg.data, "tokenizer", None)
-    checkpoint.write_model_json(workdir, cfg.model, tokenizer)
+    seq_len = getattr(cfg.data, "seq_len", None)
+    checkpoint.write_model_json(workdir, cfg.model, tokenizer, seq_len)
 
 
 def train(
@@ -121,6 +157,9 @@ def train(
     if cfg.distributed.initialize and not jax.distributed.is_initialized():
         pmesh.initialize_distributed(cfg.distributed)
     workdir = os.path.abspath(workdir)
+    check_resumed_model(cfg, workdir)
+    for warning in config_warnings(cfg):
+        logging.warning("%s", warning)
     if train_iterator is None or eval_batches is None:
         from orthros_jax import data as data_lib
 
@@ -153,16 +192,31 @@ def train(
     try:
         state = ckpt.restore_latest(abstract, data_state)
         if state is not None:
-            console(f"resumed from {ckpt.directory} at step {int(state.step) // accum}")
+            source = f"resumed from {ckpt.directory} at step {int(state.step) // accum}"
         else:
             state = fresh_state(cfg, tx, abstract, params_sh)
+            source = (
+                f"initialised from {cfg.init_from}" if cfg.init_from
+                else f"random init (seed {cfg.train.seed})"
+            )  # fmt: skip
         _write_model_json(cfg, workdir)
         micro = int(state.step)
+        shape = (
+            f" of {cfg.data.batch_size} x {cfg.data.seq_len} tokens" if cfg.data is not None else ""
+        )  # a caller's own iterator may come without a data config
+        console(
+            f"training {cfg.model.architecture} ({num_params(cfg.model):,} params) in "
+            f"{workdir}: {source}; {total_updates} steps{shape}"
+        )
         if micro >= total_updates * accum:
             console(f"{workdir} already holds the final step {total_updates}; nothing to do")
         logger = MetricsLogger(workdir, total_updates, micro // accum, cfg.train.progress_bar)
         run = _Run(cfg, workdir, mesh, tx, state_sh, params_sh, ckpt, logger, data_state)
-        return run.loop(state, micro, train_iterator, eval_batches)
+        state = run.loop(state, micro, train_iterator, eval_batches)
+        ckpt.wait()
+        last = f"; last eval loss {run.last_eval:.4g}" if run.last_eval is not None else ""
+        console(f"done: step {total_updates} in {workdir}{last}")
+        return state
     finally:
         ckpt.close()
         if logger is not None:
@@ -185,6 +239,7 @@ class _Run:
 
     def loop(self, state: TrainState, micro: int, it: Iterator[Batch], evals: Sequence[Batch]):
         tc, accum = self.cfg.train, self.cfg.optimizer.grad_accum_steps
+        self.last_eval = None
         total_micro = tc.steps * accum
         step_fn = None
         self.eval_batches = [pmesh.shard_batch(b, self.mesh) for b in evals]
@@ -233,7 +288,9 @@ class _Run:
             pending.clear()
             if do_log:
                 elapsed = time.perf_counter() - window_t0
-                self._log_train(update, checked, window_tokens / max(elapsed, 1e-9))
+                # None when only the compiling first step ran since the last line (untimed).
+                rate = window_tokens / max(elapsed, 1e-9) if window_tokens else None
+                self._log_train(update, checked, rate)
                 checked.clear()
             if do_eval:
                 self._evaluate(update, state.params)
@@ -273,22 +330,20 @@ class _Run:
                 )
         return host
 
-    def _log_train(self, update: int, checked: list[dict], tokens_per_s: float) -> None:
+    def _log_train(self, update: int, checked: list[dict], tokens_per_s: float | None) -> None:
         weight = sum(float(m["weight"]) for m in checked)
         loss = sum(float(m["loss"]) * float(m["weight"]) for m in checked) / max(weight, 1.0)
         last = checked[-1]
-        self.logger.write(
-            update,
-            "train",
-            {
-                "loss": loss,
-                "lr": float(last["lr"]),
-                "grad_norm": float(last["grad_norm"]),
-                "param_norm": float(last["param_norm"]),
-                "tokens_per_s": tokens_per_s,
-                "loss_tokens": int(weight),
-            },
-        )
+        values = {
+            "loss": loss,
+            "lr": float(last["lr"]),
+            "grad_norm": float(last["grad_norm"]),
+            "param_norm": float(last["param_norm"]),
+            "loss_tokens": int(weight),
+        }
+        if tokens_per_s is not None:
+            values["tokens_per_s"] = tokens_per_s
+        self.logger.write(update, "train", values)
 
     def _evaluate(self, update: int, params: Any) -> float:
         if not self.eval_batches:
@@ -305,6 +360,7 @@ class _Run:
         self.logger.write(
             update, "eval", {"loss": loss, "tokens": int(sum(float(s["weight"]) for s in sums))}
         )
+        self.last_eval = loss
         return loss
 
     def _open_fingerprints(self):

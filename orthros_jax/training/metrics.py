@@ -39,7 +39,9 @@ class MetricsLogger:
         from tensorboardX import SummaryWriter  # heavy import, only on the writing host
 
         self.writer = SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR))
-        self.jsonl = open(os.path.join(workdir, METRICS_JSONL), "a")  # noqa: SIM115
+        path = os.path.join(workdir, METRICS_JSONL)
+        drop_replayed(path, initial_step)
+        self.jsonl = open(path, "a")  # noqa: SIM115
         self.bar = tqdm.tqdm(
             total=total_steps,
             initial=initial_step,
@@ -72,6 +74,29 @@ class MetricsLogger:
             self.bar.close()
             self.writer.close()
             self.jsonl.close()
+
+
+def drop_replayed(path: str, step: int) -> int:
+    """Removes the records after `step` from a metrics.jsonl (a run killed after logging them
+    resumes from an earlier checkpoint and logs those steps again). Returns how many went."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path) as f:
+        lines = f.readlines()
+    keep = [line for line in lines if _step_of(line) is not None and _step_of(line) <= step]
+    if len(keep) != len(lines):
+        with open(path + ".tmp", "w") as f:
+            f.writelines(keep)
+        os.replace(path + ".tmp", path)
+    return len(lines) - len(keep)
+
+
+def _step_of(line: str) -> int | None:
+    """A record's step; None for a line cut off by a kill mid-write."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _fmt(v: float) -> str:

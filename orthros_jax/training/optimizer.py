@@ -29,16 +29,18 @@ DECAYED = frozenset(
 
 
 def make_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
-    """lr(update): 0 -> lr linearly over warmup_steps, then cosine to lr * min_lr_ratio at
-    total_steps (held there afterwards)."""
-    warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
-    return optax.warmup_cosine_decay_schedule(
+    """lr(update u), u = 0 .. total_steps - 1: linear warmup lr * (u + 1) / warmup_steps (the
+    first update already moves the weights), then cosine to lr * min_lr_ratio at the last
+    update (held there afterwards)."""
+    warmup = min(cfg.warmup_steps, max(total_steps, 0))
+    base = optax.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=cfg.lr,
         warmup_steps=warmup,
         decay_steps=max(total_steps, warmup + 1),
         end_value=cfg.lr * cfg.min_lr_ratio,
     )
+    return lambda count: base(count + 1)
 
 
 def weight_decay_mask(params: Any) -> Any:

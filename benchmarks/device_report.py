@@ -1,0 +1,47 @@
+"""The device check's summary (benchmarks/device_check.sh): prefill Orthros vs the Transformer
+arm per prompt length, decode step times, and the PT step's MFU at the chip's peak bf16 FLOP/s
+(device_specs.py), from a launch/benchmark.py bench.json.
+
+    python -m benchmarks.device_report OUT/bench/bench.json > OUT/summary.md
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from benchmarks.device_specs import SPECS
+
+
+def summary(bench: dict) -> str:
+    """Markdown tables of a bench.json (suites prefill, decode, train where present)."""
+    device = bench["device"]
+    spec = SPECS.get(device)
+    lines = [f"device: {device} ({bench['backend']}), jax {bench['jax']}, {bench['command']}", ""]
+    if "prefill" in bench:
+        lines += ["| T | orthros s | transformer s | transformer / orthros |", "|---|---|---|---|"]
+        for r in bench["prefill"]:
+            o = r["orthros"]["median_s"]
+            t = r.get("transformer", {}).get("median_s")
+            ratio = f"{t / o:.2f}x" if t else "-"
+            lines.append(f"| {r['T']} | {o:.4f} | {t if t is None else f'{t:.4f}'} | {ratio} |")
+        lines.append("")
+    if "decode" in bench:
+        lines += ["| context | orthros ms/step | transformer ms/step |", "|---|---|---|"]
+        for r in bench["decode"]:
+            o, t = r["orthros"]["step_s"], r["transformer"]["step_s"]
+            lines.append(f"| {r['context']} | {o * 1e3:.2f} | {t * 1e3:.2f} |")
+        lines.append("")
+    if "train" in bench:
+        r = bench["train"]
+        lines += [f"| PT step (T={r['T']}) | s | GFLOP | MFU |", "|---|---|---|---|"]
+        for arm in ("orthros", "transformer"):
+            s, g = r[arm]["median_s"], r[arm]["gflop"]
+            mfu = f"{g * 1e9 / s / spec.peak_bf16_flops:.1%}" if spec else "no peak for device"
+            lines.append(f"| {arm} | {s:.4f} | {g:.1f} | {mfu} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as f:
+        print(summary(json.load(f)), end="")

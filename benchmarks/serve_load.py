@@ -1,0 +1,311 @@
+r"""Table 4 through the server, and throughput / TTFT against concurrency (issue 21, item 5).
+
+    python benchmarks/serve_load.py --out=runs/serve_load
+    python benchmarks/serve_load.py --out=runs/serve_load --shapes=4096/32,4096/256 --concurrency=1,4
+
+Each arm of the Table 4 pairs (benchmarks.table4: the bench model of configs/bench.py,
+two layer cycles; Transformer vs Orthros and Linear Hybrid vs Orthros-H, each pair sharing its
+weights) is served by the engine + OpenAI app (orthros_jax/serving) on 127.0.0.1 in this
+process, and an async `openai` client replays the paper's protocol: per shape input/output,
+two concurrent requests of random token ids (greedy, ignore_eos, streamed with logprobs so
+every token is one chunk). Per shape and arm:
+  TTFT          mean over the two requests of send -> first token
+  E2E           send -> both requests done
+  output tok/s  all tokens of the batch / E2E
+  decode tok/s  tokens after each request's first / (E2E - the later first token)
+The prefill benchmark (benchmarking.prefill_call: inference.prefill of one prompt into a fresh
+cache of its length) is timed at the same lengths in the same run, interleaved: the target is
+Orthros's TTFT speedup through the server within 10 % of that one.
+
+Concurrency (the Orthros arm): N clients send one request each at once (mixed prompt lengths,
+--conc_new tokens) to an engine of N slots, against `generate` on the same N prompts as one
+batch; tokens/s = N * new / wall time. generate returns every token at its end, so its TTFT
+is its prefill of the batch (inference.prefill timed alone, a lower bound). Engine and generate
+alternate for --repeats rounds (the best of each is kept). Target: the engine's tokens/s within
+10 % of generate's at each N. Compiles while serving are counted (device.compile_count).
+
+Writes --out/serve_load.json (every number), serve_load.md (the tables), serve_load.png.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import datetime
+import json
+import multiprocessing
+import os
+import statistics
+import time
+
+import jax
+import numpy as np
+import openai
+from absl import app, flags
+
+from benchmarks import common as bench
+from benchmarks import table4 as bench_table4
+from orthros_jax import inference
+from orthros_jax.configlib import load_config_file
+from orthros_jax.data.tokenizers import ByteTokenizer
+from orthros_jax.model import init_params
+from orthros_jax.serving import device
+from orthros_jax.serving.api import create_app
+from orthros_jax.serving.background import BackgroundServer
+from orthros_jax.serving.engine import Engine
+
+FLAGS = flags.FLAGS
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+flags.DEFINE_string("out", None, "Output directory.")
+flags.DEFINE_string(
+    "config", os.path.join(ROOT, "configs", "bench.py"), "Bench config (the model)."
+)
+flags.DEFINE_list(
+    "shapes", ["2048/16", "2048/128", "1920/512"], "Table 4 input/output token pairs."
+)
+flags.DEFINE_list(
+    "pairs", ["transformer:orthros", "hybrid:orthros_h"], "single:two-stream arm pairs."
+)
+flags.DEFINE_list(
+    "concurrency", ["1", "2", "4", "8", "16"], "Client counts of the sweep ('' = none)."
+)
+flags.DEFINE_integer("conc_min_len", 64, "Shortest prompt of the sweep.")
+flags.DEFINE_integer("conc_max_len", 256, "Longest prompt of the sweep (also its prefill bucket).")
+flags.DEFINE_integer("conc_new", 32, "New tokens per request of the sweep.")
+flags.DEFINE_integer("repeats", 2, "Interleaved rounds of the TTFT and concurrency timings.")
+flags.DEFINE_integer("decode_steps", 4, "Engine decode steps per device call (multi-step).")
+flags.mark_flags_as_required(["out"])
+NAME = "bench"
+TOK = ByteTokenizer()
+
+
+async def _one(client, ids: list[int], new: int, t0: float) -> dict:
+    """One streamed greedy request: its first-token and end times (from t0) and its tokens."""
+    first, n = None, 0
+    stream = await client.completions.create(
+        model=NAME, prompt=ids, max_tokens=new, temperature=0, stream=True, logprobs=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    async for chunk in stream:
+        lp = chunk.choices[0].logprobs if chunk.choices else None
+        got = len(lp.tokens) if lp and lp.tokens else 0
+        if got and first is None:
+            first = time.perf_counter() - t0
+        n += got
+    return {"ttft_s": first, "end_s": time.perf_counter() - t0, "tokens": n}
+
+
+async def _burst(url: str, prompts: list[list[int]], new: int) -> dict:
+    """All prompts sent at once; the batch's Table 4 metrics."""
+    async with openai.AsyncOpenAI(
+        base_url=url + "/v1", api_key="none", max_retries=0, timeout=3600
+    ) as client:
+        t0 = time.perf_counter()
+        reqs = await asyncio.gather(*(_one(client, p, new, t0) for p in prompts))
+    e2e = max(r["end_s"] for r in reqs)
+    tokens = sum(r["tokens"] for r in reqs)
+    last_first = max(r["ttft_s"] for r in reqs)
+    after_first = tokens - len(reqs)
+    return {
+        "ttft_s": statistics.mean(r["ttft_s"] for r in reqs),
+        "ttft_each_s": [r["ttft_s"] for r in reqs],
+        "e2e_s": e2e,
+        "tokens": tokens,
+        "output_tok_s": tokens / e2e,
+        "decode_tok_s": after_first / (e2e - last_first)
+        if after_first and e2e > last_first
+        else None,
+    }
+
+
+def _burst_in_process(url: str, prompts: list[list[int]], new: int) -> dict:
+    return asyncio.run(_burst(url, prompts, new))
+
+
+class _Client:
+    """The load generator's client in a process of its own (spawned once), so its HTTP and JSON
+    work does not share the server's interpreter lock, as a real client would not."""
+
+    def __init__(self) -> None:
+        self.pool = None
+
+    def burst(self, url: str, prompts: list[list[int]], new: int) -> dict:
+        if self.pool is None:
+            ctx = multiprocessing.get_context("spawn")
+            self.pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx)
+        return self.pool.submit(_burst_in_process, url, prompts, new).result()
+
+
+_CLIENT = _Client()
+
+
+def _serve(cfg, params, *, slots: int, max_len: int, lengths: tuple[int, ...], batches=None):
+    engine = Engine(params, cfg, max_batch=slots, max_len=max_len, chunk_budget=max(lengths) * slots,
+                    prefill_lengths=lengths, prefill_batches=batches, decode_text=TOK.decode,
+                    decode_steps=FLAGS.decode_steps)  # fmt: skip
+    t = time.perf_counter()
+    engine.warmup()
+    return BackgroundServer(create_app(engine, TOK, NAME)), time.perf_counter() - t
+
+
+def table4(c, shapes: list[tuple[int, int]], pairs: list[tuple[str, str]]) -> dict:
+    """The Table 4 protocol once per shape and arm, then --repeats interleaved rounds of TTFT
+    only (the same two requests with 1 output token) beside the prefill benchmark's call."""
+    cfgs = bench_table4.table4_arms(c)
+    params = bench_table4.table4_params(cfgs, c.seed)
+    arms = [a for pair in pairs for a in pair]
+    rng = np.random.default_rng(c.seed)
+    prompts = {s: [rng.integers(0, 256, s[0]).tolist() for _ in range(2)] for s in shapes}
+    max_len = -(-max(i + o for i, o in shapes) // 128) * 128
+    chunk = cfgs["orthros"].prefill_chunk
+    rows: dict[str, dict] = {f"{i}/{o}": {} for i, o in shapes}
+    compile_s, urls = {}, {}
+    with contextlib.ExitStack() as stack:
+        for arm in arms:  # every arm's server up at once, so their calls can interleave
+            # One request prefills per step (P = 1, a chunk): the paper's two requests arrive
+            # together; the first prefills, then the second while the first decodes.
+            srv, compile_s[arm] = _serve(cfgs[arm], params[arm], slots=2, max_len=max_len,
+                                         lengths=(chunk,), batches=(1,))  # fmt: skip
+            urls[arm] = stack.enter_context(srv).url
+            _CLIENT.burst(urls[arm], [[1, 2, 3]], 2)  # the HTTP path warm
+        compiled = device.compile_count()
+        for shape in shapes:
+            for arm in arms:
+                row = _CLIENT.burst(urls[arm], prompts[shape], shape[1])
+                rows[f"{shape[0]}/{shape[1]}"][arm] = row
+                print(f"table4 {arm} {shape}: {json.dumps(_brief(row))}", flush=True)
+        by_len = {i: prompts[(i, o)] for i, o in shapes}
+        calls = {t: {a: bench.prefill_call(cfgs[a], params[a], t, c, fresh_cache=True) for a in arms}
+                 for t in by_len}  # fmt: skip
+        for fns in calls.values():
+            for fn in fns.values():
+                jax.block_until_ready(fn())  # compiles
+        server_s = {t: {a: [] for a in arms} for t in by_len}
+        prefill_s = {t: {a: [] for a in arms} for t in by_len}
+        for _ in range(FLAGS.repeats):
+            for t, two_prompts in by_len.items():
+                for a in arms:
+                    server_s[t][a].append(_CLIENT.burst(urls[a], two_prompts, 1)["ttft_s"])
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(calls[t][a]())
+                    prefill_s[t][a].append(time.perf_counter() - t0)
+        recompiles = device.compile_count() - compiled
+    ttft = []
+    for t in by_len:
+        row = {"T": t} | {a: {"server_ttft_s": statistics.median(server_s[t][a]), "server_rounds_s": server_s[t][a],
+                              "prefill_s": statistics.median(prefill_s[t][a]), "prefill_rounds_s": prefill_s[t][a]}
+                          for a in arms}  # fmt: skip
+        for single, two in pairs:
+            sx = row[single]["server_ttft_s"] / row[two]["server_ttft_s"]
+            px = row[single]["prefill_s"] / row[two]["prefill_s"]
+            row[f"{single}_over_{two}"] = {
+                "ttft_speedup": sx,
+                "prefill_speedup": px,
+                "ttft_vs_prefill": sx / px,
+            }
+        ttft.append(row)
+        print(
+            f"TTFT T={t}: " + json.dumps({k: v for k, v in row.items() if "_over_" in k}),
+            flush=True,
+        )
+    return {"rows": rows, "ttft": ttft, "compile_s": compile_s, "max_len": max_len,
+            "compiles_while_serving": recompiles}  # fmt: skip
+
+
+def concurrency(c, counts: list[int]) -> list[dict]:
+    cfg = bench_table4.table4_arms(c)["orthros"]
+    params = init_params(cfg, jax.random.PRNGKey(c.seed))
+    rng = np.random.default_rng(c.seed + 1)
+    lo, hi, new = FLAGS.conc_min_len, FLAGS.conc_max_len, FLAGS.conc_new
+    max_len = -(-(hi + new) // 128) * 128
+    out = []
+    for n in counts:
+        prompts = [rng.integers(0, 256, int(rng.integers(lo, hi + 1))).tolist() for _ in range(n)]
+        # The N prompts prefill in P-row calls (P a power of two <= N) of `hi` tokens each: those
+        # that arrived by a step go together, as generate's one call takes them all.
+        server, _ = _serve(cfg, params, slots=n, max_len=max_len, lengths=(hi,))
+        run = lambda: inference.generate(
+            params, prompts, cfg, max_new_tokens=new, cache_size=max_len
+        )
+        pre = lambda: inference.prefill(params, inference.init_cache(cfg, n, max_len), _padded(prompts),
+                                        [len(p) for p in prompts], cfg)[0]  # fmt: skip
+        jax.block_until_ready(pre())
+        gen_out = run()  # compiles
+        engs, gens, pres = [], [], []
+        with server:
+            _CLIENT.burst(server.url, prompts[:1], 2)  # the HTTP path warm
+            compiled = device.compile_count()
+            for _ in range(FLAGS.repeats):  # interleaved rounds: a shared box drifts
+                engs.append(_CLIENT.burst(server.url, prompts, new))
+                t = time.perf_counter()
+                gen_out = run()
+                gens.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                jax.block_until_ready(pre())
+                pres.append(time.perf_counter() - t)
+            recompiles = device.compile_count() - compiled
+        eng = min(engs, key=lambda r: r["e2e_s"]) | {"e2e_rounds_s": [r["e2e_s"] for r in engs]}
+        gen_s, gen_ttft = min(gens), min(pres)
+        row = {
+            "clients": n, "engine": eng,
+            "generate": {"e2e_s": gen_s, "output_tok_s": n * new / gen_s, "ttft_s": gen_ttft, "e2e_rounds_s": gens},
+            "compiles_while_serving": recompiles,
+            "engine_over_generate_tok_s": eng["output_tok_s"] / (n * new / gen_s),
+        }  # fmt: skip
+        row["generate"]["tokens"] = int(gen_out.lengths.sum())
+        out.append(row)
+        print(f"concurrency {n}: engine {eng['output_tok_s']:.1f} tok/s TTFT {eng['ttft_s']:.3f}s | generate "
+              f"{row['generate']['output_tok_s']:.1f} tok/s | ratio {row['engine_over_generate_tok_s']:.3f}", flush=True)  # fmt: skip
+    return out
+
+
+def _padded(prompts: list[list[int]]) -> np.ndarray:
+    out = np.zeros((len(prompts), max(map(len, prompts))), np.int32)
+    for i, p in enumerate(prompts):
+        out[i, : len(p)] = p
+    return out
+
+
+def _brief(row: dict) -> dict:
+    return {k: round(v, 3) for k, v in row.items() if isinstance(v, float)}
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    import logging
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
+    from serve_load_report import write_report
+
+    c = load_config_file(FLAGS.config)
+    shapes = [tuple(int(x) for x in s.split("/")) for s in FLAGS.shapes]
+    pairs = [tuple(p.split(":")) for p in FLAGS.pairs]
+    t0 = time.perf_counter()
+    results = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "backend": jax.default_backend(),
+        "load_before": os.getloadavg()[0],
+        "command": "python benchmarks/serve_load.py "
+        + " ".join(
+            f"--{k}={','.join(v) if isinstance(v, list) else v}"
+            for k, v in (
+                ("shapes", FLAGS.shapes),
+                ("pairs", FLAGS.pairs),
+                ("concurrency", FLAGS.concurrency),
+                ("out", FLAGS.out),
+            )
+        ),  # fmt: skip
+        "table4": table4(c, shapes, pairs) if shapes else None,
+        "concurrency": concurrency(c, [int(n) for n in FLAGS.concurrency if n]),
+    }
+    results["load_after"], results["wall_s"] = os.getloadavg()[0], time.perf_counter() - t0
+    os.makedirs(FLAGS.out, exist_ok=True)
+    with open(os.path.join(FLAGS.out, "serve_load.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    write_report(results, FLAGS.out, pairs)
+    print(f"wrote {FLAGS.out}/serve_load.{{json,md,png}} in {results['wall_s']:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,114 @@
+"""The engine's two jitted calls over one KVCache whose rows are the engine's slots.
+
+Shapes: B slots (cache rows), P rows prefilled in one call (a bucket <= B), T prompt tokens
+of each of them this call (a bucket), S cache slots per row, V vocab.
+
+    prefill_rows(params, cache, rows, reset, tokens, lengths, sampling) -> (Sampled, cache)
+    decode_rows(params, cache, tokens, budget, stops, sampling, steps=K) -> (Sampled [K, B], fed [K, B], cache)
+
+prefill_rows gathers rows [P] of the cache (every leaf along the axis its kind's `state_axes`
+names BATCH, lengths along 0), resets those with reset=True to an empty row (length 0 and
+each kind's init_state: a new request's row, GDN recurrent state included), continues their
+prefill with inference/drivers.prefill (tokens [P, T] right-padded, lengths [P] >= 0: a row with
+0 tokens keeps its state and length) and scatters them back. Row ids >= B are padding:
+gathered clipped, never written back (mode='drop'), so no row outside `rows` changes.
+decode_rows runs K decode steps (a lax.scan; K static) of inference/drivers.decode on every row,
+each feeding the token the step before sampled: row b runs while it has budget[b] steps left
+and has not sampled one of its stop ids (stops [B, N], -1 padded); other rows write nothing
+(fed[k, b] says which ran). K > 1 trades streaming granularity for one host round trip per K
+tokens (vLLM's multi-step scheduling). Both sample per row (rowsample.py; the key of a draw is
+the row's seed and its token count, so K does not change what is drawn) and donate the cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from orthros_jax.axes import BATCH
+from orthros_jax.config import ModelConfig
+from orthros_jax.inference import drivers as fwd
+from orthros_jax.inference.cache import KVCache, kind_states
+from orthros_jax.layers.registry import KINDS
+from orthros_jax.serving.rowsample import RowSampling, Sampled, sample_rows
+
+
+def _is_axes(x: Any) -> bool:
+    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+
+
+def batch_axes(cfg: ModelConfig, cache: KVCache) -> dict[str, Any]:
+    """The BATCH axis index of every leaf of cache.states, a pytree like it."""
+    return {
+        name: jax.tree.map(
+            lambda ax: ax.index(BATCH), KINDS[name].state_axes(cfg), is_leaf=_is_axes
+        )
+        for name in cache.states
+    }
+
+
+def _index(axis: int, rows: jax.Array) -> tuple:
+    # One advanced index at `axis`: the result keeps the axis in place (no transpose).
+    return (slice(None),) * axis + (rows,)
+
+
+def gather_rows(cfg: ModelConfig, cache: KVCache, rows_P: jax.Array) -> KVCache:
+    """The sub-cache of rows [P] (ids >= B clipped to B-1: padding reads some row)."""
+    take = lambda a, ax: jnp.take(a, rows_P, axis=ax, mode="clip")
+    states = jax.tree.map(take, cache.states, batch_axes(cfg, cache))
+    return KVCache(states, take(cache.lengths, 0), cache.max_len)
+
+
+def scatter_rows(cfg: ModelConfig, cache: KVCache, rows_P: jax.Array, sub: KVCache) -> KVCache:
+    """cache with rows [P] replaced by sub's rows; ids >= B are dropped."""
+    put = lambda a, ax, x: a.at[_index(ax, rows_P)].set(x, mode="drop")
+    states = jax.tree.map(put, cache.states, batch_axes(cfg, cache), sub.states)
+    return KVCache(states, put(cache.lengths, 0, sub.lengths), cache.max_len)
+
+
+def reset_rows(cfg: ModelConfig, cache: KVCache, reset_B: jax.Array) -> KVCache:
+    """cache with every row where reset is True emptied: length 0, each kind's initial state."""
+    fresh = kind_states(cfg, cache.batch_size, cache.max_len, cfg.jnp_dtype)
+
+    def pick(a, ax, new):
+        shape = [1] * a.ndim
+        shape[ax] = a.shape[ax]
+        return jnp.where(reset_B.reshape(shape), new.astype(a.dtype), a)
+
+    states = jax.tree.map(pick, cache.states, batch_axes(cfg, cache), fresh)
+    return KVCache(states, jnp.where(reset_B, 0, cache.lengths), cache.max_len)
+
+
+def _prefill_rows(params, cache, rows_P, reset_P, tokens_PT, lengths_P, sampling: RowSampling,
+                  *, cfg: ModelConfig) -> tuple[Sampled, KVCache]:  # fmt: skip
+    sub = reset_rows(cfg, gather_rows(cfg, cache, rows_P), reset_P)
+    logits, sub = fwd.prefill(params, sub, tokens_PT, lengths_P, cfg=cfg)
+    return sample_rows(logits, sampling), scatter_rows(cfg, cache, rows_P, sub)
+
+
+def _decode_rows(params, cache, tokens_B, budget_B, stops_BN, sampling: RowSampling, *,
+                 cfg: ModelConfig, steps: int):  # fmt: skip
+    def one(carry, _):
+        cache, tok, left, count = carry
+        fed = left > 0
+        logits, cache = fwd.decode(params, cache, tok, fed, cfg=cfg)
+        out = sample_rows(logits, sampling.replace(step=count))
+        stopped = (out.tokens[:, None] == stops_BN).any(axis=-1)
+        left = jnp.where(fed & ~stopped, left - 1, 0)
+        carry = (cache, jnp.where(fed, out.tokens, tok), left, count + fed.astype(count.dtype))
+        return carry, (out, fed)
+
+    carry = (cache, tokens_B, budget_B, sampling.step)
+    (cache, *_), (outs, fed) = jax.lax.scan(one, carry, None, length=steps)
+    return outs, fed, cache
+
+
+prefill_rows = jax.jit(_prefill_rows, static_argnames=("cfg",), donate_argnames=("cache",))
+decode_rows = jax.jit(_decode_rows, static_argnames=("cfg", "steps"), donate_argnames=("cache",))
+
+
+def compile_count() -> int:
+    """Compiled variants of both calls (tests check it stays put in steady state)."""
+    return prefill_rows._cache_size() + decode_rows._cache_size()

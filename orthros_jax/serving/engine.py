@@ -1,0 +1,397 @@
+"""The continuous-batching engine: a fixed set of slots (rows of one KVCache), a bounded queue,
+and a loop that admits, prefills in chunks, decodes and frees.
+
+One engine step (Engine.step):
+  1. frees the slots of cancelled requests (a client that went away) and admits waiting
+     requests into free slots, oldest first;
+  2. prefills up to `chunk_budget` prompt tokens over the slots still prefilling, oldest first
+     (one call of device.prefill_rows into those rows only; a new request's row is reset in
+     it), so a long prompt is spread over steps while the others keep decoding;
+  3. runs `decode_steps` decode steps (default 1) for every slot that is generating
+     (device.decode_rows, one call);
+  4. reads the sampled tokens back and, per slot, streams the text, applies the stops (stop
+     strings, stop / end-of-text ids, max_tokens, the row's cache capacity) and frees the slot
+     of a finished request at once.
+Shapes are bucketed: the prefill takes [P, T] for P in `prefill_batches` and T in
+`prefill_lengths`, the decode [B]; `warmup()` compiles every bucket once, so the steady state
+never compiles (tests/test_serving_engine.py counts it). The cache is donated to every call.
+
+A failure while handling one request (its callback, its text) fails that request only; a
+failure of a device call fails the requests in it and restarts the cache. `start()` runs the
+loop on a thread; `shutdown(drain=True)` refuses new requests, finishes the running ones and
+stops.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from orthros_jax.config import ModelConfig
+from orthros_jax.inference.cache import init_cache
+from orthros_jax.serving import device
+from orthros_jax.serving.events import Event, Request, Slot
+from orthros_jax.serving.metrics import Metrics
+from orthros_jax.serving.requests import MAX_STOP_IDS, RequestError, SamplingParams
+from orthros_jax.serving.rowsample import RowSampling
+from orthros_jax.serving.text import TextStream
+
+log = logging.getLogger(__name__)
+STOP_WIDTH = MAX_STOP_IDS + 1  # a slot's stop ids on device: its stop_token_ids and end-of-text
+
+
+def _pow2_upto(lo: int, hi: int) -> tuple[int, ...]:
+    out = [lo]
+    while out[-1] < hi:
+        out.append(min(out[-1] * 2, hi))
+    return tuple(out)
+
+
+class Engine:
+    """params: the model's params (host or device); cfg its ModelConfig. max_batch slots of
+    max_len cache positions each; chunk_budget prompt tokens per step (default
+    cfg.prefill_chunk); max_queue waiting requests before submit raises (HTTP 429).
+    decode_text: the tokenizer's decode (ids -> text; default: none, text stays empty);
+    eos_id: the end-of-text id (stops a request unless ignore_eos)."""
+
+    def __init__(self, params: Any, cfg: ModelConfig, *, max_batch: int = 4, max_len: int = 2048,
+                 chunk_budget: int | None = None, max_queue: int = 64,
+                 decode_text: Callable[[list[int]], str] | None = None, eos_id: int | None = None,
+                 prefill_lengths: tuple[int, ...] | None = None,
+                 prefill_batches: tuple[int, ...] | None = None, seed: int = 0,
+                 metrics: Metrics | None = None, decode_steps: int = 1) -> None:  # fmt: skip
+        chunk_budget = cfg.prefill_chunk if chunk_budget is None else chunk_budget
+        for name, v in (("max_batch", max_batch), ("max_len", max_len),
+                        ("chunk_budget", chunk_budget), ("max_queue", max_queue),
+                        ("decode_steps", decode_steps)):  # fmt: skip
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"Engine: {name} must be a positive int, got {v!r}")
+        self.cfg, self.max_batch, self.max_len = cfg, max_batch, max_len
+        self.decode_steps = decode_steps
+        self.chunk_budget, self.max_queue = chunk_budget, max_queue
+        self.prefill_lengths = tuple(sorted(prefill_lengths or _pow2_upto(8, chunk_budget)))
+        for t in self.prefill_lengths:
+            if t < 1 or (t > cfg.prefill_chunk and t % cfg.prefill_chunk):
+                raise ValueError(
+                    f"Engine: prefill_lengths entry {t} must be <= prefill_chunk="
+                    f"{cfg.prefill_chunk} or a multiple of it"
+                )
+        self.max_chunk = min(self.prefill_lengths[-1], chunk_budget)
+        self.prefill_batches = tuple(sorted(prefill_batches or _pow2_upto(1, max_batch)))
+        if self.prefill_batches[-1] > max_batch or self.prefill_batches[0] < 1:
+            raise ValueError(
+                f"Engine: prefill_batches {self.prefill_batches} must be in [1, {max_batch}]"
+            )
+        self.decode_text = decode_text or (lambda ids: "")
+        self.eos_id = eos_id
+        self.metrics = metrics or Metrics()
+        self.params = jax.device_put(params)
+        self.cache = init_cache(cfg, max_batch, max_len)
+        self.slots: list[Slot | None] = [None] * max_batch
+        self.queue: collections.deque[Request] = collections.deque()
+        self._cond = threading.Condition()
+        self._rng = np.random.default_rng(seed)
+        self._closed = False
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.steps = 0
+
+    # ------------------------------------------------------------ client side (any thread)
+
+    def submit(
+        self, ids: list[int], params: SamplingParams, on_event: Callable[[Event], Any]
+    ) -> Request:
+        """Queues a request (ids: a valid, non-empty prompt; see requests.prompt_ids). Raises
+        RequestError 429 when the queue is full, 503 when the engine is shutting down."""
+        if not ids or len(ids) > self.max_len:
+            raise RequestError(
+                f"prompt must have 1 to {self.max_len} tokens, got {len(ids)}", "prompt"
+            )
+        if len(params.stop_token_ids) > MAX_STOP_IDS:
+            raise RequestError(f"at most {MAX_STOP_IDS} stop_token_ids", "stop_token_ids")
+        with self._cond:
+            if self._closed:
+                self.metrics.rejected("shutting_down")
+                raise RequestError("the server is shutting down", None, status=503)
+            if len(self.queue) >= self.max_queue:
+                self.metrics.rejected("queue_full")
+                raise RequestError(
+                    f"the queue is full ({self.max_queue} waiting requests); retry later",
+                    None,
+                    status=429,
+                )
+            seed = params.seed if params.seed is not None else int(self._rng.integers(2**32))
+            req = Request(ids, params, on_event, seed)
+            self.queue.append(req)
+            self._publish_load()
+            self._cond.notify_all()
+        return req
+
+    def cancel(self, req: Request) -> None:
+        with self._cond:
+            req.cancelled = True
+            self._cond.notify_all()
+
+    def start(self) -> Engine:
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Refuses new requests; with drain, lets queued and running ones finish; then stops."""
+        with self._cond:
+            self._closed = True
+            if not drain:
+                for req in self.queue:
+                    req.cancelled = True
+                for s in self.slots:
+                    if s is not None:
+                        s.req.cancelled = True
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def closed(self) -> bool:
+        """True once shutdown began: new requests are refused."""
+        return self._closed
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def busy(self) -> bool:
+        return bool(self.queue) or any(s is not None for s in self.slots)
+
+    # ------------------------------------------------------------ the loop (engine thread)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self.busy() and not self._stop:
+                    self._cond.wait()
+                if self._stop and not self.busy():
+                    return
+            try:
+                self.step()
+            except Exception:  # never leave the thread: fail what was running, go on
+                log.exception("engine step failed")
+                self._fail_all("internal error in the engine step")
+
+    def warmup(self) -> None:
+        """Compiles the decode and every prefill bucket on the live cache with no-op inputs (all
+        rows padding / inactive), so serving never compiles."""
+        b = self.max_batch
+        for p in self.prefill_batches:
+            for t in self.prefill_lengths:
+                zeros = np.zeros((p,), np.int32)
+                _, self.cache = device.prefill_rows(
+                    self.params, self.cache, np.full((p,), b, np.int32), np.zeros((p,), bool),
+                    np.zeros((p, t), np.int32), zeros, self._sampling([None] * p), cfg=self.cfg,
+                )  # fmt: skip
+        zeros = np.zeros((b,), np.int32)
+        _, _, self.cache = device.decode_rows(
+            self.params, self.cache, zeros, zeros, np.full((b, STOP_WIDTH), -1, np.int32),
+            self._sampling([None] * b), cfg=self.cfg, steps=self.decode_steps,
+        )  # fmt: skip
+        jax.block_until_ready(self.cache)
+
+    def step(self) -> None:
+        """One engine step (see the module docstring)."""
+        with self._cond:
+            self._free_cancelled()
+            self._admit()
+            self._publish_load()
+        chunks = self._plan_prefill()
+        decoding = [i for i, s in enumerate(self.slots) if s is not None and s.decoding]
+        pre = dec = None
+        try:
+            if chunks:
+                pre = self._run_prefill(chunks)
+            if decoding:
+                dec = self._run_decode(decoding)
+            pre, dec = jax.device_get((pre, dec))
+        except Exception:
+            log.exception("device call failed")
+            self._fail_all("internal error in a model call")
+            return
+        now = time.perf_counter()
+        if pre is not None:
+            for j, (i, n) in enumerate(chunks):
+                slot = self.slots[i]
+                slot.prefilled += n
+                if slot.decoding:  # its last chunk: the first token
+                    self._guard(i, lambda s=slot, j=j: self._accept(s, pre, j, now))
+        if dec is not None:
+            sampled, fed = dec
+            owners = {i: self.slots[i] for i in decoding}
+            for k in range(self.decode_steps):
+                step_k = jax.tree.map(lambda a, k=k: a[k], sampled)
+                for i, slot in owners.items():
+                    if fed[k, i] and self.slots[i] is slot:  # not finished by an earlier token
+                        self._guard(i, lambda s=slot, i=i, o=step_k: self._accept(s, o, i, now))
+        self.steps += 1
+        with self._cond:
+            self._publish_load()
+
+    # ------------------------------------------------------------ pieces of a step
+
+    def _free_cancelled(self) -> None:
+        kept = collections.deque(r for r in self.queue if not r.cancelled)
+        for r in self.queue:
+            if r.cancelled:
+                self.metrics.finished("cancelled", len(r.ids), None, None)
+        self.queue = kept
+        for i, s in enumerate(self.slots):
+            if s is not None and s.req.cancelled:
+                self._finish(i, "cancelled")
+
+    def _admit(self) -> None:
+        for i in range(self.max_batch):
+            if self.slots[i] is None and self.queue:
+                req = self.queue.popleft()
+                p = req.params
+                stop_ids = set(p.stop_token_ids)
+                if self.eos_id is not None and not p.ignore_eos:
+                    stop_ids.add(self.eos_id)
+                self.slots[i] = Slot(req, TextStream(self.decode_text, p.stop), frozenset(stop_ids))
+
+    def _plan_prefill(self) -> list[tuple[int, int]]:
+        """(slot, prompt tokens this step) for the slots still prefilling, oldest first."""
+        waiting = [i for i, s in enumerate(self.slots) if s is not None and not s.decoding]
+        waiting.sort(key=lambda i: self.slots[i].req.arrival)
+        budget, out = self.chunk_budget, []
+        for i in waiting[: self.prefill_batches[-1]]:
+            s = self.slots[i]
+            n = min(len(s.req.ids) - s.prefilled, budget, self.max_chunk)
+            if n < 1:
+                break
+            out.append((i, n))
+            budget -= n
+        return out
+
+    def _sampling(self, slots: list[Slot | None]) -> RowSampling:
+        def col(f, dtype):
+            return np.array([f(s) if s is not None else 0 for s in slots], dtype)
+
+        return RowSampling(
+            temperature=col(lambda s: s.req.params.temperature, np.float32),
+            top_k=col(lambda s: s.req.params.top_k, np.int32),
+            top_p=np.array([s.req.params.top_p if s else 1.0 for s in slots], np.float32),
+            seed=col(lambda s: s.req.seed, np.uint32),
+            step=col(lambda s: s.generated, np.int32),
+        )
+
+    def _run_prefill(self, chunks: list[tuple[int, int]]):
+        p = next(x for x in self.prefill_batches if x >= len(chunks))
+        t = next(x for x in self.prefill_lengths if x >= max(n for _, n in chunks))
+        rows = np.full((p,), self.max_batch, np.int32)  # padding rows: never written
+        reset, lengths = np.zeros((p,), bool), np.zeros((p,), np.int32)
+        tokens = np.zeros((p, t), np.int32)
+        slots: list[Slot | None] = [None] * p
+        for j, (i, n) in enumerate(chunks):
+            s = self.slots[i]
+            rows[j], reset[j], lengths[j], slots[j] = i, s.prefilled == 0, n, s
+            tokens[j, :n] = s.req.ids[s.prefilled : s.prefilled + n]
+        sampled, self.cache = device.prefill_rows(
+            self.params,
+            self.cache,
+            rows,
+            reset,
+            tokens,
+            lengths,
+            self._sampling(slots),
+            cfg=self.cfg,
+        )
+        return sampled
+
+    def _run_decode(self, decoding: list[int]):
+        """decode_steps steps for the decoding slots: each runs while it has max_tokens and
+        cache slots left and has not sampled a stop id (stop strings are the host's)."""
+        b = self.max_batch
+        tokens, budget = np.zeros((b,), np.int32), np.zeros((b,), np.int32)
+        stops = np.full((b, STOP_WIDTH), -1, np.int32)
+        slots: list[Slot | None] = [None] * b
+        for i in decoding:
+            s = self.slots[i]
+            in_cache = len(s.req.ids) + s.generated - 1  # s.last is not fed yet
+            left = min(s.req.params.max_tokens - s.generated, self.max_len - in_cache)
+            tokens[i], budget[i], slots[i] = s.last, min(self.decode_steps, left), s
+            stops[i, : len(s.stop_ids)] = sorted(s.stop_ids)
+        sampled, fed, self.cache = device.decode_rows(
+            self.params, self.cache, tokens, budget, stops, self._sampling(slots), cfg=self.cfg,
+            steps=self.decode_steps,
+        )  # fmt: skip
+        return sampled, fed
+
+    def _accept(self, slot: Slot, sampled, j: int, now: float) -> None:
+        """Slot's token from row j of a sampled batch: stream it, then stop or go on."""
+        req, p = slot.req, slot.req.params
+        tok = int(sampled.tokens[j])
+        slot.generated += 1
+        if req.first_token_at is None:
+            req.first_token_at = now
+        self.metrics.tokens(1)
+        if tok in slot.stop_ids:
+            return self._finish(self.slots.index(slot), "stop")
+        event = Event("token", text=slot.text.add(tok), token=tok)
+        if p.logprobs is not None:
+            event.logprob = float(sampled.logprob[j])
+            event.top = [(int(a), float(b)) for a, b in
+                         zip(sampled.top_ids[j][: p.logprobs], sampled.top_logprobs[j][: p.logprobs], strict=True)]  # fmt: skip
+        req.on_event(event)
+        in_cache = len(req.ids) + slot.generated - 1  # the new token is not fed yet
+        if slot.text.stopped:
+            self._finish(self.slots.index(slot), "stop")
+        elif slot.generated >= p.max_tokens or in_cache >= self.max_len:
+            self._finish(self.slots.index(slot), "length")
+        else:
+            slot.last = tok
+
+    def _guard(self, i: int, fn: Callable[[], Any]) -> None:
+        """Runs one request's host work; an exception fails that request alone."""
+        try:
+            fn()
+        except Exception as e:
+            log.exception("request in slot %d failed", i)
+            self._finish(i, "error", error=f"{type(e).__name__}: {e}")
+
+    def _finish(self, i: int, reason: str, error: str | None = None) -> None:
+        slot = self.slots[i]
+        if slot is None:
+            return
+        self.slots[i] = None
+        req = slot.req
+        ttft = tpot = None
+        if req.first_token_at is not None:
+            ttft = req.first_token_at - req.arrival
+            if slot.generated > 1:
+                tpot = (time.perf_counter() - req.first_token_at) / (slot.generated - 1)
+        self.metrics.finished(reason, len(req.ids), ttft, tpot)
+        if error is not None:
+            event = Event("error", error=error)
+        else:
+            rest = "" if reason == "cancelled" else slot.text.finish()
+            event = Event("done", text=rest, finish_reason=reason, prompt_tokens=len(req.ids),
+                          completion_tokens=slot.generated)  # fmt: skip
+        try:
+            req.on_event(event)
+        except Exception:
+            log.exception("request in slot %d failed while finishing", i)
+
+    def _fail_all(self, message: str) -> None:
+        """After a failed device call: every running request fails, the cache restarts."""
+        for i in range(self.max_batch):
+            self._finish(i, "error", error=message)
+        self.cache = init_cache(self.cfg, self.max_batch, self.max_len)
+
+    def _publish_load(self) -> None:
+        self.metrics.set_load(len(self.queue), sum(s is not None for s in self.slots))

@@ -1,0 +1,56 @@
+"""What flows between the engine and its clients: a submitted Request, the Events it hears,
+and the engine's per-slot progress of it."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from orthros_jax.serving.requests import SamplingParams
+from orthros_jax.serving.text import TextStream
+
+
+@dataclasses.dataclass
+class Event:
+    """What a request hears. kind "token": text (may be empty), token, logprob, top [(id, lp)];
+    "done": finish_reason ("stop" / "length" / "cancelled"), text (the rest), usage counts;
+    "error": error (a message)."""
+
+    kind: str
+    text: str = ""
+    token: int | None = None
+    logprob: float | None = None
+    top: list[tuple[int, float]] | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+class Request:
+    """A submitted request. cancel() frees its slot at the next engine step."""
+
+    def __init__(self, ids: list[int], params: SamplingParams, on_event: Callable[[Event], Any],
+                 seed: int) -> None:  # fmt: skip
+        self.ids, self.params, self.on_event, self.seed = list(ids), params, on_event, seed
+        self.cancelled = False
+        self.arrival = time.perf_counter()
+        self.first_token_at: float | None = None
+
+
+@dataclasses.dataclass
+class Slot:
+    """An engine slot's request and its progress (engine thread only)."""
+
+    req: Request
+    text: TextStream
+    stop_ids: frozenset[int]
+    prefilled: int = 0  # prompt tokens in the cache
+    generated: int = 0
+    last: int = 0  # the token to feed next
+
+    @property
+    def decoding(self) -> bool:
+        return self.prefilled == len(self.req.ids)

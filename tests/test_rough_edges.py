@@ -1,0 +1,203 @@
+"""The rough edges a new user hit (issue 22), each where it can fail: resuming with a changed
+model field, metrics replayed after a kill, warnings, one-line launcher errors, --help, "did you
+mean", context-length warnings, the harness's device note, and training's summaries."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+from training_helpers import REPO, TINY_FLAGS, run_train
+
+from orthros_jax import checkpoint, configlib
+from orthros_jax.config import ModelConfig
+from orthros_jax.training import TrainConfig, train
+from orthros_jax.training.loop import check_resumed_model, config_warnings
+from orthros_jax.training.metrics import drop_replayed
+
+
+def _cfg(**model) -> TrainConfig:
+    c = configlib.load_config_file(os.path.join(REPO, "configs/tiny_pt.py"))
+    for k, v in model.items():
+        c.model[k] = v
+    return TrainConfig.from_config(c)
+
+
+def test_a_changed_model_field_on_resume_is_refused(tmp_path):
+    trained = _cfg()
+    checkpoint.write_model_json(str(tmp_path), trained.model, None, 256)
+    os.makedirs(tmp_path / "checkpoints" / "10")
+    before = (tmp_path / "model.json").read_text()
+    with pytest.raises(ValueError, match=r"model\.window=16 \(trained with 64\)"):
+        train(_cfg(window=16), str(tmp_path))
+    assert (tmp_path / "model.json").read_text() == before  # never rewritten to disagree
+    check_resumed_model(_cfg(remat="full", prefill_chunk=512), str(tmp_path))  # runtime knobs
+    os.rmdir(tmp_path / "checkpoints" / "10")
+    check_resumed_model(_cfg(window=16), str(tmp_path))  # no weights yet: nothing to disagree
+
+
+def test_metrics_of_replayed_steps_are_dropped(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "split": "train", "loss": 1.0} for s in (5, 10, 15, 20)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 2')  # cut off
+    assert drop_replayed(str(path), 10) == 3
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [5, 10]
+    assert drop_replayed(str(tmp_path / "absent.jsonl"), 10) == 0
+
+
+def test_warmup_covering_the_run_is_warned():
+    c = configlib.load_config_file(os.path.join(REPO, "configs/tiny_pt.py"))
+    c.optimizer.warmup_steps, c.train.steps = 50, 40
+    (warning,) = config_warnings(TrainConfig.from_config(c))
+    assert "warmup_steps=50 >= train.steps=40" in warning
+    c.train.steps = 51
+    assert config_warnings(TrainConfig.from_config(c)) == []
+
+
+def test_did_you_mean_names_the_closest_key():
+    with pytest.raises(ValueError, match=r"'widow' \(did you mean 'window'\?\)"):
+        ModelConfig.from_dict({"widow": 3})
+    with pytest.raises(ValueError, match=r"did you mean 'model.widow' -> 'model.window'"):
+        configlib.check_override_keys(
+            ["--config.model.widow=3"], default=os.path.join(REPO, "configs/tiny_pt.py")
+        )
+    assert configlib.did_you_mean(["zzzz"], ["window"]) == ""
+
+
+def test_prompts_beyond_the_known_context_are_flagged():
+    loaded = checkpoint.LoadedModel(ModelConfig(), None, None, 256)
+    assert "9000 tokens are beyond the 256" in loaded.beyond_context(9000)
+    assert loaded.beyond_context(256) is None
+    assert checkpoint.LoadedModel(ModelConfig(), None, None).beyond_context(10**6) is None
+
+
+def _launch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.parametrize(
+    "script, own",
+    [
+        ("launch/train.py", ["--config", "--workdir"]),
+        ("launch/evaluate.py", ["--config"]),
+        ("launch/benchmark.py", ["--config", "--out", "--suites"]),
+        ("launch/mqar.py", ["--arms", "--out", "--seeds", "--tiny"]),
+        ("launch/convert.py", ["--export", "--hf_dir", "--remote"]),
+        ("launch/generate.py", ["--model", "--prompt"]),
+    ],
+)
+def test_help_lists_the_launchers_own_flags_and_exits_0(script, own):
+    done = _launch(script, "--help")
+    assert done.returncode == 0, done.stderr[-2000:]
+    for flag in own:
+        name = flag.removeprefix("--")
+        assert f"  --{name}" in done.stdout or f"  --[no]{name}" in done.stdout, flag
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["launch/train.py", "--config=configs/nope.py", "--workdir=x"], "no such file"),
+        (["launch/benchmark.py", "--suites=prefil", "--out=x"], "unknown suite(s) ['prefil']"),
+        (["launch/benchmark.py"], "--out is required"),
+        (["launch/convert.py", "--out=x"], "import takes --hf_dir"),
+        (["launch/train.py", "--workdri=x"], "Did you mean: workdir"),
+    ],
+)
+def test_launcher_errors_are_one_line(args, message, tmp_path):
+    done = _launch(*args)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip() and "libtpu" not in line]
+    assert message in lines[-1] and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+def test_harness_warns_only_for_a_device_the_user_chose(tmp_path, caplog):
+    pytest.importorskip("lm_eval")
+    import jax
+
+    from orthros_jax.evaluation.harness import OrthrosHarnessLM
+    from orthros_jax.model import init_params
+
+    cfg = ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                      head_dim=16, d_ff=32)  # fmt: skip
+    loaded = checkpoint.LoadedModel(cfg, init_params(cfg, jax.random.PRNGKey(0)), None)
+    with caplog.at_level(logging.WARNING):
+        OrthrosHarnessLM(loaded=loaded, device="cuda:0")  # lm-eval's default
+    assert "is ignored" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        OrthrosHarnessLM(loaded=loaded, device="mps")
+    assert "device='mps' is ignored" in caplog.text
+    # The context the model knows is the default max_length; a longer one is warned about.
+    trained = dataclasses.replace(loaded, max_context=64)
+    assert OrthrosHarnessLM(loaded=trained).max_length == 64
+    with caplog.at_level(logging.WARNING):
+        OrthrosHarnessLM(loaded=trained, max_length=128)
+    assert "128 tokens are beyond the 64" in caplog.text
+
+
+def test_training_says_where_it_starts_and_ends_and_logs_no_zero_rates(tmp_path):
+    work = str(tmp_path / "run")
+    flags = [*TINY_FLAGS, "--config.train.steps=3", "--config.train.log_every=1",
+             "--config.optimizer.warmup_steps=5", f"--workdir={work}"]  # fmt: skip
+    done = run_train(flags, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout + done.stderr
+    assert "training orthros (" in out and "random init (seed" in out and work in out
+    assert f"done: step 3 in {work}" in out
+    assert "warmup_steps=5 >= train.steps=3" in out
+    rows = [json.loads(line) for line in open(os.path.join(work, "metrics.jsonl"))]
+    train_rows = [r for r in rows if r["split"] == "train"]
+    assert [r["step"] for r in train_rows] == [1, 2, 3]
+    assert "tokens_per_s" not in train_rows[0]  # only the compiling step: not timed
+    assert all(r["tokens_per_s"] > 0 for r in train_rows[1:])
+    assert train_rows[0]["lr"] > 0  # the first update moves the weights
+    assert checkpoint.load_model(work).max_context == 64
+
+
+def test_harness_command_errors_are_one_line(tmp_path):
+    """`python -m orthros_jax.evaluation.harness`: a bad model dir and an unreachable task
+    dataset (the Hub offline) each end with one line, not a traceback."""
+    pytest.importorskip("lm_eval")
+    import jax
+
+    from orthros_jax.model import init_params
+
+    cfg = ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                      head_dim=16, d_ff=32)  # fmt: skip
+    model = str(tmp_path / "m")
+    checkpoint.save_model(model, cfg, init_params(cfg, jax.random.PRNGKey(0)))
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
+               HF_DATASETS_CACHE=str(tmp_path / "empty_cache"))  # fmt: skip
+    for model_dir, message in ((str(tmp_path / "none"), "has no model.json"),
+                               (model, "dataset cannot be loaded here")):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "orthros_jax.evaluation.harness", "--model", "orthros_jax",
+             "--model_args", f"model={model_dir}", "--tasks", "arc_easy"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert message in done.stderr.strip().splitlines()[-1]
+
+
+def test_a_missing_extra_is_one_line_naming_it(monkeypatch):
+    def main(argv):
+        raise ModuleNotFoundError("No module named 'lm_eval'", name="lm_eval")
+
+    monkeypatch.setattr(sys, "argv", ["evaluate.py"])
+    with pytest.raises(
+        SystemExit, match=r"evaluate.py: needs the 'lm_eval' package: pip install -e '\.\[eval\]'"
+    ):
+        configlib.run(main, "evaluate.py")
+
+    def bad(argv):
+        raise ModuleNotFoundError("No module named 'not_an_extra'", name="not_an_extra")
+
+    with pytest.raises(ModuleNotFoundError):  # not an optional dependency: a real bug
+        configlib.run(bad, "evaluate.py")

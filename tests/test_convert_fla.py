@@ -134,7 +134,8 @@ def test_1p3b_configs_are_flas_1p3b_models(arm):
     with torch.device("meta"):
         fla_count = sum(p.numel() for p in cls(cfg_cls()).parameters())
     assert cfg.architecture == arm and model_num_params(cfg) == fla_count
-    assert (c.train.steps, c.data.batch_size * c.data.seq_len) == (47_683, 2_097_152)
+    tokens = c.data.batch_size * c.data.seq_len * c.optimizer.grad_accum_steps
+    assert (c.train.steps, tokens) == (47_683, 2_097_152)
     for name in ("data", "optimizer", "train", "mesh"):
         assert configlib.to_plain(c[name]) == configlib.to_plain(ref[name]), name
 

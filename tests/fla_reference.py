@@ -14,16 +14,24 @@ ships (`fla/ops/*/naive.py`, `rms_norm_ref`, `rotary_embedding_ref`) or a one-li
   ShortConvolution -> torch conv1d (causal, depthwise) + SiLU;  SwiGLULinear -> silu(x) y W^T
   fla's Triton activations (feature maps, the unfused gate) -> torch's
 
-Needs `triton` importable (fla's package imports it; its kernels never run here: on a machine
-without a GPU triton has no driver, which fla reports as a CPU fallback warning).
+fla's package imports triton at import time (its kernels never run here). Without triton
+installed, a stand-in module answers those imports while fla is imported, and fla and the
+stand-in leave sys.modules again afterwards: transformers picks fla's Triton kernels for
+Qwen3.5's gated delta rule whenever `import fla` works, which would break its CPU path for
+every later test in the process. (Real triton installed has the same effect on transformers,
+so the convert extra does not install it.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib.abc
 import importlib.util
 import math
 import pathlib
+import sys
+import types
 import warnings
 from typing import Any
 
@@ -50,13 +58,100 @@ def _act(name: str | None):
     return {None: None, "relu": F.relu, "sigmoid": F.sigmoid, "silu": F.silu, "swish": F.silu}[name]
 
 
+class _NoDriver:
+    """triton.runtime.driver without a device: fla then falls back to the CPU."""
+
+    @property
+    def active(self) -> Any:
+        raise RuntimeError("no triton driver (CPU)")
+
+
+class _Anything:
+    """Stands for any triton object: callable, subscriptable, with any attribute. Called on a
+    single function (a decorator such as triton.jit) it wraps that function."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and callable(args[0]) and not kwargs:
+            return _Wrapped(args[0])
+        return _Anything()
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Anything()
+
+    def __getitem__(self, key: Any) -> Any:
+        return _Anything()
+
+    def __iter__(self):
+        return iter(())
+
+
+class _Wrapped(_Anything):
+    """A decorated function (a "kernel"): keeps the function and its name."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.__name__, self.arg_names = fn, getattr(fn, "__name__", "kernel"), []
+
+
+class _StubModule(types.ModuleType):
+    """A triton (sub)module: submodules import as stand-ins too, names that look like classes
+    are classes (fla subclasses Autotuner), the rest `_Anything`; nothing of it ever runs."""
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr == "__version__":
+            return "3.4.0"
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        if attr in ("runtime", "language", "compiler", "backends", "testing", "tools", "autotuner"):
+            return importlib.import_module(f"{self.__name__}.{attr}")
+        if (self.__name__, attr) == ("triton.runtime", "driver"):
+            return _NoDriver()
+        if attr[:1].isupper():
+            return type(attr, (_Anything,), {})
+        return _Anything()
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name == "triton" or name.startswith("triton."):
+            return importlib.util.spec_from_loader(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        return _StubModule(spec.name)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _fla_importable():
+    """Imports inside see fla (with the triton stand-in when triton is absent); afterwards
+    fla and the stand-in are gone from sys.modules (see the module docstring)."""
+    stub = importlib.util.find_spec("triton") is None
+    finder = _StubFinder()
+    if stub:
+        sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        if stub:
+            sys.meta_path.remove(finder)
+        for name in [n for n in sys.modules if n.split(".")[0] in ("fla", "triton")]:
+            del sys.modules[name]
+
+
 @functools.cache
 def fla_models() -> Any:
     """`fla.models` with the torch substitutes installed (once per process)."""
     import torch
     import torch.nn.functional as F
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _fla_importable():
         warnings.simplefilter("ignore")
         import fla.layers.gated_deltanet as gdn_layer
         import fla.layers.gla as gla_layer

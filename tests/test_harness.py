@@ -31,7 +31,7 @@ from orthros_jax.evaluation.harness import OrthrosHarnessLM  # noqa: E402
 from orthros_jax.evaluation.harness_run import load_tasks  # noqa: E402
 from orthros_jax.evaluation.scoring import batches, bucket, score_row  # noqa: E402
 from orthros_jax.evaluation.text import HarnessTokenizer  # noqa: E402
-from orthros_jax.model import OrthrosLM  # noqa: E402
+from orthros_jax.model import OrthrosLM, init_params  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK_DIR = os.path.join(REPO, "tests", "harness_tasks")
@@ -161,7 +161,7 @@ def test_matches_lm_eval_hf_model_on_a_converted_llama(hf_dir, tasks_here, tmp_p
 # ---------------------------------------------------------------- SFT mode == full forward
 
 
-@pytest.mark.parametrize("arch", ["orthros", "swa"])
+@pytest.mark.parametrize("arch", ["orthros", "swa", "gla", "retnet"])
 def test_scores_equal_the_full_forward_at_the_same_positions(arch, hf_dir, tmp_path):
     """Orthros's output copies only at the continuation (SFT mode) score exactly what a PT
     forward over the same window gives there; window 4 < the inputs, non-identity SO."""
@@ -173,8 +173,12 @@ def test_scores_equal_the_full_forward_at_the_same_positions(arch, hf_dir, tmp_p
         for name in [n for n in layers if n.startswith("so_")]:
             layers[name] = layers[name] + rng.normal(0, 0.3, np.shape(layers[name]))
         params = {**params, "layers": jax.tree.map(np.float32, layers)}
-    else:
+    elif arch == "swa":
         cfg = cfg.replace(architecture="swa", window=4)
+    else:  # fla's linear baselines: the same block, random mixers (prefill runs them whole)
+        cfg = cfg.replace(architecture=arch, layer_types=(), init_std=0.1, gla_chunk=4,
+                          retention_chunk=4)  # fmt: skip
+        params = jax.tree.map(np.asarray, init_params(cfg, jax.random.PRNGKey(3)))
     lm = OrthrosHarnessLM(
         model=_save(tmp_path, cfg, params, hf_dir), batch_size=3, max_length=MAX_LEN
     )

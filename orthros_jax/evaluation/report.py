@@ -24,6 +24,8 @@ ARM_LABELS = {
     "gdn": "GDN",
     "hybrid": "Linear Hybrid",
     "orthros_h": "Orthros-H",
+    "gla": "GLA",
+    "retnet": "RetNet",
 }
 EXPERIMENTS = ("recall", "lm", "convert")
 COLORS = {
@@ -34,6 +36,8 @@ COLORS = {
     "gdn": "C2",
     "hybrid": "C4",
     "orthros_h": "C5",
+    "gla": "C6",
+    "retnet": "C8",
 }
 
 

@@ -281,13 +281,14 @@ class ModelConfig:
         ):
             return
         if kinds != arm.kinds:
+            needs = (f"needs both 'gdn' and 'attention' layers (any of {sorted(RECURRENT_KINDS)} "
+                     "may stand for gdn)" if arm.any_recurrent
+                     else f"needs only {next(iter(arm.kinds))!r} layers" if len(arm.kinds) == 1
+                     else f"needs exactly the kinds {sorted(arm.kinds)}")  # fmt: skip
             raise ValueError(
                 f"ModelConfig.layer_types={self.layer_types!r} does not fit architecture "
-                f"{self.architecture!r}, which needs exactly the kinds {sorted(arm.kinds)} (e.g. "
-                f"{arm.layer_types!r}, the default"
-                + (f"; any of {sorted(RECURRENT_KINDS)} may stand for gdn)" if arm.any_recurrent
-                   else ")")
-            )  # fmt: skip
+                f"{self.architecture!r}, which {needs} (e.g. {arm.layer_types!r}, the default)"
+            )
 
     @property
     def rope_dim(self) -> int:

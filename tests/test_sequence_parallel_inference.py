@@ -60,7 +60,8 @@ def _params(arch: str, put=None):
 
 def _serve(arch: str, mesh, params=None) -> dict[str, np.ndarray]:
     """prefill, a continued prefill, then 4 decode steps; every logits [B, V] and the cache."""
-    from orthros_jax.inference import _host, decode_step, init_cache, prefill
+    from orthros_jax.inference import decode_step, init_cache, prefill
+    from orthros_jax.inference.api import _host
 
     cfg, x = _cfg(arch), _inputs()
     params = _params(arch) if params is None else params
@@ -111,7 +112,8 @@ def _too_long_prompt(mesh) -> dict:
 
 def _greedy(params, cfg, mesh, steps: int) -> np.ndarray:
     """Greedy tokens [B, steps] after the first prompts, fed back by prefill + decode_step."""
-    from orthros_jax.inference import _host, decode_step, init_cache, prefill
+    from orthros_jax.inference import decode_step, init_cache, prefill
+    from orthros_jax.inference.api import _host
 
     x = _inputs()
     cache = init_cache(cfg, 2, SLOTS, mesh=mesh)
@@ -289,7 +291,7 @@ def test_bad_input_raises_before_compiling(runs):
     with pytest.raises(ValueError, match=r"batch size 3 is not divisible .*'data': 2.* = 2"):
         init_cache(cfg, 3, 64, mesh=data2)
     hybrid = tiny_config(architecture="hybrid", n_layers=4)
-    with pytest.raises(ValueError, match=r"attention layers only; layer_types .* \['gdn'\]"):
+    with pytest.raises(ValueError, match=r"cache grows with slots; layer_types .* \['gdn'\]"):
         init_cache(hybrid, 2, 64, mesh=seq8)
 
 

@@ -47,7 +47,7 @@ def test_cache_is_split_over_batch_and_kv_heads():
 
     mesh = pmesh.make_mesh(MeshConfig(1, 1, 1))
     sh = cache_shardings(tiny_model(), 4, 64, mesh)
-    assert sh.k.spec == P() and sh.lengths.spec == P()  # one device: nothing to split
+    assert sh.states["attention"][0].spec == P() and sh.lengths.spec == P()  # one device
     from orthros_jax.layers import attention as attention_layer
 
     axes = attention_layer.state_axes(tiny_model())[0]

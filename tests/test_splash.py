@@ -12,7 +12,7 @@ import pytest
 from conftest import randomize_so, tiny_config
 
 from orthros_jax import inference as inf
-from orthros_jax.kernels.attention import reference_attention
+from orthros_jax.kernels.reference import reference_attention
 from orthros_jax.layers.attend import Keys, attend
 from orthros_jax.layers.splash import use_interpret
 from orthros_jax.model import OrthrosLM, init_params

@@ -42,17 +42,6 @@ from orthros_jax.model import Params
 from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel.sequence import SEQ
 
-__all__ = [
-    "GenerateOutput",
-    "KVCache",
-    "Sampler",
-    "decode_step",
-    "generate",
-    "init_cache",
-    "prefill",
-    "prompt_bucket",
-]
-
 
 def prompt_bucket(length: int, cfg: ModelConfig) -> int:
     """Padded prompt length: a power of two (>= 8) up to the chunk size, then a multiple of it.

@@ -48,7 +48,9 @@ from orthros_jax.layers.kind import (
     default_init,
     ffn_residual,
     finish_streams,
+    layer_of,
     norm,
+    with_layer,
 )
 
 SO_NAMES = ("gdn_so_out_scale", "gdn_so_out_offset")
@@ -106,16 +108,6 @@ def _sequence(
     return y, cross_y
 
 
-def _layer_state(state: gdn.GDNState, li: Any) -> gdn.GDNState:
-    return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, li, keepdims=False), state)
-
-
-def _write_state(state: gdn.GDNState, li: Any, new: gdn.GDNState) -> gdn.GDNState:
-    return jax.tree.map(
-        lambda a, x: jax.lax.dynamic_update_index_in_dim(a, x.astype(a.dtype), li, 0), state, new
-    )
-
-
 def step(
     p: Params,
     cfg: ModelConfig,
@@ -136,12 +128,12 @@ def step(
         if base is not None or out is None:
             raise ValueError("a GDN layer cannot read a base token alone (reads_last_token)")
         h_out = norm(p, out.x, "attn_norm", cfg)
-        st = _layer_state(state, li)
+        st = layer_of(state, li)
         cross_y = gdn.gdn_read(p, h_out, cfg, state=st, cross_so=_cross_so(p, cfg))
     else:
         assert base is not None
         h = norm(p, base.x, "attn_norm", cfg)
-        st = _layer_state(state, li)
+        st = layer_of(state, li)
         if ctx.mode == CHUNK:
             if out is not None:
                 raise ValueError("prefill chunks run the base stream only")
@@ -157,7 +149,7 @@ def step(
         else:
             raise ValueError(f"unknown mode {ctx.mode!r}")
         if ctx.mode == CHUNK:
-            state = _write_state(state, li, new)
+            state = with_layer(state, li, new)
     if not compute_base:
         y = None
     # The FFN is token-wise and shared (decode: both streams as one batch).

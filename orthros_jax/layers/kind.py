@@ -260,6 +260,17 @@ def finish_streams(
     return base, out
 
 
+def layer_of(state: Any, li: Any) -> Any:
+    """Layer li's entry of a kind's stacked state (every leaf [layers, ...] -> [...])."""
+    return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, li, keepdims=False), state)
+
+
+def with_layer(state: Any, li: Any, new: Any) -> Any:
+    """The stacked state with layer li's entry replaced by `new` (cast to each leaf's dtype)."""
+    put = lambda a, x: jax.lax.dynamic_update_index_in_dim(a, x.astype(a.dtype), li, 0)
+    return jax.tree.map(put, state, new)
+
+
 def document_starts(stream: Stream) -> jax.Array:
     """[B, L] True where a packed document starts: the first token, a segment change, or a
     position that does not increase over the previous token's."""

@@ -40,7 +40,9 @@ from orthros_jax.layers.kind import (
     block_param_shapes,
     ffn_residual,
     finish_streams,
+    layer_of,
     norm,
+    with_layer,
 )
 from orthros_jax.layers.linear_mixer import FEATURE_MAP
 
@@ -139,13 +141,6 @@ def make(
             cross_y = jnp.take_along_axis(cross_y, idx[:, :, None], axis=1)
         return y, cross_y
 
-    def layer_state(state: lm.LinearState, li: Any) -> lm.LinearState:
-        return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, li, keepdims=False), state)
-
-    def write_state(state: lm.LinearState, li: Any, new: lm.LinearState) -> lm.LinearState:
-        put = lambda a, x: jax.lax.dynamic_update_index_in_dim(a, x.astype(a.dtype), li, 0)
-        return jax.tree.map(put, state, new)
-
     def step(p: Params, cfg: ModelConfig, base: Stream | None, out: Stream | None, state: Any,
              li: Any, ctx: StepContext,
              compute_base: bool = True) -> tuple[Stream | None, Stream | None, Any]:  # fmt: skip
@@ -160,16 +155,16 @@ def make(
             if base is not None or out is None:
                 raise ValueError(f"a {name} layer cannot read a base token alone")
             h_out = norm(p, out.x, "attn_norm", cfg)
-            cross_y = lm.read(p, h_out, spec, state=layer_state(state, li),
+            cross_y = lm.read(p, h_out, spec, state=layer_of(state, li),
                               positions_B1=out.positions, cross_so=cross_so(p, cfg))  # fmt: skip
         elif ctx.mode == CHUNK:
             if out is not None or base is None:
                 raise ValueError("prefill chunks run the base stream only")
             h = norm(p, base.x, "attn_norm", cfg)
-            y, _, new = lm.mix(p, h, spec, decay, state=layer_state(state, li),
+            y, _, new = lm.mix(p, h, spec, decay, state=layer_of(state, li),
                                positions_BL=base.positions, valid_BL=ctx.valid,
                                reset_BL=ctx.reset)  # fmt: skip
-            state = write_state(state, li, new)
+            state = with_layer(state, li, new)
         elif ctx.mode == DECODE:
             assert base is not None
             h = norm(p, base.x, "attn_norm", cfg)

@@ -50,6 +50,15 @@ GPU_TARGET_FILE = os.path.join(os.path.dirname(__file__), "targets", "h100_sxm.t
 TARGETS_HELP = "v5e:2x2 | v5e:4x4 | v5p:2x2x1 | v5p:2x2x2 | v6e:2x2 | v4:2x2x1 | h100x1..h100x8"
 
 
+def has_gpu_compiler() -> bool:
+    """Whether jax-cuda12-plugin is installed. find_spec of a submodule raises when the parent
+    namespace package (jax_plugins) is absent, as on a fresh machine, hence the two steps."""
+    return (
+        importlib.util.find_spec("jax_plugins") is not None
+        and importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    )
+
+
 def target_devices(target: str) -> list[Any]:
     """The abstract devices of a target name; ValueError for an unknown name or a missing
     compiler (libtpu for TPU targets, jax-cuda12-plugin for h100xN)."""
@@ -63,7 +72,7 @@ def target_devices(target: str) -> list[Any]:
         return list(topologies.get_topology_desc(platform="tpu", topology_name=target).devices)
     m = GPU_TARGET.match(target)
     if m:
-        if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+        if not has_gpu_compiler():
             raise ValueError(
                 f"target {target!r} needs the GPU compiler: pip install --no-deps "
                 f"jax-cuda12-plugin=={jax.__version__} jax-cuda12-pjrt=={jax.__version__}"

@@ -110,6 +110,16 @@ def test_errors_name_the_problem(devices, monkeypatch):
         aot.target_devices(TARGET)
 
 
+def test_missing_gpu_compiler_is_a_value_error(monkeypatch):
+    # A fresh machine has no jax_plugins namespace at all: find_spec of its submodule would
+    # raise ModuleNotFoundError, so the probe must come back False, and the target a ValueError.
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "jax_plugins" else real(n, *a))  # fmt: skip
+    assert not aot.has_gpu_compiler()
+    with pytest.raises(ValueError, match="needs the GPU compiler: pip install --no-deps jax-cuda12-plugin"):  # fmt: skip
+        aot.target_devices("h100x2")
+
+
 def test_cli_error_is_one_line(tmp_path):
     cmd = [sys.executable, "launch/compile.py", "--target=tpu9:2x2", f"--out={tmp_path}"]
     res = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=300)  # fmt: skip

@@ -4,7 +4,6 @@ step and prefill compile for the H100 target with cuDNN's fused attention in the
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ import jax.numpy as jnp
 import pytest
 from conftest import tiny_config
 
+from benchmarks.aot import has_gpu_compiler
 from orthros_jax.model import OrthrosLM, init_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +47,7 @@ def test_head_dim_above_256_is_refused():
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("jax_plugins.xla_cuda12") is None,
+    not has_gpu_compiler(),
     reason="needs jax-cuda12-plugin and jax-cuda12-pjrt (pip install --no-deps)",
 )
 @pytest.mark.parametrize("config", ["train", "prefill"])

@@ -38,6 +38,7 @@ import multiprocessing
 import os
 import statistics
 import sys
+import threading
 import time
 
 import jax
@@ -53,6 +54,7 @@ from orthros_jax.serving import device
 from orthros_jax.serving.api import create_app
 from orthros_jax.serving.background import BackgroundServer
 from orthros_jax.serving.engine import Engine
+from orthros_jax.serving.requests import SamplingParams
 
 # benchmarks/ lives beside launch/, outside the installed package.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,6 +82,7 @@ flags.DEFINE_integer("conc_max_len", 256, "Longest prompt of the sweep (also its
 flags.DEFINE_integer("conc_new", 32, "New tokens per request of the sweep.")
 flags.DEFINE_integer("repeats", 2, "Interleaved rounds of the TTFT and concurrency timings.")
 flags.DEFINE_integer("decode_steps", 4, "Engine decode steps per device call (multi-step).")
+flags.DEFINE_float("batch_wait_ms", 50.0, "Sweep: how long an idle engine lets a burst gather.")
 flags.mark_flags_as_required(["out"])
 NAME = "bench"
 TOK = ByteTokenizer()
@@ -150,13 +153,39 @@ class _Client:
 _CLIENT = _Client()
 
 
-def _serve(cfg, params, *, slots: int, max_len: int, lengths: tuple[int, ...], batches=None):
+def _serve(cfg, params, *, slots: int, max_len: int, lengths: tuple[int, ...], batches=None,
+           batch_wait_s: float = 0.0):  # fmt: skip
     engine = Engine(params, cfg, max_batch=slots, max_len=max_len, chunk_budget=max(lengths) * slots,
                     prefill_lengths=lengths, prefill_batches=batches, decode_text=TOK.decode,
-                    decode_steps=FLAGS.decode_steps)  # fmt: skip
+                    decode_steps=FLAGS.decode_steps, batch_wait_s=batch_wait_s)  # fmt: skip
     t = time.perf_counter()
     engine.warmup()
-    return BackgroundServer(create_app(engine, TOK, NAME)), time.perf_counter() - t
+    return BackgroundServer(create_app(engine, TOK, NAME)), time.perf_counter() - t, engine
+
+
+def _direct(engine: Engine, prompts: list[list[int]], new: int) -> dict:
+    """The prompts submitted to the engine itself at once (no HTTP): the engine's own overhead
+    against generate. e2e: submit -> every request done; ttft: mean submit -> first token."""
+    done, first = threading.Semaphore(0), {}
+    greedy = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
+    t0 = time.perf_counter()
+
+    def listen(k: int):
+        def on_event(ev) -> None:
+            if ev.kind == "token" and k not in first:
+                first[k] = time.perf_counter() - t0
+            elif ev.kind in ("done", "error"):
+                done.release()
+
+        return on_event
+
+    for k, p in enumerate(prompts):
+        engine.submit(p, greedy, listen(k))
+    for _ in prompts:
+        done.acquire()
+    e2e = time.perf_counter() - t0
+    return {"e2e_s": e2e, "ttft_s": statistics.mean(first.values()),
+            "output_tok_s": len(prompts) * new / e2e}  # fmt: skip
 
 
 def table4(c, shapes: list[tuple[int, int]], pairs: list[tuple[str, str]]) -> dict:
@@ -175,7 +204,7 @@ def table4(c, shapes: list[tuple[int, int]], pairs: list[tuple[str, str]]) -> di
         for arm in arms:  # every arm's server up at once, so their calls can interleave
             # One request prefills per step (P = 1, a chunk): the paper's two requests arrive
             # together; the first prefills, then the second while the first decodes.
-            srv, compile_s[arm] = _serve(cfgs[arm], params[arm], slots=2, max_len=max_len,
+            srv, compile_s[arm], _ = _serve(cfgs[arm], params[arm], slots=2, max_len=max_len,
                                          lengths=(chunk,), batches=(1,))  # fmt: skip
             urls[arm] = stack.enter_context(srv).url
             _CLIENT.burst(urls[arm], [[1, 2, 3]], 2)  # the HTTP path warm
@@ -229,12 +258,15 @@ def concurrency(c, counts: list[int]) -> list[dict]:
     rng = np.random.default_rng(c.seed + 1)
     lo, hi, new = FLAGS.conc_min_len, FLAGS.conc_max_len, FLAGS.conc_new
     max_len = -(-(hi + new) // 128) * 128
+    buckets = tuple(b for b in (64, 128, 256, 512, 1024) if b < hi) + (hi,)
     out = []
     for n in counts:
         prompts = [rng.integers(0, 256, int(rng.integers(lo, hi + 1))).tolist() for _ in range(n)]
-        # The N prompts prefill in P-row calls (P a power of two <= N) of `hi` tokens each: those
-        # that arrived by a step go together, as generate's one call takes them all.
-        server, _ = _serve(cfg, params, slots=n, max_len=max_len, lengths=(hi,))
+        # The N prompts prefill in P-row calls (P a power of two <= N) of 64-256 tokens each;
+        # an idle engine waits up to 50 ms for a burst to arrive, so a burst sent together
+        # prefills in one call, as generate's does.
+        server, _, engine = _serve(cfg, params, slots=n, max_len=max_len, lengths=buckets,
+                                   batch_wait_s=FLAGS.batch_wait_ms / 1000)  # fmt: skip
         run = lambda: inference.generate(
             params, prompts, cfg, max_new_tokens=new, cache_size=max_len
         )
@@ -242,12 +274,13 @@ def concurrency(c, counts: list[int]) -> list[dict]:
                                         [len(p) for p in prompts], cfg)[0]  # fmt: skip
         jax.block_until_ready(pre())
         gen_out = run()  # compiles
-        engs, gens, pres = [], [], []
+        srvs, engs, gens, pres = [], [], [], []
         with server:
             _CLIENT.burst(server.url, prompts[:1], 2)  # the HTTP path warm
             compiled = device.compile_count()
             for _ in range(FLAGS.repeats):  # interleaved rounds: a shared box drifts
-                engs.append(_CLIENT.burst(server.url, prompts, new))
+                engs.append(_direct(engine, prompts, new))
+                srvs.append(_CLIENT.burst(server.url, prompts, new))
                 t = time.perf_counter()
                 gen_out = run()
                 gens.append(time.perf_counter() - t)
@@ -255,18 +288,24 @@ def concurrency(c, counts: list[int]) -> list[dict]:
                 jax.block_until_ready(pre())
                 pres.append(time.perf_counter() - t)
             recompiles = device.compile_count() - compiled
-        eng = min(engs, key=lambda r: r["e2e_s"]) | {"e2e_rounds_s": [r["e2e_s"] for r in engs]}
+        best = lambda rs: (
+            min(rs, key=lambda r: r["e2e_s"]) | {"e2e_rounds_s": [r["e2e_s"] for r in rs]}
+        )
+        eng, srv = best(engs), best(srvs)
         gen_s, gen_ttft = min(gens), min(pres)
+        gen_tok_s = n * new / gen_s
         row = {
-            "clients": n, "engine": eng,
-            "generate": {"e2e_s": gen_s, "output_tok_s": n * new / gen_s, "ttft_s": gen_ttft, "e2e_rounds_s": gens},
+            "clients": n, "engine": eng, "server": srv,
+            "generate": {"e2e_s": gen_s, "output_tok_s": gen_tok_s, "ttft_s": gen_ttft, "e2e_rounds_s": gens},
             "compiles_while_serving": recompiles,
-            "engine_over_generate_tok_s": eng["output_tok_s"] / (n * new / gen_s),
+            "engine_over_generate_tok_s": eng["output_tok_s"] / gen_tok_s,
+            "server_over_generate_tok_s": srv["output_tok_s"] / gen_tok_s,
         }  # fmt: skip
         row["generate"]["tokens"] = int(gen_out.lengths.sum())
         out.append(row)
-        print(f"concurrency {n}: engine {eng['output_tok_s']:.1f} tok/s TTFT {eng['ttft_s']:.3f}s | generate "
-              f"{row['generate']['output_tok_s']:.1f} tok/s | ratio {row['engine_over_generate_tok_s']:.3f}", flush=True)  # fmt: skip
+        print(f"concurrency {n}: engine {eng['output_tok_s']:.1f} tok/s TTFT {eng['ttft_s']:.3f}s | server "
+              f"{srv['output_tok_s']:.1f} tok/s TTFT {srv['ttft_s']:.3f}s | generate {gen_tok_s:.1f} tok/s | "
+              f"engine/generate {row['engine_over_generate_tok_s']:.3f}", flush=True)  # fmt: skip
     return out
 
 
@@ -302,6 +341,7 @@ def main(argv: list[str]) -> None:
                 ("pairs", FLAGS.pairs),
                 ("concurrency", FLAGS.concurrency),
                 ("decode_steps", FLAGS.decode_steps),
+                ("batch_wait_ms", FLAGS.batch_wait_ms),
                 ("repeats", FLAGS.repeats),
                 ("out", FLAGS.out),
             )

@@ -32,12 +32,15 @@ def table4_md(t4: dict, pairs: list[tuple[str, str]]) -> list[str]:
 
 
 def concurrency_md(rows: list[dict]) -> list[str]:
-    lines = ["| clients | engine tok/s | generate tok/s | engine / generate | engine TTFT s | generate prefill s |",
-             "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = ["| clients | engine tok/s | server tok/s | generate tok/s | engine / generate | server / generate "
+             "| engine TTFT s | server TTFT s | generate prefill s |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
-        e, g = r["engine"], r["generate"]
-        lines.append(f"| {r['clients']} | {_f(e['output_tok_s'], 1)} | {_f(g['output_tok_s'], 1)} | "
-                     f"{_f(r['engine_over_generate_tok_s'], 3)} | {_f(e['ttft_s'])} | {_f(g['ttft_s'])} |")  # fmt: skip
+        e, s, g = r["engine"], r["server"], r["generate"]
+        lines.append(f"| {r['clients']} | {_f(e['output_tok_s'], 1)} | {_f(s['output_tok_s'], 1)} | "
+                     f"{_f(g['output_tok_s'], 1)} | {_f(r['engine_over_generate_tok_s'], 3)} | "
+                     f"{_f(r['server_over_generate_tok_s'], 3)} | {_f(e['ttft_s'])} | {_f(s['ttft_s'])} | "
+                     f"{_f(g['ttft_s'])} |")  # fmt: skip
     return lines
 
 
@@ -72,11 +75,13 @@ def _plot(rows: list[dict], path: str) -> None:
 
     n = [r["clients"] for r in rows]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.plot(n, [r["engine"]["output_tok_s"] for r in rows], "o-", label="engine (server)")
+    a.plot(n, [r["engine"]["output_tok_s"] for r in rows], "o-", label="engine")
+    a.plot(n, [r["server"]["output_tok_s"] for r in rows], "^-", label="engine through HTTP")
     a.plot(n, [r["generate"]["output_tok_s"] for r in rows], "s--", label="generate per batch")
     a.set(xscale="log", xlabel="concurrent clients", ylabel="output tokens/s", title="Throughput")
     a.set_xticks(n, [str(x) for x in n])
     b.plot(n, [r["engine"]["ttft_s"] for r in rows], "o-", label="engine TTFT (mean)")
+    b.plot(n, [r["server"]["ttft_s"] for r in rows], "^-", label="through HTTP")
     b.plot(
         n, [r["generate"]["ttft_s"] for r in rows], "s--", label="generate: prefill of the batch"
     )

@@ -44,6 +44,12 @@ flags.DEFINE_integer(
     "Decode steps per device call (> 1: tokens stream in bursts of it, "
     "one host round trip per burst).",
 )
+flags.DEFINE_float(
+    "batch_wait_ms",
+    0.0,
+    "How long an idle engine lets a burst of requests gather before its first step "
+    "(so they prefill in one call); at most 1000.",
+)
 flags.DEFINE_list(
     "prefill_lengths", None, "Prefill token buckets (default: powers of two 8..chunk_budget)."
 )
@@ -73,7 +79,7 @@ def main(argv: list[str]) -> None:
             loaded.params, loaded.cfg, max_batch=FLAGS.max_batch, max_len=FLAGS.max_len,
             chunk_budget=FLAGS.chunk_budget, max_queue=FLAGS.max_queue,
             decode_text=tokenizer.decode, eos_id=tokenizer.eos_id, prefill_lengths=lengths,
-            decode_steps=FLAGS.decode_steps,
+            decode_steps=FLAGS.decode_steps, batch_wait_s=FLAGS.batch_wait_ms / 1000,
         )  # fmt: skip
     except ValueError as e:
         sys.exit(f"serve.py: {e}")

@@ -182,6 +182,7 @@ def _stack_copies(name: str, kind: str, **kw) -> list[str]:
     return [ln.strip()[:120] for ln in hlo.splitlines() if want in ln and " copy(" in ln]
 
 
+@pytest.mark.optimized  # about the compiled program
 @pytest.mark.parametrize(
     "name,kind",
     [("retnet", "retention"), ("hybrid_gla", "gla"), ("gdn", "gdn"), ("hybrid_gdn", "gdn")],

@@ -216,6 +216,7 @@ def test_stacked_step_equals_the_step(per_key):
     np.testing.assert_allclose(np.asarray(got[1])[0], np.asarray(want[1])[0], **TOL)
 
 
+@pytest.mark.optimized  # about the compiled program
 @pytest.mark.parametrize("per_key", [True, False], ids=["per_key", "per_head"])
 def test_stacked_step_copies_no_stack(per_key):
     """At the bench model's decode shape (6 layers, 8 heads of 64 x 64, batch 1) the compiled

@@ -5,6 +5,8 @@ state."""
 
 from __future__ import annotations
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -207,3 +209,32 @@ def test_text_stream_holds_back_stop_prefixes_and_partial_characters():
     assert ts.add(ord("D")) == "" and ts.stopped and ts.finish() == ""
     ts = TextStream(tok.decode, stops=("END",))
     assert "".join(ts.add(b) for b in b"a EN") == "a " and ts.finish() == "EN"
+
+
+def test_an_idle_engine_gathers_a_burst_into_one_prefill(monkeypatch):
+    cfg, params = arm_model("orthros")
+    with pytest.raises(ValueError, match="batch_wait_s must be in"):
+        _engine(params, cfg, batch_wait_s=-1)
+    calls = []
+    real = device.prefill_rows
+
+    def spy(params, cache, rows, *args, **kw):
+        calls.append(int((np.asarray(rows) < 3).sum()))  # real rows (ids < max_batch)
+        return real(params, cache, rows, *args, **kw)
+
+    monkeypatch.setattr(device, "prefill_rows", spy)
+    # 3 slots, chunks of 8: three 2-token prompts fit one call; the wait ends when all slots fill
+    engine = _engine(params, cfg, batch_wait_s=1.0)
+    engine.start()
+    got = [Collect() for _ in range(3)]
+    try:
+        for k, c in enumerate(got):  # 50 ms apart: without the wait, the first runs alone
+            engine.submit([1 + k, 2], SamplingParams(max_tokens=2, temperature=0.0), c)
+            time.sleep(0.05)
+        deadline = time.time() + 120
+        while not all(c.done for c in got) and time.time() < deadline:
+            time.sleep(0.01)
+    finally:
+        engine.shutdown()
+    assert all(c.done.finish_reason == "length" for c in got)
+    assert calls == [3], calls  # one prefill call held all three prompts

@@ -78,6 +78,25 @@ class KindStack(nn.Module):
 LayerBody = Callable[[Any, LayerKind, Params, Any], Any]
 
 
+def _after(li: Any, carry: Any, n: int) -> Any:
+    """li (a layer index in [0, n)) unchanged, but computed from the carry, so the layer's
+    weights are read only once the layer before has produced it.
+
+    XLA:CPU copies a dynamically indexed weight slice out of its stack before the dot, and its
+    scheduler hoists every such copy of a loop body to the top: a hybrid cycle (three GDN
+    layers and one attention layer) held all its layers' copies at once, 51 MB of temporaries
+    against the Transformer's 12, allocated afresh (page faults) on every decode step, which
+    ran 3-4x slower than the Transformer's. A barrier does not survive to XLA:CPU's scheduling;
+    a data dependency does: min(li, n - 1 + isnan(x)) is li for any x, and XLA cannot fold it.
+    A static li (an unrolled layer) gets the same dependency: static slices are hoisted alike.
+    """
+    leaf = next(
+        a for a in jax.tree.leaves(carry) if jax.numpy.issubdtype(a.dtype, jax.numpy.floating)
+    )
+    probe = jax.numpy.ravel(leaf)[0]
+    return jax.numpy.minimum(li, n - 1 + jax.numpy.isnan(probe).astype(jax.numpy.int32))
+
+
 def layer_loop(
     params: Params,
     cfg: ModelConfig,
@@ -107,6 +126,7 @@ def layer_loop(
         for j in range(upto):
             name, li = cycle[j], cfg.layer_index(c, j)
             if cycle_params is None:
+                li = _after(li, carry, cfg.layers_of(name))
                 p = layer_at(name, li)
             else:  # this cycle's slice of the stack: entry layer_index(0, j)
                 p = jax.tree.map(operator.itemgetter(cfg.layer_index(0, j)), cycle_params[name])
@@ -138,6 +158,7 @@ def layer_loop(
         c = cfg.n_cycles - 1
         carry = run_cycle(carry, c, None, len(cycle) - 1)
         name, li = cycle[-1], cfg.layer_index(c, len(cycle) - 1)
+        li = _after(li, carry, cfg.layers_of(name))
         carry = last(carry, KINDS[name], layer_at(name, li), li)
     return carry
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import init_cache
-from orthros_jax.serving import device
+from orthros_jax.serving import buckets, device
 from orthros_jax.serving.events import Event, Request, Slot
 from orthros_jax.serving.metrics import Metrics
 from orthros_jax.serving.requests import MAX_STOP_IDS, RequestError, SamplingParams
@@ -48,26 +48,22 @@ log = logging.getLogger(__name__)
 STOP_WIDTH = MAX_STOP_IDS + 1  # a slot's stop ids on device: its stop_token_ids and end-of-text
 
 
-def _pow2_upto(lo: int, hi: int) -> tuple[int, ...]:
-    out = [lo]
-    while out[-1] < hi:
-        out.append(min(out[-1] * 2, hi))
-    return tuple(out)
-
-
 class Engine:
     """params: the model's params (host or device); cfg its ModelConfig. max_batch slots of
     max_len cache positions each; chunk_budget prompt tokens per step (default
     cfg.prefill_chunk); max_queue waiting requests before submit raises (HTTP 429).
     decode_text: the tokenizer's decode (ids -> text; default: none, text stays empty);
-    eos_id: the end-of-text id (stops a request unless ignore_eos)."""
+    eos_id: the end-of-text id (stops a request unless ignore_eos). batch_wait_s: how long an
+    idle engine lets a burst of arrivals gather before its first step (until every slot has a
+    request or the time is up), so requests sent together prefill in one call."""
 
     def __init__(self, params: Any, cfg: ModelConfig, *, max_batch: int = 4, max_len: int = 2048,
                  chunk_budget: int | None = None, max_queue: int = 64,
                  decode_text: Callable[[list[int]], str] | None = None, eos_id: int | None = None,
                  prefill_lengths: tuple[int, ...] | None = None,
                  prefill_batches: tuple[int, ...] | None = None, seed: int = 0,
-                 metrics: Metrics | None = None, decode_steps: int = 1) -> None:  # fmt: skip
+                 metrics: Metrics | None = None, decode_steps: int = 1,
+                 batch_wait_s: float = 0.0) -> None:  # fmt: skip
         chunk_budget = cfg.prefill_chunk if chunk_budget is None else chunk_budget
         for name, v in (("max_batch", max_batch), ("max_len", max_len),
                         ("chunk_budget", chunk_budget), ("max_queue", max_queue),
@@ -76,20 +72,16 @@ class Engine:
                 raise ValueError(f"Engine: {name} must be a positive int, got {v!r}")
         self.cfg, self.max_batch, self.max_len = cfg, max_batch, max_len
         self.decode_steps = decode_steps
-        self.chunk_budget, self.max_queue = chunk_budget, max_queue
-        self.prefill_lengths = tuple(sorted(prefill_lengths or _pow2_upto(8, chunk_budget)))
-        for t in self.prefill_lengths:
-            if t < 1 or (t > cfg.prefill_chunk and t % cfg.prefill_chunk):
-                raise ValueError(
-                    f"Engine: prefill_lengths entry {t} must be <= prefill_chunk="
-                    f"{cfg.prefill_chunk} or a multiple of it"
-                )
-        self.max_chunk = min(self.prefill_lengths[-1], chunk_budget)
-        self.prefill_batches = tuple(sorted(prefill_batches or _pow2_upto(1, max_batch)))
-        if self.prefill_batches[-1] > max_batch or self.prefill_batches[0] < 1:
+        if not isinstance(batch_wait_s, int | float) or not 0 <= batch_wait_s <= 1:
             raise ValueError(
-                f"Engine: prefill_batches {self.prefill_batches} must be in [1, {max_batch}]"
+                f"Engine: batch_wait_s must be in [0, 1] seconds, got {batch_wait_s!r}"
             )
+        self.batch_wait_s = float(batch_wait_s)
+        self.chunk_budget, self.max_queue = chunk_budget, max_queue
+        self.prefill_lengths, self.prefill_batches = buckets.prefill_buckets(
+            cfg, chunk_budget, max_batch, prefill_lengths, prefill_batches
+        )
+        self.max_chunk = min(self.prefill_lengths[-1], chunk_budget)
         self.decode_text = decode_text or (lambda ids: "")
         self.eos_id = eos_id
         self.metrics = metrics or Metrics()
@@ -181,6 +173,11 @@ class Engine:
                     self._cond.wait()
                 if self._stop and not self.busy():
                     return
+                if self.batch_wait_s and not any(self.slots):  # idle: let a burst gather
+                    end = time.perf_counter() + self.batch_wait_s
+                    while len(self.queue) < self.max_batch and not self._stop:
+                        if not self._cond.wait(max(0.0, end - time.perf_counter())):
+                            break
             try:
                 self.step()
             except Exception:  # never leave the thread: fail what was running, go on
@@ -297,8 +294,8 @@ class Engine:
         )
 
     def _run_prefill(self, chunks: list[tuple[int, int]]) -> Sampled:
-        p = next(x for x in self.prefill_batches if x >= len(chunks))
-        t = next(x for x in self.prefill_lengths if x >= max(n for _, n in chunks))
+        p = buckets.fit(self.prefill_batches, len(chunks))
+        t = buckets.fit(self.prefill_lengths, max(n for _, n in chunks))
         rows = np.full((p,), self.max_batch, np.int32)  # padding rows: never written
         reset, lengths = np.zeros((p,), bool), np.zeros((p,), np.int32)
         tokens = np.zeros((p, t), np.int32)

@@ -20,10 +20,12 @@ import signal
 import sys
 import time
 
+import jax
 from absl import app, flags
 
 from orthros_jax.checkpoint import load_model
 from orthros_jax.data.tokenizers import load_tokenizer
+from orthros_jax.parallel.mesh import sequence_mesh
 from orthros_jax.serving.api import create_app
 from orthros_jax.serving.chat import load_chat_template
 from orthros_jax.serving.engine import Engine
@@ -60,6 +62,12 @@ flags.DEFINE_string("tokenizer", None, "tokenizer.json overriding the model's (d
 flags.DEFINE_string(
     "chat_template", None, "A .jinja file or tokenizer_config.json with the chat template."
 )
+flags.DEFINE_integer(
+    "sequence",
+    1,
+    "> 1: split every slot's cache positions over this many devices (sequence parallelism, "
+    "parallel.mesh.sequence_mesh; --max_len a multiple of it); 1: one device.",
+)
 flags.DEFINE_bool("warmup", True, "Compile every shape before serving.")
 flags.DEFINE_string("log_level", "warning", "uvicorn log level.")
 flags.mark_flags_as_required(["model"])
@@ -75,11 +83,16 @@ def main(argv: list[str]) -> None:
         tokenizer = load_tokenizer(FLAGS.tokenizer or loaded.tokenizer_file)
         template = load_chat_template(FLAGS.tokenizer or loaded.tokenizer_file, FLAGS.chat_template)
         lengths = tuple(int(x) for x in FLAGS.prefill_lengths) if FLAGS.prefill_lengths else None
+        mesh = None
+        if FLAGS.sequence != 1:  # a bad value: a ValueError (sequence_mesh's or the engine's)
+            if FLAGS.sequence > jax.device_count():
+                raise ValueError(f"--sequence={FLAGS.sequence}: only {jax.device_count()} devices")
+            mesh = sequence_mesh(FLAGS.sequence, devices=jax.devices()[: max(FLAGS.sequence, 0)])
         engine = Engine(
             loaded.params, loaded.cfg, max_batch=FLAGS.max_batch, max_len=FLAGS.max_len,
             chunk_budget=FLAGS.chunk_budget, max_queue=FLAGS.max_queue,
             decode_text=tokenizer.decode, eos_id=tokenizer.eos_id, prefill_lengths=lengths,
-            decode_steps=FLAGS.decode_steps, batch_wait_s=FLAGS.batch_wait_ms / 1000,
+            decode_steps=FLAGS.decode_steps, batch_wait_s=FLAGS.batch_wait_ms / 1000, mesh=mesh,
         )  # fmt: skip
     except ValueError as e:
         sys.exit(f"serve.py: {e}")

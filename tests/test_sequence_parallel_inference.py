@@ -125,6 +125,48 @@ def _greedy(params, cfg, mesh, steps: int) -> np.ndarray:
     return np.stack(out, 1)
 
 
+ENGINE_LENS, ENGINE_NEW = (13, 21, 5, 30, 9), (6, 4, 8, 3, 5)
+
+
+def _engine_case(arch: str, mesh, decode_steps: int) -> dict[str, np.ndarray]:
+    """Greedy through the serving engine on a sequence-split cache (2 slots of 64, chunks of 6:
+    the 21- and 30-token prompts continue over steps; 5 requests reuse slots), requests arriving
+    over time as in tests/test_serving_engine.py; and single-device generate's tokens."""
+    from orthros_jax.inference import generate
+    from orthros_jax.inference import sequence_parallel as sp_forward
+    from orthros_jax.serving import sp_device
+    from orthros_jax.serving.engine import Engine
+    from orthros_jax.serving.requests import SamplingParams
+
+    cfg, params = _cfg(arch), _params(arch)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in ENGINE_LENS]
+    engine = Engine(params, cfg, max_batch=2, max_len=SLOTS, chunk_budget=6, mesh=mesh,
+                    prefill_lengths=(6,), decode_steps=decode_steps)  # fmt: skip
+    engine.warmup()
+    compiled = sp_device.compile_count()
+    got: list[list[int]] = [[] for _ in prompts]
+    submit = lambda k: engine.submit(
+        prompts[k], SamplingParams(max_tokens=ENGINE_NEW[k], temperature=0.0),
+        lambda ev: got[k].append(ev.token) if ev.kind == "token" else None,
+    )  # fmt: skip
+    submit(0)
+    engine.step()  # request 0 is mid-prompt when 1 and 2 arrive
+    submit(1), submit(2)
+    engine.step()
+    engine.step()
+    submit(3), submit(4)  # these wait for free slots
+    for _ in range(200):
+        if engine.busy():
+            engine.step()
+    want = generate(params, prompts, cfg, max_new_tokens=max(ENGINE_NEW)).tokens
+    out = {"compiled": np.array(sp_device.compile_count() - compiled), "want": want}
+    out["got"] = np.array([g + [-1] * (max(ENGINE_NEW) - len(g)) for g in got])
+    out["split"] = np.array(sp_forward.mesh_of(engine.cache) is mesh)
+    out["cache_spec"] = np.array(str(engine.cache.states["attention"][0].sharding.spec))
+    return out
+
+
 def _worker(part: str, out_dir: str) -> None:
     """8 devices. Part "a": orthros and swa on one device and both meshes, generate. Part "b":
     the transformer likewise, the HLO collective bytes, a too-long prompt."""
@@ -148,11 +190,15 @@ def _worker(part: str, out_dir: str) -> None:
         out = generate(params, prompts, cfg, max_new_tokens=9, cache_size=SLOTS, mesh=seq8)
         res["generate/seq8"] = out.tokens
         res["generate/single_steps"] = _greedy(params, cfg, None, 9)
+        for key, v in _engine_case("orthros", seq8, 2).items():
+            res[f"engine/orthros/seq8/{key}"] = v
     else:
         for arch in ("orthros", "transformer"):
             for slots in (SLOTS, 4 * SLOTS):
                 stats[f"{arch}/{slots}"] = _collective_bytes(arch, seq8, slots)
         stats["too_long"] = _too_long_prompt(seq8)
+        for key, v in _engine_case("transformer", pmesh.sequence_mesh(4, data=2), 1).items():
+            res[f"engine/transformer/data2_seq4/{key}"] = v
     np.savez(os.path.join(out_dir, f"res_{part}.npz"), **res)
     with open(os.path.join(out_dir, f"stats_{part}.json"), "w") as fh:
         json.dump(stats, fh)
@@ -240,6 +286,42 @@ def test_generate_on_a_sequence_sharded_cache(runs):
     want = res["generate/single_steps"]  # greedy, one device, token by token
     assert want.shape == (2, 9) and (want >= 0).all()
     np.testing.assert_array_equal(res["generate/seq8"], want)
+
+
+@pytest.mark.parametrize("arch,mesh", [("orthros", "seq8"), ("transformer", "data2_seq4")])
+def test_serving_engine_on_a_sequence_sharded_cache(runs, arch, mesh):
+    res, _, _ = runs
+    r = {k: res[f"engine/{arch}/{mesh}/{k}"] for k in ("got", "want", "compiled", "split")}
+    for k, n in enumerate(ENGINE_NEW):  # greedy: the engine's tokens are generate's
+        assert r["got"][k, :n].tolist() == r["want"][k, :n].tolist(), k
+        assert (r["got"][k, n:] == -1).all(), k
+    assert int(r["compiled"]) == 0, "the engine compiled in steady state"
+    assert bool(r["split"])  # the cache is still split over the same mesh after serving
+    rows = "'data'" if mesh == "data2_seq4" else "None"
+    assert str(res[f"engine/{arch}/{mesh}/cache_spec"]) == f"P(None, {rows}, None, 'sequence')"
+
+
+def test_serving_engine_refuses_what_sequence_parallelism_cannot_serve():
+    from jax.sharding import AbstractMesh
+
+    from orthros_jax.serving import device, sp_device
+    from orthros_jax.serving.engine import Engine
+
+    seq8 = AbstractMesh((1, 8), ("data", "sequence"))
+    data2 = AbstractMesh((2, 4), ("data", "sequence"))
+    cfg, hybrid = _cfg("orthros"), tiny_config(architecture="hybrid", n_layers=4)
+    compiled = device.compile_count() + sp_device.compile_count()
+    cases = [
+        (cfg, AbstractMesh((8, 1), ("data", "sequence")), 2, 64, r"'sequence' axis > 1"),
+        (cfg, seq8, 2, 100, r"cache length \(max_len\) 100 is not divisible"),
+        (cfg, data2, 3, 64, r"batch size 3 is not divisible .*'data': 2"),
+        (hybrid, seq8, 2, 64, r"cache grows with slots; layer_types .* \['gdn'\]"),
+        (cfg, AbstractMesh((2, 4), ("tensor", "sequence")), 2, 64, r"tensor parallelism"),
+    ]
+    for c, mesh, batch, length, match in cases:
+        with pytest.raises(ValueError, match=match):
+            Engine(None, c, max_batch=batch, max_len=length, mesh=mesh)
+    assert device.compile_count() + sp_device.compile_count() == compiled
 
 
 def test_orthros_collective_bytes_do_not_grow_with_t_transformer_does(runs):

@@ -22,6 +22,8 @@ the row's seed and its token count, so K does not change what is drawn) and dona
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -93,10 +95,20 @@ def _prefill_rows(params: Params, cache: KVCache, rows_P: jax.Array, reset_P: ja
 def _decode_rows(params: Params, cache: KVCache, tokens_B: jax.Array, budget_B: jax.Array,
                  stops_BN: jax.Array, sampling: RowSampling, *, cfg: ModelConfig,
                  steps: int) -> tuple[Sampled, jax.Array, KVCache]:  # fmt: skip
+    decode = functools.partial(fwd.decode, cfg=cfg)
+    return decode_loop(decode, params, cache, tokens_B, budget_B, stops_BN, sampling, steps)
+
+
+def decode_loop(decode: Callable[..., tuple[jax.Array, KVCache]], params: Params,
+                cache: KVCache, tokens_B: jax.Array, budget_B: jax.Array, stops_BN: jax.Array,
+                sampling: RowSampling, steps: int) -> tuple[Sampled, jax.Array, KVCache]:  # fmt: skip
+    """decode_rows' K-step scan (traced inside a jit) over one decode(params, cache, tokens [B],
+    active [B]) -> (logits [B, V], cache): the single-program driver's or sequence_parallel's."""
+
     def one(carry: tuple, _: None) -> tuple[tuple, tuple[Sampled, jax.Array]]:
         cache, tok, left, count = carry
         fed = left > 0
-        logits, cache = fwd.decode(params, cache, tok, fed, cfg=cfg)
+        logits, cache = decode(params, cache, tok, fed)
         out = sample_rows(logits, sampling.replace(step=count))
         stopped = (out.tokens[:, None] == stops_BN).any(axis=-1)
         left = jnp.where(fed & ~stopped, left - 1, 0)

@@ -15,6 +15,7 @@ One engine step (Engine.step):
 Shapes are bucketed: the prefill takes [P, T] for P in `prefill_batches` and T in
 `prefill_lengths`, the decode [B]; `warmup()` compiles every bucket once, so the steady state
 never compiles (tests/test_serving_engine.py counts it). The cache is donated to every call.
+With mesh= (a sequence-split cache) the two calls are sp_device.py's, chunking included.
 
 A failure while handling one request (its callback, its text) fails that request only; a
 failure of a device call fails the requests in it and restarts the cache. `start()` runs the
@@ -34,10 +35,11 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import init_cache
-from orthros_jax.serving import buckets, device
+from orthros_jax.serving import buckets, device, sp_device
 from orthros_jax.serving.events import Event, Request, Slot
 from orthros_jax.serving.metrics import Metrics
 from orthros_jax.serving.requests import MAX_STOP_IDS, RequestError, SamplingParams
@@ -55,7 +57,9 @@ class Engine:
     decode_text: the tokenizer's decode (ids -> text; default: none, text stays empty);
     eos_id: the end-of-text id (stops a request unless ignore_eos). batch_wait_s: how long an
     idle engine lets a burst of arrivals gather before its first step (until every slot has a
-    request or the time is up), so requests sent together prefill in one call."""
+    request or the time is up), so requests sent together prefill in one call. mesh: a mesh with
+    a "sequence" axis > 1 (parallel.mesh.sequence_mesh) splits every row's slots over it, its
+    calls are sp_device.py's (sp_device.check says what it refuses); None: one device."""
 
     def __init__(self, params: Any, cfg: ModelConfig, *, max_batch: int = 4, max_len: int = 2048,
                  chunk_budget: int | None = None, max_queue: int = 64,
@@ -63,14 +67,16 @@ class Engine:
                  prefill_lengths: tuple[int, ...] | None = None,
                  prefill_batches: tuple[int, ...] | None = None, seed: int = 0,
                  metrics: Metrics | None = None, decode_steps: int = 1,
-                 batch_wait_s: float = 0.0) -> None:  # fmt: skip
+                 batch_wait_s: float = 0.0, mesh: Mesh | None = None) -> None:  # fmt: skip
         chunk_budget = cfg.prefill_chunk if chunk_budget is None else chunk_budget
         for name, v in (("max_batch", max_batch), ("max_len", max_len),
                         ("chunk_budget", chunk_budget), ("max_queue", max_queue),
                         ("decode_steps", decode_steps)):  # fmt: skip
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"Engine: {name} must be a positive int, got {v!r}")
-        self.cfg, self.max_batch, self.max_len = cfg, max_batch, max_len
+        sp_device.check(cfg, mesh, max_batch, max_len)  # first: a refused mesh compiles nothing
+        self.cfg, self.max_batch, self.max_len, self.mesh = cfg, max_batch, max_len, mesh
+        self._dev: Any = device if mesh is None else sp_device.SequenceParallel(mesh)
         self.decode_steps = decode_steps
         if not isinstance(batch_wait_s, int | float) or not 0 <= batch_wait_s <= 1:
             raise ValueError(
@@ -85,8 +91,8 @@ class Engine:
         self.decode_text = decode_text or (lambda ids: "")
         self.eos_id = eos_id
         self.metrics = metrics or Metrics()
-        self.params = jax.device_put(params)
-        self.cache = init_cache(cfg, max_batch, max_len)
+        self.params = jax.device_put(params, sp_device.replicated(mesh))
+        self.cache = init_cache(cfg, max_batch, max_len, mesh=mesh)
         self.slots: list[Slot | None] = [None] * max_batch
         self.queue: collections.deque[Request] = collections.deque()
         self._cond = threading.Condition()
@@ -191,12 +197,12 @@ class Engine:
         for p in self.prefill_batches:
             for t in self.prefill_lengths:
                 zeros = np.zeros((p,), np.int32)
-                _, self.cache = device.prefill_rows(
+                _, self.cache = self._dev.prefill_rows(
                     self.params, self.cache, np.full((p,), b, np.int32), np.zeros((p,), bool),
                     np.zeros((p, t), np.int32), zeros, self._sampling([None] * p), cfg=self.cfg,
                 )  # fmt: skip
         zeros = np.zeros((b,), np.int32)
-        _, _, self.cache = device.decode_rows(
+        _, _, self.cache = self._dev.decode_rows(
             self.params, self.cache, zeros, zeros, np.full((b, STOP_WIDTH), -1, np.int32),
             self._sampling([None] * b), cfg=self.cfg, steps=self.decode_steps,
         )  # fmt: skip
@@ -304,7 +310,7 @@ class Engine:
             s = self._held(i)
             rows[j], reset[j], lengths[j], slots[j] = i, s.prefilled == 0, n, s
             tokens[j, :n] = s.req.ids[s.prefilled : s.prefilled + n]
-        sampled, self.cache = device.prefill_rows(
+        sampled, self.cache = self._dev.prefill_rows(
             self.params, self.cache, rows, reset, tokens, lengths, self._sampling(slots), cfg=self.cfg
         )  # fmt: skip
         return sampled
@@ -322,7 +328,7 @@ class Engine:
             left = min(s.req.params.max_tokens - s.generated, self.max_len - in_cache)
             tokens[i], budget[i], slots[i] = s.last, min(self.decode_steps, left), s
             stops[i, : len(s.stop_ids)] = sorted(s.stop_ids)
-        sampled, fed, self.cache = device.decode_rows(
+        sampled, fed, self.cache = self._dev.decode_rows(
             self.params, self.cache, tokens, budget, stops, self._sampling(slots), cfg=self.cfg,
             steps=self.decode_steps,
         )  # fmt: skip
@@ -387,7 +393,7 @@ class Engine:
         """After a failed device call: every running request fails, the cache restarts."""
         for i in range(self.max_batch):
             self._finish(i, "error", error=message)
-        self.cache = init_cache(self.cfg, self.max_batch, self.max_len)
+        self.cache = init_cache(self.cfg, self.max_batch, self.max_len, mesh=self.mesh)
 
     def _publish_load(self) -> None:
         self.metrics.set_load(len(self.queue), sum(s is not None for s in self.slots))

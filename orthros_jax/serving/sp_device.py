@@ -1,0 +1,124 @@
+"""The engine's two jitted calls (device.py) over a sequence-parallel cache: one from
+init_cache(cfg, B, S, mesh=mesh) on a mesh whose "sequence" axis is > 1, each row's slots split
+over that axis (rows over the batch axes, e.g. "data"); inference/sequence_parallel.py's drivers.
+
+Shapes as device.py: B slots (cache rows), P rows prefilled in one call, T prompt tokens of each
+this call (the engine's buckets), S cache slots per row, K decode steps per call.
+
+    SequenceParallel(mesh).prefill_rows(params, cache, rows, reset, tokens, lengths, sampling, cfg=)
+    SequenceParallel(mesh).decode_rows(params, cache, tokens, budget, stops, sampling, cfg=, steps=)
+
+take and return what device.prefill_rows / decode_rows do. prefill_rows gathers and resets rows
+[P] (device.gather_rows / reset_rows), lays each row's T tokens on the sub-cache's slot grid
+[P, S] from the row's current length on (its length after the reset: a chunked prompt continues
+where the last chunk stopped), runs sequence_parallel.prefill and scatters the rows back.
+decode_rows is device.decode_loop over sequence_parallel.decode. The cache in and out keeps
+init_cache's sharding (a sharding constraint on each result: a changed sharding would recompile
+the next call).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from orthros_jax.config import ModelConfig
+from orthros_jax.inference import sequence_parallel as sp_forward
+from orthros_jax.inference.cache import KVCache, cache_shardings
+from orthros_jax.layers.kind import Params
+from orthros_jax.parallel.sequence import SEQ, check_mesh, sequence_size
+from orthros_jax.serving.device import decode_loop, gather_rows, reset_rows, scatter_rows
+from orthros_jax.serving.rowsample import RowSampling, Sampled, sample_rows
+
+
+def check(cfg: ModelConfig, mesh: object, max_batch: int, max_len: int) -> None:
+    """Nothing for mesh=None (one device); else ValueError (before any array or compile) unless the engine can serve on this mesh: a
+    "sequence" axis > 1 and what init_cache(..., mesh=) accepts (max_len a multiple of the
+    sequence size, max_batch of the batch axes, layer kinds whose cache grows with slots, no
+    tensor axis). A mesh of shapes (jax.sharding.AbstractMesh) is enough."""
+    if mesh is None:
+        return
+    shape = getattr(mesh, "shape", None)
+    if not hasattr(shape, "get") or sequence_size(mesh) < 2:  # type: ignore[arg-type]
+        raise ValueError(
+            f"Engine: mesh must have a 'sequence' axis > 1 (got {shape}); use mesh=None to "
+            "serve on one device"
+        )
+    check_mesh(cfg, max_batch, max_len, mesh)  # type: ignore[arg-type]
+
+
+def replicated(mesh: Mesh | None) -> NamedSharding | None:
+    """Where the engine puts the params: every device of the mesh (None: the default device)."""
+    return None if mesh is None else NamedSharding(mesh, P())
+
+
+def _constrain(cfg: ModelConfig, cache: KVCache, mesh: Mesh) -> KVCache:
+    sh = cache_shardings(cfg, cache.batch_size, cache.max_len, mesh)
+    return cache.replace(
+        states=jax.lax.with_sharding_constraint(cache.states, sh.states),
+        lengths=jax.lax.with_sharding_constraint(cache.lengths, sh.lengths),
+    )
+
+
+def _prefill_rows(params: Params, cache: KVCache, rows_P: jax.Array, reset_P: jax.Array,
+                  tokens_PT: jax.Array, lengths_P: jax.Array, sampling: RowSampling, *,
+                  cfg: ModelConfig, mesh: Mesh) -> tuple[Sampled, KVCache]:  # fmt: skip
+    sub = _constrain(cfg, reset_rows(cfg, gather_rows(cfg, cache, rows_P), reset_P), mesh)
+    p, t = tokens_PT.shape
+    # Row j's token i at slot held_j + i (sequence_parallel.slot_tokens, on device: T ids in,
+    # not S); tokens past lengths_j go to slot S, dropped.
+    col = sub.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+    col = jnp.where(jnp.arange(t)[None] < lengths_P[:, None], col, sub.max_len)
+    grid = jnp.zeros((p, sub.max_len), jnp.int32)
+    grid = grid.at[jnp.arange(p)[:, None], col].set(tokens_PT.astype(jnp.int32), mode="drop")
+    _, rows = sp_forward.specs(cfg, mesh, p, sub.max_len)
+    grid = jax.lax.with_sharding_constraint(grid, NamedSharding(mesh, P(rows, SEQ)))
+    # Padding rows (id >= B) have 0 tokens: they write nothing, and are never scattered back.
+    logits, sub = sp_forward.prefill(params, sub, grid, lengths_P, cfg=cfg, mesh=mesh)
+    cache = _constrain(cfg, scatter_rows(cfg, cache, rows_P, sub), mesh)
+    return sample_rows(logits, sampling), cache
+
+
+def _decode_rows(params: Params, cache: KVCache, tokens_B: jax.Array, budget_B: jax.Array,
+                 stops_BN: jax.Array, sampling: RowSampling, *, cfg: ModelConfig, steps: int,
+                 mesh: Mesh) -> tuple[Sampled, jax.Array, KVCache]:  # fmt: skip
+    decode = functools.partial(sp_forward.decode, cfg=cfg, mesh=mesh)
+    out, fed, cache = decode_loop(
+        decode, params, cache, tokens_B, budget_B, stops_BN, sampling, steps
+    )
+    return out, fed, _constrain(cfg, cache, mesh)
+
+
+prefill_rows = jax.jit(_prefill_rows, static_argnames=("cfg", "mesh"), donate_argnames=("cache",))
+decode_rows = jax.jit(
+    _decode_rows, static_argnames=("cfg", "steps", "mesh"), donate_argnames=("cache",)
+)
+
+
+class SequenceParallel:
+    """device.py's prefill_rows / decode_rows (same arguments and results) on a cache split
+    over `mesh` (check() it first): what the engine calls in place of the device module."""
+
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+
+    def prefill_rows(self, params: Params, cache: KVCache, rows_P: jax.Array,
+                     reset_P: jax.Array, tokens_PT: jax.Array, lengths_P: jax.Array,
+                     sampling: RowSampling, *, cfg: ModelConfig) -> tuple[Sampled, KVCache]:  # fmt: skip
+        return prefill_rows(params, cache, rows_P, reset_P, tokens_PT, lengths_P, sampling,
+                            cfg=cfg, mesh=self.mesh)  # fmt: skip
+
+    def decode_rows(self, params: Params, cache: KVCache, tokens_B: jax.Array,
+                    budget_B: jax.Array, stops_BN: jax.Array, sampling: RowSampling, *,
+                    cfg: ModelConfig, steps: int) -> tuple[Sampled, jax.Array, KVCache]:  # fmt: skip
+        return decode_rows(params, cache, tokens_B, budget_B, stops_BN, sampling, cfg=cfg,
+                           steps=steps, mesh=self.mesh)  # fmt: skip
+
+
+def compile_count() -> int:
+    """Compiled variants of both sequence-parallel calls (device.compile_count's twin)."""
+    return prefill_rows._cache_size() + decode_rows._cache_size()  # type: ignore[attr-defined]

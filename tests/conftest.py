@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import jax
+import pytest
 
 from orthros_jax.config import ModelConfig
 
@@ -34,6 +37,31 @@ def _qwen35_on_torch_paths() -> None:
 
 
 _qwen35_on_torch_paths()
+
+# The tests compile hundreds of tiny programs, and at these sizes XLA's optimizing passes cost
+# more than they save: the tests and the CLIs they start (the variable is inherited) compile
+# unoptimized, which halves the suite's time. Numerics change only in rounding. Tests marked
+# `optimized` (those about compiled programs: copies, memory, TPU / GPU compiles) get XLA's
+# default pipeline, in this process and in the subprocesses they start.
+_NO_OPT = "JAX_DISABLE_MOST_OPTIMIZATIONS"
+os.environ.setdefault(_NO_OPT, "1")
+jax.config.update("jax_disable_most_optimizations", os.environ[_NO_OPT] == "1")
+
+
+@pytest.fixture(autouse=True)
+def _xla_optimizations(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.node.get_closest_marker("optimized") is None:
+        yield
+        return
+    before = os.environ[_NO_OPT]
+    os.environ[_NO_OPT] = "0"
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        yield
+    finally:
+        os.environ[_NO_OPT] = before
+        jax.config.update("jax_disable_most_optimizations", before == "1")
+
 
 # 2 layers, d_model 32, 4 query / 2 kv heads of 8 (G = 2), SwiGLU 64, window 8: GQA and two
 # streams at a size that compiles in seconds. Tests override what they are about.

@@ -25,6 +25,8 @@ from benchmarks.hlo_loops import loop_weighted_collective_bytes  # noqa: E402
 from orthros_jax.config import ModelConfig  # noqa: E402
 from orthros_jax.configlib import load_config_file, section  # noqa: E402
 
+# About compiled programs (memory, fits, custom calls): XLA's default pipeline (conftest.py).
+pytestmark = pytest.mark.optimized
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = "v5e:2x2"
 TINY_MODEL = dict(

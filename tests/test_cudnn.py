@@ -17,6 +17,8 @@ from conftest import tiny_config
 from benchmarks.aot import has_gpu_compiler
 from orthros_jax.model import OrthrosLM, init_params
 
+# About compiled programs (memory, fits, custom calls): XLA's default pipeline (conftest.py).
+pytestmark = pytest.mark.optimized
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -84,6 +84,9 @@ flags.DEFINE_integer("conc_max_len", 256, "Longest prompt of the sweep (also its
 flags.DEFINE_integer("conc_new", 32, "New tokens per request of the sweep.")
 flags.DEFINE_integer("repeats", 2, "Interleaved rounds of the TTFT and concurrency timings.")
 flags.DEFINE_integer("decode_steps", 4, "Engine decode steps per device call (multi-step).")
+flags.DEFINE_integer(
+    "t4_step_chunks", 2, "Table 4: prefill chunks of one request per engine step (its budget)."
+)
 flags.DEFINE_float("batch_wait_ms", 50.0, "Sweep: how long an idle engine lets a burst gather.")
 flags.mark_flags_as_required(["out"])
 NAME = "bench"
@@ -204,10 +207,12 @@ def table4(c, shapes: list[tuple[int, int]], pairs: list[tuple[str, str]]) -> di
     compile_s, urls = {}, {}
     with contextlib.ExitStack() as stack:
         for arm in arms:  # every arm's server up at once, so their calls can interleave
-            # One request prefills per step (P = 1, a chunk): the paper's two requests arrive
-            # together; the first prefills, then the second while the first decodes.
+            # One request prefills per step (P = 1, up to --t4_step_chunks prefill chunks): the
+            # paper's two requests arrive together; the first prefills, then the second while
+            # the first decodes.
+            steps = tuple(chunk * k for k in range(1, FLAGS.t4_step_chunks + 1))
             srv, compile_s[arm], _ = _serve(cfgs[arm], params[arm], slots=2, max_len=max_len,
-                                         lengths=(chunk,), batches=(1,))  # fmt: skip
+                                            lengths=steps, batches=(1,))  # fmt: skip
             urls[arm] = stack.enter_context(srv).url
             _CLIENT.burst(urls[arm], [[1, 2, 3]], 2)  # the HTTP path warm
         compiled = device.compile_count()
@@ -260,11 +265,11 @@ def concurrency(c, counts: list[int]) -> list[dict]:
     rng = np.random.default_rng(c.seed + 1)
     lo, hi, new = FLAGS.conc_min_len, FLAGS.conc_max_len, FLAGS.conc_new
     max_len = -(-(hi + new) // 128) * 128
-    buckets = tuple(b for b in (64, 128, 256, 512, 1024) if b < hi) + (hi,)
+    buckets = tuple(range(64, hi, 64)) + (hi,)  # prompts pad to the next multiple of 64
     out = []
     for n in counts:
         prompts = [rng.integers(0, 256, int(rng.integers(lo, hi + 1))).tolist() for _ in range(n)]
-        # The N prompts prefill in P-row calls (P a power of two <= N) of 64-256 tokens each;
+        # The N prompts prefill in P-row calls (P a power of two <= N) of 64, 128, ... tokens;
         # an idle engine waits up to 50 ms for a burst to arrive, so a burst sent together
         # prefills in one call, as generate's does.
         server, _, engine = _serve(cfg, params, slots=n, max_len=max_len, lengths=buckets,
@@ -352,6 +357,7 @@ def main(argv: list[str]) -> None:
                 ("concurrency", FLAGS.concurrency),
                 ("decode_steps", FLAGS.decode_steps),
                 ("batch_wait_ms", FLAGS.batch_wait_ms),
+                ("t4_step_chunks", FLAGS.t4_step_chunks),
                 ("repeats", FLAGS.repeats),
                 ("out", FLAGS.out),
             )

@@ -5,7 +5,7 @@ devices (jax.experimental.topologies), on a CPU host. launch/compile.py is its C
 What is compiled is what would run: a train config builds training.loop's abstract state,
 shardings and sharding.jit_train_step over the target's devices (launch/train.py's step); an
 inference config (configs/prefill_8b.py, decode_8b.py: `model`, `inference`, `mesh`) builds the
-jitted cached_forward prefill / decode, or sp_forward's when mesh.sequence > 1. The report:
+jitted drivers.prefill / decode, or sequence_parallel's when mesh.sequence > 1. The report:
 per-device argument / output / alias / temporary bytes and their peak (argument + output -
 alias + temporary) against the chip's HBM; a program the compiler refuses for memory
 (RESOURCE_EXHAUSTED) is reported as not fitting with the compiler's figures. FLOPs are the
@@ -173,7 +173,7 @@ class InferenceConfig:
 
 def inference_program(config: Any, devices: list[Any]) -> Program:
     """The jitted prefill / decode of an inference config over `devices`: the
-    sequence-parallel drivers when mesh.sequence > 1, else cached_forward's (rows over data,
+    sequence-parallel drivers when mesh.sequence > 1, else inference.drivers' (rows over data,
     heads over tensor)."""
     from orthros_jax.configlib import dataclass_from_dict
 

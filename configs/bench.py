@@ -35,7 +35,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.window_blocks = (32, 64, 128)  # suite 'window': query block sizes of the window kernel
     c.inference_len = 8192  # suite 'inference': TTFT prompt tokens
     c.inference_new_tokens = 32  # suite 'inference': decode tokens per timed run
-    # Suite 'table4' (orthros_jax/bench_table4.py): the hybrid arms are this model with the
+    # Suite 'table4' (benchmarks/table4.py): the hybrid arms are this model with the
     # (gdn, gdn, gdn, attention) cycle and Qwen3.5's GDN proportions at this width (value heads
     # twice the key heads, dims 64); configs/bench_hybrid.py sizes a run of it for this CPU.
     c.gdn = ml_collections.ConfigDict(

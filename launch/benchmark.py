@@ -10,7 +10,7 @@ inference (TTFT and decode tokens/s through the serving API: prefill, decode_ste
 window (the window-attention kernel alone; not run by default), sequence (sequence-parallel
 prefill on 8 devices, benchmarks/sequence.py; not run by default; configs/bench_sequence.py
 has its command), table4 (the paper's Table 4 pairs, Linear Hybrid vs Orthros-H and Transformer
-vs Orthros, orthros_jax/bench_table4.py; not run by default; configs/bench_hybrid.py).
+vs Orthros, benchmarks/table4.py; not run by default; configs/bench_hybrid.py).
 Everything is measured side by side in one process (the machine is shared and noisy, so only
 ratios from one run mean anything). Writes bench.json (every number) into --out; bench.md and
 bench.png when one of the suites before `sequence` ran, sequence.md/png and table4.md/png when

@@ -13,7 +13,7 @@ layers/stack.layer_loop is the one loop over layers.
 
 Parameter tree (shapes): embedding [V, D]; final_norm [D]; lm_head [D, V] (absent when tied);
 each kind's per-layer parameters stacked on a leading axis under its key, e.g. for attention
-layers/attn_norm [layers, D], wq [layers, D, N, H], ... (attention_layer.py lists them).
+layers/attn_norm [layers, D], wq [layers, D, N, H], ... (layers/attention.py lists them).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ whole decode loop on device in one jit (a lax.while_loop).
 
 A cache made with init_cache(..., mesh=mesh) on a mesh with a "sequence" axis > 1
 (pmesh.sequence_mesh) has its slots split over that axis: prefill, decode_step and
-generate(mesh=mesh) then run sequence-parallel (sp_forward.py) and return a cache split the
+generate(mesh=mesh) then run sequence-parallel (inference/sequence_parallel.py) and return a cache split the
 same way.
 """
 

@@ -203,7 +203,7 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
 
 def decode(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array, *,
            cfg: ModelConfig, mesh: Mesh) -> tuple[jax.Array, KVCache]:  # fmt: skip
-    """cached_forward.decode on a cache split over `mesh` (traceable inside jit: generate's
+    """drivers.decode on a cache split over `mesh` (traceable inside jit: generate's
     loop). tokens, active [B] -> (logits [B, V], cache split the same way)."""
     cache_spec, rows = specs(cfg, mesh, cache.batch_size, cache.max_len)
 

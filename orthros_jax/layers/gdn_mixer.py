@@ -89,7 +89,7 @@ def gdn_init(name: str, cfg: ModelConfig) -> Callable[..., jax.Array]:
 
         return init_a_log
     std = cfg.init_std
-    if name == "gdn_out":  # residual-branch output, GPT-2 style depth scaling as model.py's wo
+    if name == "gdn_out":  # residual output, GPT-2 depth scaling as layers/attention.py's wo
         std = std / (2 * cfg.n_layers) ** 0.5
     return jax.nn.initializers.normal(std)
 

@@ -1,13 +1,13 @@
 """What every layer kind shares: streams, the step context, the kind interface, the FFN half.
 
-A **layer kind** (attention; gated DeltaNet next) owns its parameter shapes with logical axes,
+A **layer kind** (attention, gdn, gla, retention: layers/registry.py) owns its parameter shapes with logical axes,
 its per-layer state in the cache, and one `step` that every mode drives:
   sequence  the full-sequence forward (PT/SFT): no cache; keys are the sequence itself.
   chunk     one prefill chunk: reads the state the earlier chunks left and writes its own.
   decode    one token per row: writes the token's state and reads the history.
   read      queries only, over a filled cache (prefill's output stream; a single-stream arm's
             last prompt token at the last layer): nothing is written.
-The drivers (model.py: training forward; cached_forward.py: chunked prefill and decode;
+The drivers (model.py: training forward; inference/drivers.py: chunked prefill and decode;
 the benchmark floor as an attention implementation) and the layer loop (stack.py) are
 written once over this interface.
 

@@ -7,7 +7,7 @@ Argument after ':': "100b" (default, Table 1: 100B FineWeb-Edu tokens in 2M-toke
 1024 x 2048 = 2,097,152: 47,683 steps) or "10b" (Table 5's ablation budget: 0.25M-token
 batches, 128 x 2048 = 262,144: 38,146 steps). Each update is micro-batches of 16 rows (64 of
 them for 100b, 8 for 10b): 4 rows per chip on v6e:2x2 / v5p:2x2x1, 1 per chip on v5e:4x4, the
-smallest slices it fits (docs/notes/tpugpu.md: launch/compile.py's figures). configs/pt_1p3b_swa.py is Table 1's SWA
+smallest slices it fits (docs/tpu-gpu.md: launch/compile.py's figures). configs/pt_1p3b_swa.py is Table 1's SWA
 baseline. Recipe: AdamW, lr 3e-4, cosine, 1500 warmup steps, weight decay 0.05, sequence
 length 2048, seed 42, window 128. The paper does not state min-lr ratio, betas, eps or
 clipping, nor whether Table 1 changes lr or warmup with its larger batch; we use the common

@@ -1,4 +1,4 @@
-"""One markdown table from several launch/compile.py records (the README's table of compiled
+"""One markdown table from several launch/compile.py records (docs/tpu-gpu.md's table of compiled
 configs): target, mesh, remat / attention, peak vs HBM, roofline step time and MFU bound.
 
     python -m benchmarks.aot_table runs/aot/*/compile.json

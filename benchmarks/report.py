@@ -11,7 +11,7 @@ from typing import Any
 # The suites bench.md and bench.png report (sequence and table4 write reports of their own).
 SUITES = ("prefill", "honesty", "memory", "decode", "train", "inference", "window")
 
-# key -> (figure, target): the README's "Performance" table, in its order.
+# key -> (figure, target): docs/performance.md's first table, in its order.
 TARGETS = {
     "speedup_fraction_of_ideal": ("Orthros prefill speedup / FLOP-ideal speedup at 16K", ">= 0.85"),
     "ours_over_dense": ("Transformer arm / dense dot_product_attention (<= 8K, worst)", "<= 1.0"),

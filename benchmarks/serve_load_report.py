@@ -1,4 +1,4 @@
-"""serve_load.md and serve_load.png from serve_load.py's results (the tables the README shows)."""
+"""serve_load.md / .png from serve_load.py's results (docs/inference-and-serving.md's tables)."""
 
 from __future__ import annotations
 

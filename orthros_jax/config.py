@@ -91,7 +91,7 @@ class ModelConfig:
     """Everything that fixes an Orthros / Transformer / SWA / GDN / Linear Hybrid / Orthros-H
     model's shapes and math.
 
-    Shapes use the letters of the README: V vocab, D d_model, N query heads, K kv heads,
+    Shapes use the letters of docs/contributing.md: V vocab, D d_model, N query heads, K kv heads,
     H head_dim, F d_ff, W window; the stacked layers axis is written `layers`.
     """
 

@@ -10,7 +10,7 @@ Where each fact comes from:
     beta = sigmoid(h W_b); g = -exp(A_log) * softplus(h W_a + dt_bias); the gated delta rule
     S_t = e^g S_{t-1} + k_t (beta (v_t - S'_t^T k_t))^T with S'_t = e^g S_{t-1}, o_t = S_t^T q_t;
     out = W_out (RMSNorm_w(o) * silu(h W_z)) per value head (plain scale w); then the FFN.
-  The issue (item 3) and the project's choice (README / gdn.py)
+  The issue (item 3) and the project's choice (docs/models.md / gdn.py)
     Orthros-H: the output copy of token t reads S_t with its own query q' = silu(h' W_q) (no
     conv), alpha * q' + beta (SO [Hk, dk]) before the L2 norm, its own z' = h' W_z; gate, norm,
     out_proj and FFN shared. A packed document restarts the state and the conv (its segment id

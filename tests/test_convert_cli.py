@@ -133,7 +133,7 @@ def test_import_transformer_then_export(tmp_path):
 
 
 def test_orthros_exports_as_remote_code_and_imports_back(qwen3, orthros_dir, tmp_path):
-    """The README's flow: import, convert to Orthros, export; transformers loads it with
+    """docs/conversion.md's flow: import, convert to Orthros, export; transformers loads it with
     trust_remote_code and gives our logits; --hf_dir reads the export back unchanged."""
     hf_dir, tokens, _ = qwen3
     out, back = str(tmp_path / "hf"), str(tmp_path / "back")

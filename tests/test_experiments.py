@@ -57,7 +57,7 @@ def test_convert_stages():
 
 
 def test_default_arms_are_the_attention_arms():
-    """The README command (no --arms) reproduces results/: the GDN arms are opt-in."""
+    """docs/results.md's command (no --arms) reproduces results/: the GDN arms are opt-in."""
     cmd = [sys.executable, os.path.join(REPO, "launch", "experiments.py"), "--help"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert f"(default: '{','.join(ARMS)}')" in proc.stdout, proc.stdout + proc.stderr

@@ -38,7 +38,7 @@ def _sections(c):
     "name", sorted(f for f in os.listdir(os.path.join(REPO, "configs")) if f.endswith(".py"))
 )
 def test_every_config_file_loads(name, tmp_path):
-    """Every file in configs/ (the bench configs too) loads as the README's commands load it:
+    """Every file in configs/ (the bench configs too) loads as the docs' commands load it:
     configlib.load_config_file, with get_config's default argument where it has one."""
     spec = name
     if name == "convert_tiny.py":  # its argument, a converted model's directory, is required

@@ -164,7 +164,7 @@ def _helpfull_flags(script: str) -> set[str]:
         text=True,
         timeout=120,
     )
-    return set(re.findall(r"^\s+--(?:\[no\])?([a-z_]+)", done.stdout, re.M))
+    return set(re.findall(r"^\s+--(?:\[no\])?([a-z0-9_]+)", done.stdout, re.M))
 
 
 @pytest.mark.slow  # one --helpfull per script (imports jax each)

@@ -30,7 +30,7 @@ ABSL_FLAGS = set(
     "use_cprofile_for_profiling v verbosity help helpfull helpshort helpxml flagfile undefok".split()
 )
 _FENCE = re.compile(r"^(`{3,}|~{3,})[ \t]*([\w+-]*)[^\n]*\n(.*?)^\1[ \t]*$", re.M | re.S)
-_INLINE = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)", re.S)
+_INLINE = re.compile(r"(`+)((?:(?!\n[ \t]*\n).)+?)(?<!`)\1(?!`)", re.S)  # not across paragraphs
 _LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _REF_DEF = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", re.M)
 _HTML_REF = re.compile(r"<(?:a|img)\s[^>]*?(?:href|src)=\"([^\"]+)\"", re.I)

@@ -1,7 +1,7 @@
 """The one sampler (orthros_jax/inference/sampling.py) of `generate` and the serving engine,
 against a float64 NumPy oracle of its rule: temperature, then top-k keeping ties, then top-p
 over what top-k kept; each row's draw keyed by its own seed and step; the log-probs it
-reports."""
+reports; generate's sampled tokens and log-probs against the PT forward."""
 
 from __future__ import annotations
 
@@ -9,15 +9,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from serving_helpers import arm_model
 
-from orthros_jax.inference import sampling
-from orthros_jax.inference.sampling import RowSampling, sample_rows
+from orthros_jax.inference import generate, sampling
+from orthros_jax.inference.sampling import RowSampling
+from orthros_jax.model import OrthrosLM
 
 # (temperature, top_k, top_p) per row: greedy (with filters it must ignore), plain temperature,
 # top-k at a tie (keeps 3), top-p, both, a top-k wider than the vocab, top-k = 1 at a high temperature.
 SETTINGS = [(0.0, 3, 0.5), (1.0, 0, 1.0), (0.7, 2, 1.0), (1.3, 0, 0.8), (0.9, 7, 0.5)]
 SETTINGS += [(1.1, 99, 1.0), (2.0, 1, 1.0)]
 V = 50
+# Jitted once here: eagerly, each of their ops would compile on its own.
+sample_rows = jax.jit(sampling.sample_rows, static_argnames="logprobs")
+filter_rows = jax.jit(sampling.filter_rows)
+filter_logits = jax.jit(sampling.filter_logits, static_argnums=1)
 
 
 def _oracle_filter(logits: np.ndarray, t: float, k: int, p: float) -> np.ndarray:
@@ -69,7 +75,7 @@ def _logits(seed: int = 0) -> np.ndarray:
 def test_filter_matches_the_oracle_row_by_row():
     logits = _logits()
     s = _rows(np.zeros(len(SETTINGS)))
-    got = np.asarray(sampling.filter_rows(jnp.asarray(logits), s.temperature, s.top_k, s.top_p))
+    got = np.asarray(filter_rows(jnp.asarray(logits), s.temperature, s.top_k, s.top_p))
     for i, (t, k, p) in enumerate(SETTINGS):
         want = _oracle_filter(logits[i], t, k, p)
         np.testing.assert_array_equal(np.isfinite(got[i]), np.isfinite(want), err_msg=str(i))
@@ -77,7 +83,7 @@ def test_filter_matches_the_oracle_row_by_row():
         np.testing.assert_allclose(got[i][kept], want[kept], rtol=1e-6, atol=0)
     assert np.isfinite(got[2]).sum() == 3  # top-k = 2 keeps the tie at ranks 2-3
     # A batch with no top-k / top-p takes the branch without the sort: the same scaled logits.
-    plain = np.asarray(sampling.filter_logits(jnp.asarray(logits), sampling.temperature(0.5)))
+    plain = np.asarray(filter_logits(jnp.asarray(logits), sampling.temperature(0.5)))
     np.testing.assert_allclose(plain, logits / np.float32(0.5), rtol=1e-6, atol=0)
 
 
@@ -134,7 +140,7 @@ def test_greedy_batch_and_batch_sampler():
 
 def test_samplers_filter_and_sample():
     logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
-    finite = lambda s: np.isfinite(np.asarray(sampling.filter_logits(logits, s)))[0].tolist()
+    finite = lambda s: np.isfinite(np.asarray(filter_logits(logits, s)))[0].tolist()
     assert finite(sampling.top_k(2)) == [True, True, False, False]
     assert finite(sampling.top_p(0.7)) == [True, True, False, False]  # 0.5 < 0.7 <= 0.8
     assert finite(sampling.top_p(0.5)) == [True, False, False, False]
@@ -145,3 +151,38 @@ def test_samplers_filter_and_sample():
     assert int(sampling.sample(logits, keys[0], sampling.greedy())[0]) == 0
     with pytest.raises(ValueError, match="top_p"):
         sampling.top_p(0.0)
+
+
+def test_sampled_generate_draws_and_logprobs_match_the_forward():
+    """generate's loop against the PT forward: each token is row b's draw with its seed
+    (row_seeds) at its step from the oracle-filtered forward logits, with that log-prob."""
+    cfg, params = arm_model("orthros")
+    forward = jax.jit(lambda p, t: OrthrosLM(cfg).apply({"params": p}, t))
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (9, 3)]
+    t, k, p = 0.8, 6, 0.9
+    key, n = jax.random.PRNGKey(2), 5
+    out = generate(
+        params, prompts, cfg, max_new_tokens=n, sampler=sampling.Sampler(t, k, p), rng=key
+    )
+    again = generate(
+        params, prompts, cfg, max_new_tokens=n, sampler=sampling.Sampler(t, k, p), rng=key
+    )
+    np.testing.assert_array_equal(again.tokens, out.tokens)  # seeded: reproducible
+    np.testing.assert_array_equal(out.lengths, n)
+    seeds = np.asarray(sampling.row_seeds(key, len(prompts)))
+    seqs = np.zeros((len(prompts), max(map(len, prompts)) + n), np.int32)  # right-padded
+    for b, prompt in enumerate(prompts):
+        seqs[b, : len(prompt) + n] = prompt + out.tokens[b].tolist()
+    logits = np.asarray(forward(params, jnp.asarray(seqs)))  # causal: padding changes nothing
+    for b, prompt in enumerate(prompts):
+        for i in range(n):
+            want = _oracle_filter(logits[b, len(prompt) + i - 1], t, k, p)
+            tok = int(out.tokens[b, i])
+            draw_key = jax.random.fold_in(jax.random.PRNGKey(int(seeds[b])), i)
+            draw = jax.random.categorical(draw_key, jnp.asarray(want, jnp.float32), axis=-1)
+            assert tok == int(draw), (b, i)
+            np.testing.assert_allclose(
+                out.logprobs[b, i], _log_softmax(want)[tok], rtol=1e-4, atol=1e-4
+            )
+    assert (out.logprobs < 0).any()

@@ -99,9 +99,9 @@ class Sampled(flax.struct.PyTreeNode):
 
     tokens: jax.Array
     sample_logprob: jax.Array
-    logprob: jax.Array | None = None
-    top_ids: jax.Array | None = None
-    top_logprobs: jax.Array | None = None
+    logprob: Any = None  # jax.Array, or None with logprobs=False (also the two below)
+    top_ids: Any = None
+    top_logprobs: Any = None
 
 
 def row_seeds(rng: jax.Array, batch: int) -> jax.Array:

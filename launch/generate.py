@@ -77,10 +77,8 @@ def main(argv: list[str]) -> None:
         sys.exit(f"generate.py: {e}")
     cfg = loaded.cfg
     params = jax.device_put(loaded.params)
-    # The step's key is folded in inside the jit: an eager fold_in would compile on first use.
-    sample_fn = jax.jit(
-        lambda logits, rng, step: sample(logits, jax.random.fold_in(rng, step), sampler)
-    )
+    # sample is jitted; token `step` draws what generate(..., rng=rng) draws for it.
+    sample_fn = lambda logits, rng, step: sample(logits, rng, sampler, step)
     rng = jax.random.PRNGKey(FLAGS.seed)
 
     ids = tokenizer.encode(FLAGS.prompt)

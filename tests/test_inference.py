@@ -156,21 +156,6 @@ def test_prefill_compiles_once_per_bucket():
     assert fwd.prefill_jit._cache_size() - before == 1
 
 
-def test_samplers_filter_and_sample():
-    logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
-    finite = lambda s: np.isfinite(np.asarray(sampling.filter_logits(logits, s)))[0].tolist()
-    assert finite(sampling.top_k(2)) == [True, True, False, False]
-    assert finite(sampling.top_p(0.7)) == [True, True, False, False]  # 0.5 < 0.7 <= 0.8
-    assert finite(sampling.top_p(0.5)) == [True, False, False, False]
-    assert finite(sampling.temperature(0.5)) == [True] * 4
-    keys = jax.random.split(jax.random.PRNGKey(0), 512)
-    draws = jax.vmap(lambda k: sampling.sample(logits, k, sampling.top_k(2)))(keys)
-    assert set(np.asarray(draws).ravel().tolist()) == {0, 1}
-    assert int(sampling.sample(logits, keys[0], sampling.greedy())[0]) == 0
-    with pytest.raises(ValueError, match="top_p"):
-        sampling.top_p(0.0)
-
-
 def test_invalid_inputs_raise_before_compiling():
     cfg, params, _ = _model("orthros")
     compiled = (fwd.prefill_jit._cache_size(), fwd.decode_jit._cache_size())

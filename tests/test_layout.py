@@ -27,7 +27,7 @@ ORDER = (
 )
 LEAVES = {"orthros_jax.config", "orthros_jax.configlib", "orthros_jax.axes"}
 # Top-level modules that belong to a package of the order.
-ALIASES = {"orthros_jax": "root", "orthros_jax.sampling": "inference"}  # sampling: a shim
+ALIASES = {"orthros_jax": "root"}
 
 
 def _module_name(path: pathlib.Path) -> str:

@@ -1,6 +1,6 @@
 """The continuous-batching engine (orthros_jax/serving): greedy through the engine equals
-`generate` for every arm with requests arriving over time, per-row sampling equals the batch
-sampler row by row, stops, cancellation, faults, the bounded queue, and no compile in steady
+`generate` for every arm with requests arriving over time, so does seeded sampling (the same
+loop and sampler, the same sampling log-probs), stops, cancellation, faults, the bounded queue, and no compile in steady
 state."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from serving_helpers import ENGINE_SHAPE, NEW_TOKENS, PROMPT_LENS, arm_model
@@ -20,7 +19,6 @@ from orthros_jax.inference import sampling
 from orthros_jax.serving import device
 from orthros_jax.serving.engine import Engine
 from orthros_jax.serving.requests import RequestError, SamplingParams
-from orthros_jax.serving.rowsample import RowSampling, sample_rows
 from orthros_jax.serving.text import TextStream
 
 
@@ -85,32 +83,55 @@ def test_greedy_engine_matches_generate_with_arrivals_over_time(arch, decode_ste
         assert got[k].done.finish_reason == "length" and got[k].done.completion_tokens == news[k]
 
 
-def test_row_sampling_matches_the_batch_sampler_row_by_row():
-    logits = jax.random.normal(jax.random.PRNGKey(0), (5, 50)) * 3
-    settings = [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.9, 7, 0.5)]
-    s = RowSampling(
-        temperature=jnp.array([t for t, _, _ in settings], jnp.float32),
-        top_k=jnp.array([k for _, k, _ in settings], jnp.int32),
-        top_p=jnp.array([p for _, _, p in settings], jnp.float32),
-        seed=jnp.arange(5, dtype=jnp.uint32) + 11,
-        step=jnp.array([0, 3, 1, 4, 2], jnp.int32),
-    )
-    for draw in range(3):  # several draws: each row's key is its own (seed, step)
-        s = s.replace(step=s.step + draw)
-        got = sample_rows(logits, s)
-        for i, (t, k, p) in enumerate(settings):
-            key = jax.random.fold_in(jax.random.PRNGKey(int(s.seed[i])), int(s.step[i]))
-            want = sampling.sample(logits[i : i + 1], key, sampling.Sampler(t, k, p))
-            assert int(got.tokens[i]) == int(want[0]), (draw, i)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    np.testing.assert_allclose(
-        got.logprob, np.take_along_axis(np.asarray(logp), np.asarray(got.tokens)[:, None], 1)[:, 0],
-        rtol=1e-6,
-    )  # fmt: skip
-    np.testing.assert_allclose(got.top_logprobs[:, 0], np.max(np.asarray(logp), -1), rtol=1e-6)
-    # top-k = 1 keeps one token only: the sample is the argmax whatever the temperature.
-    one = s.replace(top_k=jnp.ones(5, jnp.int32), temperature=jnp.full(5, 2.0))
-    np.testing.assert_array_equal(sample_rows(logits, one).tokens, jnp.argmax(logits, -1))
+class Recording:
+    """The engine's device calls (engine._dev), recording what each returned."""
+
+    def __init__(self, dev) -> None:
+        self.dev, self.prefills, self.decodes = dev, [], []
+
+    def prefill_rows(self, params, cache, rows, *args, **kw):
+        sampled, cache = self.dev.prefill_rows(params, cache, rows, *args, **kw)
+        self.prefills.append((np.asarray(rows), jax.device_get(sampled)))
+        return sampled, cache
+
+    def decode_rows(self, *args, **kw):
+        sampled, fed, cache = self.dev.decode_rows(*args, **kw)
+        self.decodes.append((np.asarray(fed), jax.device_get(sampled)))
+        return sampled, fed, cache
+
+
+def test_sampled_engine_matches_generate_row_by_row():
+    """One loop, one sampler: request i with generate's seed for row i (sampling.row_seeds)
+    samples what generate samples for row i, with the same sampling log-probs."""
+    cfg, params = arm_model("orthros")
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (11, 4, 7)]
+    sampler, key, n = sampling.Sampler(1.0, 0, 0.9), jax.random.PRNGKey(5), 9
+    want = inference.generate(params, prompts, cfg, max_new_tokens=n, sampler=sampler, rng=key)
+    assert (want.logprobs < 0).any(), "nothing sampled below probability 1"
+    seeds = np.asarray(sampling.row_seeds(key, len(prompts)))
+    engine = _engine(params, cfg, decode_steps=3)
+    engine._dev = rec = Recording(engine._dev)
+    got = [Collect() for _ in prompts]
+    for i, p in enumerate(prompts):
+        sp = SamplingParams(max_tokens=n, temperature=1.0, top_p=0.9, seed=int(seeds[i]))
+        engine.submit(p, sp, got[i])
+    _run(engine)
+    for i in range(len(prompts)):
+        assert got[i].tokens == want.tokens[i].tolist(), i
+    # Each request's log-probs in the order the device calls returned them (request i is in
+    # slot i): its first token from its last prefill chunk, then the fed decode steps.
+    first = {}
+    for rows, sampled in rec.prefills:
+        for j, row in enumerate(rows):
+            if row < len(prompts):  # not a padding row
+                first[row] = sampled.sample_logprob[j]
+    logprobs = [[first[i]] for i in range(len(prompts))]
+    for fed, sampled in rec.decodes:
+        for k, b in zip(*np.nonzero(fed), strict=True):
+            logprobs[b].append(sampled.sample_logprob[k, b])
+    for i in range(len(prompts)):
+        np.testing.assert_allclose(logprobs[i], want.logprobs[i], rtol=1e-5, atol=1e-5)
 
 
 def test_seeded_sampling_is_reproducible_and_independent_of_the_batch():

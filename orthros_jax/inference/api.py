@@ -11,7 +11,8 @@ params is OrthrosLM's unboxed params dict (model.init_params); cfg the static Mo
 These functions validate their inputs on the host (ValueError, before any compile), pad
 prompts to a length bucket, then call the jitted functions of drivers.py with the
 config static and the cache donated (do not reuse a cache passed in). `generate` runs the
-whole decode loop on device in one jit (a lax.while_loop).
+whole decode loop on device in one jit: decode_loop.py, the serving engine's loop, with
+sampling.py's per-row sampler (row b seeded from rng and b alone).
 
 A cache made with init_cache(..., mesh=mesh) on a mesh with a "sequence" axis > 1
 (pmesh.sequence_mesh) has its slots split over that axis: prefill, decode_step and
@@ -37,7 +38,8 @@ from orthros_jax.config import ModelConfig
 from orthros_jax.inference import drivers as fwd
 from orthros_jax.inference import sequence_parallel as sp_forward
 from orthros_jax.inference.cache import KVCache, check_cache, init_cache
-from orthros_jax.inference.sampling import Sampler, sample
+from orthros_jax.inference.decode_loop import decode_loop
+from orthros_jax.inference.sampling import RowSampling, Sampler, row_seeds, sample_rows
 from orthros_jax.model import Params
 from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel.sequence import SEQ
@@ -175,65 +177,50 @@ def decode_step(
 # ---------------------------------------------------------------- generation loop
 
 
-class _LoopState(flax.struct.PyTreeNode):
-    cache: KVCache
-    tokens: jax.Array  # [B, M] generated ids, -1 after a row stopped
-    last: jax.Array  # [B] the token to feed next
-    num: jax.Array  # [B] tokens generated
-    done: jax.Array  # [B] bool
-    hit_capacity: jax.Array  # [B] bool: stopped because the cache was full
-    step: jax.Array  # () tokens emitted so far (columns of `tokens` written)
-    rng: jax.Array
-
-
 class GenerateOutput(flax.struct.PyTreeNode):
     """tokens [B, M] (the stop token included, -1 after the end), lengths [B] (tokens
-    generated per row), hit_capacity [B] (row stopped because its cache was full)."""
+    generated per row), hit_capacity [B] (row stopped because its cache was full), logprobs
+    [B, M] float32 (each token's log-prob under the distribution the sampler drew it from:
+    0 for greedy, 0 after the end)."""
 
     tokens: np.ndarray
     lengths: np.ndarray
     hit_capacity: np.ndarray
+    logprobs: np.ndarray
 
 
 def _generate_loop(params: Params, cache: KVCache, logits: jax.Array, rng: jax.Array,
                    stops: jax.Array, *, cfg: ModelConfig, sampler: Sampler,
                    max_new_tokens: int, mesh: Mesh | None) -> Any:  # fmt: skip
-    """The decode loop in one jit: sample, stop rows that emitted a stop token, feed the rest.
+    """Samples the first token from the prefill's logits, then decode_loop (the serving
+    engine's) for the rest, every row with `sampler` and its own seed from rng.
     mesh: the mesh of a sequence-split cache (None: the single-program decode)."""
-    bsz, s = cache.batch_size, cache.max_len
-    decode = fwd.decode if mesh is None else functools.partial(sp_forward.decode, mesh=mesh)
-
-    def emit(st: _LoopState, logits: jax.Array, live: jax.Array) -> _LoopState:
-        tok = sample(logits, jax.random.fold_in(st.rng, st.step), sampler)
-        stopped = (tok[:, None] == stops).any(axis=-1)
-        return st.replace(
-            tokens=st.tokens.at[:, st.step].set(jnp.where(live, tok, -1)),
-            last=jnp.where(live, tok, 0),
-            num=st.num + live.astype(jnp.int32),
-            done=st.done | ~live | stopped,
-            step=st.step + 1,
-        )
-
-    def body(st: _LoopState) -> _LoopState:
-        full = st.cache.lengths >= s  # no slot left for the token to feed
-        active = ~st.done & ~full
-        logits, cache = decode(params, st.cache, st.last, active, cfg=cfg)
-        st = st.replace(cache=cache, hit_capacity=st.hit_capacity | (~st.done & full))
-        return emit(st, logits, active)
-
-    st = _LoopState(
-        cache=cache,
-        tokens=jnp.full((bsz, max_new_tokens), -1, jnp.int32),
-        last=jnp.zeros((bsz,), jnp.int32),
-        num=jnp.zeros((bsz,), jnp.int32),
-        done=jnp.zeros((bsz,), bool),
-        hit_capacity=jnp.zeros((bsz,), bool),
-        step=jnp.zeros((), jnp.int32),
-        rng=rng,
+    bsz = cache.batch_size
+    if mesh is None:
+        decode = functools.partial(fwd.decode, cfg=cfg)
+    else:
+        decode = functools.partial(sp_forward.decode, cfg=cfg, mesh=mesh)
+    rows = RowSampling.uniform(sampler, row_seeds(rng, bsz), jnp.zeros((bsz,), jnp.int32))
+    first = sample_rows(logits, rows, logprobs=False)
+    stopped = (first.tokens[:, None] == stops).any(axis=-1)
+    budget = jnp.where(stopped, 0, max_new_tokens - 1)
+    out = decode_loop(
+        decode,
+        params,
+        cache,
+        first.tokens,
+        budget,
+        stops,
+        rows.replace(step=rows.step + 1),
+        steps=max_new_tokens - 1,
+        vocab_size=cfg.vocab_size,
+        logprobs=False,
     )
-    st = emit(st, logits, jnp.ones((bsz,), bool))
-    st = jax.lax.while_loop(lambda st: (st.step < max_new_tokens) & ~st.done.all(), body, st)
-    return st.tokens, st.num, st.hit_capacity, st.cache
+    column = lambda x, rest, pad: jnp.concatenate([x[:, None], jnp.where(out.fed, rest, pad).T], 1)
+    tokens = column(first.tokens, out.sampled.tokens, -1)
+    logprobs = column(first.sample_logprob, out.sampled.sample_logprob, 0.0)
+    num = 1 + out.fed.sum(axis=0, dtype=jnp.int32)
+    return tokens, num, out.hit_capacity, logprobs, out.cache
 
 
 _generate_jit = jax.jit(
@@ -257,7 +244,8 @@ def generate(
 ) -> GenerateOutput:
     """Generates up to max_new_tokens per prompt (a list of B token-id lists, ragged).
 
-    sampler: a sampling.Sampler (default greedy); rng: its PRNG key (default PRNGKey(0)).
+    sampler: a sampling.Sampler (default greedy); rng: its PRNG key (default PRNGKey(0)); row
+    b draws with the seed sampling.row_seeds(rng, B)[b] (from rng and b alone).
     stop_tokens: ids that end a row (emitted, then the row stops), shared by all rows or one
     list per row. cache_size: slots per row (default: longest prompt + max_new_tokens, rounded
     up to 128, and to a multiple of the mesh's sequence axis). A row that fills its cache stops
@@ -292,7 +280,7 @@ def generate(
     cache = init_cache(cfg, len(prompts), size, mesh=mesh)
     logits, cache = prefill(params, cache, tokens, lens, cfg)
     rng = jax.random.PRNGKey(0) if rng is None else rng
-    out, num, hit, _ = _generate_jit(
+    out, num, hit, logprobs, _ = _generate_jit(
         params,
         cache,
         logits,
@@ -303,7 +291,7 @@ def generate(
         max_new_tokens=max_new_tokens,
         mesh=sp_forward.mesh_of(cache),
     )
-    return GenerateOutput(_host(out), _host(num), _host(hit))
+    return GenerateOutput(_host(out), _host(num), _host(hit), _host(logprobs))
 
 
 def _stop_table(stop_tokens: Any, bsz: int, cfg: ModelConfig) -> np.ndarray:

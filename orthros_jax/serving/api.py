@@ -25,6 +25,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from orthros_jax.inference.sampling import TOP_LOGPROBS
 from orthros_jax.serving.chat import ChatTemplate
 from orthros_jax.serving.engine import Engine, Event
 from orthros_jax.serving.events import Request as EngineRequest
@@ -36,7 +37,6 @@ from orthros_jax.serving.requests import (
     sampling_params,
 )
 from orthros_jax.serving.responses import Choice, Formatter, error_body
-from orthros_jax.serving.rowsample import TOP_LOGPROBS
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 << 20

@@ -12,18 +12,19 @@ each kind's init_state: a new request's row, GDN recurrent state included), cont
 prefill with inference/drivers.prefill (tokens [P, T] right-padded, lengths [P] >= 0: a row with
 0 tokens keeps its state and length) and scatters them back. Row ids >= B are padding:
 gathered clipped, never written back (mode='drop'), so no row outside `rows` changes.
-decode_rows runs K decode steps (a lax.scan; K static) of inference/drivers.decode on every row,
-each feeding the token the step before sampled: row b runs while it has budget[b] steps left
-and has not sampled one of its stop ids (stops [B, N], -1 padded); other rows write nothing
-(fed[k, b] says which ran). K > 1 trades streaming granularity for one host round trip per K
-tokens (vLLM's multi-step scheduling). Both sample per row (rowsample.py; the key of a draw is
-the row's seed and its token count, so K does not change what is drawn) and donate the cache.
+decode_rows runs inference/decode_loop.py (generate's loop: at most K steps, K static) over
+inference/drivers.decode on every row, each feeding the token the step before sampled: row b
+runs while it has budget[b] steps left and has not sampled one of its stop ids (stops [B, N],
+-1 padded); other rows write nothing (fed[k, b] says which ran). K > 1 trades streaming
+granularity for one host round trip per K tokens (vLLM's multi-step scheduling). Both sample
+per row (inference/sampling.sample_rows; the key of a draw is the row's seed and its token
+count, so K does not change what is drawn; Sampled.sample_logprob is each token's log-prob
+under the distribution it was drawn from) and donate the cache.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -33,9 +34,10 @@ from orthros_jax.axes import BATCH
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import drivers as fwd
 from orthros_jax.inference.cache import KVCache, kind_states
+from orthros_jax.inference.decode_loop import decode_loop
+from orthros_jax.inference.sampling import RowSampling, Sampled, sample_rows
 from orthros_jax.layers.kind import Params
 from orthros_jax.layers.registry import KINDS
-from orthros_jax.serving.rowsample import RowSampling, Sampled, sample_rows
 
 
 def _is_axes(x: Any) -> bool:
@@ -96,28 +98,18 @@ def _decode_rows(params: Params, cache: KVCache, tokens_B: jax.Array, budget_B: 
                  stops_BN: jax.Array, sampling: RowSampling, *, cfg: ModelConfig,
                  steps: int) -> tuple[Sampled, jax.Array, KVCache]:  # fmt: skip
     decode = functools.partial(fwd.decode, cfg=cfg)
-    return decode_loop(decode, params, cache, tokens_B, budget_B, stops_BN, sampling, steps)
-
-
-def decode_loop(decode: Callable[..., tuple[jax.Array, KVCache]], params: Params,
-                cache: KVCache, tokens_B: jax.Array, budget_B: jax.Array, stops_BN: jax.Array,
-                sampling: RowSampling, steps: int) -> tuple[Sampled, jax.Array, KVCache]:  # fmt: skip
-    """decode_rows' K-step scan (traced inside a jit) over one decode(params, cache, tokens [B],
-    active [B]) -> (logits [B, V], cache): the single-program driver's or sequence_parallel's."""
-
-    def one(carry: tuple, _: None) -> tuple[tuple, tuple[Sampled, jax.Array]]:
-        cache, tok, left, count = carry
-        fed = left > 0
-        logits, cache = decode(params, cache, tok, fed)
-        out = sample_rows(logits, sampling.replace(step=count))
-        stopped = (out.tokens[:, None] == stops_BN).any(axis=-1)
-        left = jnp.where(fed & ~stopped, left - 1, 0)
-        carry = (cache, jnp.where(fed, out.tokens, tok), left, count + fed.astype(count.dtype))
-        return carry, (out, fed)
-
-    carry: tuple = (cache, tokens_B, budget_B, sampling.step)
-    (cache, *_), (outs, fed) = jax.lax.scan(one, carry, None, length=steps)
-    return outs, fed, cache
+    out = decode_loop(
+        decode,
+        params,
+        cache,
+        tokens_B,
+        budget_B,
+        stops_BN,
+        sampling,
+        steps=steps,
+        vocab_size=cfg.vocab_size,
+    )
+    return out.sampled, out.fed, out.cache
 
 
 prefill_rows = jax.jit(_prefill_rows, static_argnames=("cfg",), donate_argnames=("cache",))

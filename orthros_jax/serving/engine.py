@@ -39,11 +39,11 @@ from jax.sharding import Mesh
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import init_cache
+from orthros_jax.inference.sampling import RowSampling, Sampled
 from orthros_jax.serving import buckets, device, sp_device
 from orthros_jax.serving.events import Event, Request, Slot
 from orthros_jax.serving.metrics import Metrics
 from orthros_jax.serving.requests import MAX_STOP_IDS, RequestError, SamplingParams
-from orthros_jax.serving.rowsample import RowSampling, Sampled
 from orthros_jax.serving.text import TextStream
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ take and return what device.prefill_rows / decode_rows do. prefill_rows gathers 
 [P] (device.gather_rows / reset_rows), lays each row's T tokens on the sub-cache's slot grid
 [P, S] from the row's current length on (its length after the reset: a chunked prompt continues
 where the last chunk stopped), runs sequence_parallel.prefill and scatters the rows back.
-decode_rows is device.decode_loop over sequence_parallel.decode. The cache in and out keeps
+decode_rows is inference/decode_loop.py over sequence_parallel.decode. The cache in and out keeps
 init_cache's sharding (a sharding constraint on each result: a changed sharding would recompile
 the next call).
 """
@@ -29,10 +29,11 @@ from jax.sharding import PartitionSpec as P
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import sequence_parallel as sp_forward
 from orthros_jax.inference.cache import KVCache, cache_shardings
+from orthros_jax.inference.decode_loop import decode_loop
+from orthros_jax.inference.sampling import RowSampling, Sampled, sample_rows
 from orthros_jax.layers.kind import Params
 from orthros_jax.parallel.sequence import SEQ, check_mesh, sequence_size
-from orthros_jax.serving.device import decode_loop, gather_rows, reset_rows, scatter_rows
-from orthros_jax.serving.rowsample import RowSampling, Sampled, sample_rows
+from orthros_jax.serving.device import gather_rows, reset_rows, scatter_rows
 
 
 def check(cfg: ModelConfig, mesh: object, max_batch: int, max_len: int) -> None:
@@ -87,10 +88,18 @@ def _decode_rows(params: Params, cache: KVCache, tokens_B: jax.Array, budget_B: 
                  stops_BN: jax.Array, sampling: RowSampling, *, cfg: ModelConfig, steps: int,
                  mesh: Mesh) -> tuple[Sampled, jax.Array, KVCache]:  # fmt: skip
     decode = functools.partial(sp_forward.decode, cfg=cfg, mesh=mesh)
-    out, fed, cache = decode_loop(
-        decode, params, cache, tokens_B, budget_B, stops_BN, sampling, steps
+    out = decode_loop(
+        decode,
+        params,
+        cache,
+        tokens_B,
+        budget_B,
+        stops_BN,
+        sampling,
+        steps=steps,
+        vocab_size=cfg.vocab_size,
     )
-    return out, fed, _constrain(cfg, cache, mesh)
+    return out.sampled, out.fed, _constrain(cfg, out.cache, mesh)
 
 
 prefill_rows = jax.jit(_prefill_rows, static_argnames=("cfg", "mesh"), donate_argnames=("cache",))

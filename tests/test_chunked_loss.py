@@ -123,6 +123,7 @@ def test_chunk_size_rule_and_config_check():
         LoopConfig(loss_chunk=-2)
 
 
+@pytest.mark.slow  # two train-step compiles
 def test_train_step_with_the_chunked_loss_takes_the_same_update():
     cfg = tiny_model(n_layers=1)
     opt = OptimizerConfig(lr=1e-2, warmup_steps=0)

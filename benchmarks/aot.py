@@ -9,7 +9,7 @@ jitted drivers.prefill / decode, or sequence_parallel's when mesh.sequence > 1. 
 per-device argument / output / alias / temporary bytes and their peak (argument + output -
 alias + temporary) against the chip's HBM; a program the compiler refuses for memory
 (RESOURCE_EXHAUSTED) is reported as not fitting with the compiler's figures. FLOPs are the
-analytic model's (benchmarks.flops: the arms' necessary FLOPs; cost_analysis counts a scanned
+analytic model's (orthros_jax/layers/flops.py: the arms' necessary FLOPs; cost_analysis counts a scanned
 layer body once, and remat's recompute is not necessary work); collective bytes are read from
 the optimized HLO with loop trip counts (hlo_loops.py). Roofline: step time >= max(FLOPs / peak,
 (argument + output - alias bytes: every input read, every new output written, once) / HBM
@@ -31,18 +31,18 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from benchmarks import flops
-from benchmarks.device_specs import DeviceSpec
 from benchmarks.hlo_loops import loop_weighted_collective_bytes
 from orthros_jax.config import ModelConfig
 from orthros_jax.configlib import to_plain
 from orthros_jax.inference import drivers as cached_forward
 from orthros_jax.inference import sequence_parallel as sp_forward
 from orthros_jax.inference.cache import cache_shardings, init_cache
+from orthros_jax.layers import flops
 from orthros_jax.model import init_params, num_params
 from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel import sequence as pseq
 from orthros_jax.parallel import sharding
+from orthros_jax.parallel.device_specs import DeviceSpec
 
 TPU_TARGET = re.compile(r"^(v4|v5e|v5p|v6e|tpu7x):\d+x\d+(x\d+)?$")
 GPU_TARGET = re.compile(r"^h100x(?P<n>[1-8])$")
@@ -138,7 +138,7 @@ def train_program(config: Any, devices: list[Any]) -> Program:
         k: jax.ShapeDtypeStruct(s, jnp.int32, sharding=pmesh.batch_sharding(mesh, 2))
         for k, s in shapes.items()
     }
-    step = make_train_step(cfg.model, cfg.optimizer, tx, cfg.train.steps)
+    step = make_train_step(cfg.model, cfg.optimizer, tx, cfg.train.steps, cfg.train.loss_chunk)
     fn = sharding.jit_train_step(step, jax.tree.map(lambda a: a.sharding, state), mesh, dict.fromkeys(shapes, 2))  # fmt: skip
     summary = _model_summary(cfg.model) | {
         "mode": f"train ({data.kind})", "batch": bsz, "seq_len": t,
@@ -146,7 +146,7 @@ def train_program(config: Any, devices: list[Any]) -> Program:
         "tokens_per_update": bsz * t * cfg.optimizer.grad_accum_steps,
         "mesh": dict(mesh.shape),
     }  # fmt: skip
-    step_flops = 3 * bsz * flops.pt_forward_flops(cfg.model, t)
+    step_flops = flops.train_step_flops(cfg.model, bsz, t, out_len)
     return Program(fn, (state, batch), mesh, "train", step_flops, summary)
 
 

@@ -27,12 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import flops
 from orthros_jax import inference
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference.cache import KVCache, init_cache
 from orthros_jax.inference.drivers import prefill
 from orthros_jax.kernels.attention import local_attention
+from orthros_jax.layers import flops
 from orthros_jax.layers.attend import AttentionImpl, Keys
 from orthros_jax.layers.registry import kinds_of
 from orthros_jax.layers.stack import so_names

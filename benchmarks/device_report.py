@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from benchmarks.device_specs import SPECS
+from orthros_jax.parallel.device_specs import SPECS
 
 
 def summary(bench: dict) -> str:

@@ -24,9 +24,9 @@ from typing import Any
 import jax
 
 from benchmarks import common as bench
-from benchmarks import flops
 from benchmarks import report as bench_report
 from orthros_jax.config import ModelConfig
+from orthros_jax.layers import flops
 from orthros_jax.model import init_params
 
 PAIRS = (("hybrid", "orthros_h"), ("transformer", "orthros"))

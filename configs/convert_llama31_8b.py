@@ -14,8 +14,9 @@ update), activation checkpointing, window 128. Betas/eps/clipping are not stated
 as Orthros with identity scale-offsets; the shape check against init_from catches a mismatch.
 Sharding: fsdp over all devices, bf16 activations, fp32 master params and Adam moments, the
 splash attention kernels (TPU; --config.model.attention_impl=cudnn on GPUs). 8 rows per
-micro-batch: one per chip on v5p:2x2x2 (84 GiB of 95) or 8 x H100 (67 GiB of 80), the smallest
-targets it fits (launch/compile.py; 32 rows need 180 GiB per v5p chip).
+micro-batch: one per chip on v5p:2x2x2 (72 GiB of 95) or 8 x H100 (56 GiB of 80) with the
+chunked loss (train.loss_chunk's default; 84 / 67 GiB with the full logits), the smallest
+targets it fits (launch/compile.py; 32 rows needed 180 GiB per v5p chip with the full logits).
 """
 
 import os

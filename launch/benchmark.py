@@ -42,10 +42,10 @@ from orthros_jax.model import OrthrosLM, init_params
 # benchmarks/ lives beside launch/, outside the installed package.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks import common as bench  # noqa: E402
-from benchmarks import flops  # noqa: E402
 from benchmarks import sequence as bench_sequence  # noqa: E402
 from benchmarks import table4 as bench_table4  # noqa: E402
 from benchmarks.report import write_report  # noqa: E402
+from orthros_jax.layers import flops  # noqa: E402
 
 _CONFIG = configlib.define_config_flag("configs/bench.py", "Benchmark config.", "benchmark.py")
 _OUT = flags.DEFINE_string("out", None, "Directory for bench.json and the reports.")

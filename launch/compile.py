@@ -45,7 +45,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from benchmarks import aot
-    from benchmarks.device_specs import spec_of
+    from orthros_jax.parallel.device_specs import spec_of
 
     try:
         devices = aot.target_devices(_TARGET.value)

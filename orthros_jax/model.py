@@ -40,8 +40,8 @@ from orthros_jax.layers.kind import (
 from orthros_jax.layers.registry import kinds_of
 
 __all__ = [
-    "OrthrosLM", "Params", "Stream", "final_logits", "forward_streams", "gather_stream",
-    "init_params", "num_params", "param_logical_axes",
+    "OrthrosLM", "Params", "Stream", "final_hidden", "final_logits", "forward_streams",
+    "gather_stream", "head_matrix", "init_params", "num_params", "param_logical_axes",
 ]  # fmt: skip
 
 
@@ -145,6 +145,23 @@ class OrthrosLM(nn.Module):
         output_positions [B, T_out] int array indices into T where a token is predicted
         (default: every position, the PT mode). Returns float32 logits [B, T_out, V].
         """
+        x = self.features(
+            tokens, positions=positions, segment_ids=segment_ids,
+            output_positions=output_positions,
+        )  # fmt: skip
+        return self.head(x)
+
+    def features(
+        self,
+        tokens: jax.Array,
+        *,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        output_positions: jax.Array | None = None,
+    ) -> jax.Array:
+        """The forward without the final norm and LM head (arguments as __call__): the
+        predicting stream's last hidden states [B, T_out, D], for a loss that computes the
+        logits in chunks (training/losses.py; model.apply(..., method="features"))."""
         bsz, t = tokens.shape
         default_positions = positions is None and segment_ids is None
         if positions is not None:  # while still concrete: the layer scan traces them
@@ -169,15 +186,23 @@ class OrthrosLM(nn.Module):
         final = out if self.cfg.two_streams else base
         if not self.cfg.two_streams and output_positions is not None:
             final = gather_stream(final, output_positions)
-        return self.head(final.x)
+        return final.x
 
 
 def final_logits(params: Params, x_BLD: jax.Array, cfg: ModelConfig) -> jax.Array:
     """Final norm + LM head (the embedding's transpose when tied): [B, L, D] -> float32
     logits [B, L, V]. params: the model's tree (embedding, final_norm, lm_head)."""
-    head = params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
-    h = nnl.rms_norm(x_BLD, params["final_norm"], cfg.norm_eps, cfg.norm_zero_centered)
-    return nnl.lm_logits(h, head)
+    return nnl.lm_logits(final_hidden(params, x_BLD, cfg), head_matrix(params, cfg))
+
+
+def final_hidden(params: Params, x_BLD: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """The final norm: the last hidden states [B, L, D] the LM head multiplies (x's dtype)."""
+    return nnl.rms_norm(x_BLD, params["final_norm"], cfg.norm_eps, cfg.norm_zero_centered)
+
+
+def head_matrix(params: Params, cfg: ModelConfig) -> jax.Array:
+    """The LM head [D, V]: lm_head, or the embedding's transpose when tied."""
+    return params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
 
 
 def num_params(cfg: ModelConfig) -> int:

@@ -13,9 +13,9 @@ import numpy as np
 from conftest import tiny_config
 
 from benchmarks import common as bench
-from benchmarks import flops
 from benchmarks import report as bench_report
 from orthros_jax.inference import init_cache, prefill
+from orthros_jax.layers import flops
 from orthros_jax.layers.attention import keys_read
 from orthros_jax.model import init_params
 

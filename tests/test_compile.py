@@ -16,14 +16,12 @@ import pytest
 pytest.importorskip("libtpu")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other test processes may hold it
 
-from benchmarks import (
-    aot,  # noqa: E402
-    flops,  # noqa: E402
-)
-from benchmarks.device_specs import SPECS, spec_of  # noqa: E402
+from benchmarks import aot  # noqa: E402
 from benchmarks.hlo_loops import loop_weighted_collective_bytes  # noqa: E402
 from orthros_jax.config import ModelConfig  # noqa: E402
 from orthros_jax.configlib import load_config_file, section  # noqa: E402
+from orthros_jax.layers import flops  # noqa: E402
+from orthros_jax.parallel.device_specs import SPECS, spec_of  # noqa: E402
 
 # About compiled programs (memory, fits, custom calls): XLA's default pipeline (conftest.py).
 pytestmark = pytest.mark.optimized

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from conftest import tiny_config
 
-from benchmarks import flops
+from orthros_jax.layers import flops
 
 # D 16, V 10, Hk 1, Hv 2, dk 4, dv 3, conv kernel 2, F 8: small enough to count by hand.
 ONE_GDN = dict(

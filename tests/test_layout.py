@@ -154,7 +154,7 @@ GENERIC = [
     "orthros_jax/parallel/mesh.py",
     "orthros_jax/parallel/sharding.py",
     "orthros_jax/parallel/sequence.py",
-    "benchmarks/flops.py",
+    "orthros_jax/layers/flops.py",
 ]
 
 

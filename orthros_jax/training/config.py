@@ -62,8 +62,25 @@ class LoopConfig:
     # Writes workdir/data_fingerprints.jsonl: a crc32 of every batch's tokens (data-order audit).
     data_fingerprints: bool = False
     progress_bar: bool = True
+    # Positions per chunk of the cross-entropy (training/losses.py): -1 = auto (1024 when
+    # model.vocab_size >= 32000, else the full logits), 0 = the full [B, T, V] logits, N > 0 =
+    # chunks of N positions whose logits are recomputed in the backward pass.
+    loss_chunk: int = -1
+    # Optimizer steps to trace with jax.profiler into workdir/profile/: () none, (n,) step n,
+    # (first, last) steps first..last.
+    profile_steps: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        steps = tuple(self.profile_steps)
+        if len(steps) > 2 or not all(1 <= s for s in steps) or steps != tuple(sorted(steps)):
+            raise ValueError(
+                "train.profile_steps must be (), (step,) or (first, last) with "
+                f"1 <= first <= last, got {self.profile_steps}"
+            )
+        if self.loss_chunk < -1:
+            raise ValueError(
+                f"train.loss_chunk must be -1 (auto), 0 (full logits) or > 0, got {self.loss_chunk}"
+            )
         for name in ("steps", "log_every", "eval_batches", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")

@@ -32,9 +32,11 @@ from orthros_jax.layers import stack
 from orthros_jax.model import num_params
 from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel import sharding
+from orthros_jax.training import monitor
 from orthros_jax.training.config import TrainConfig
 from orthros_jax.training.metrics import MetricsLogger, console
 from orthros_jax.training.optimizer import make_optimizer
+from orthros_jax.training.preemption import PreemptionWatcher
 from orthros_jax.training.state import TrainState, init_train_state
 from orthros_jax.training.steps import make_eval_step, make_train_step
 
@@ -211,11 +213,18 @@ def train(
         if micro >= total_updates * accum:
             console(f"{workdir} already holds the final step {total_updates}; nothing to do")
         logger = MetricsLogger(workdir, total_updates, micro // accum, cfg.train.progress_bar)
-        run = _Run(cfg, workdir, mesh, tx, state_sh, params_sh, ckpt, logger, data_state)
-        state = run.loop(state, micro, train_iterator, eval_batches)
-        ckpt.wait()
+        with PreemptionWatcher() as watcher:
+            run = _Run(cfg, workdir, mesh, tx, state_sh, params_sh, ckpt, logger, data_state)
+            state = run.loop(state, micro, train_iterator, eval_batches, watcher)
+            ckpt.wait()
         last = f"; last eval loss {run.last_eval:.4g}" if run.last_eval is not None else ""
-        console(f"done: step {total_updates} in {workdir}{last}")
+        if run.preempted:
+            console(
+                f"preempted by {watcher.signal_name}: wrote the checkpoint of step "
+                f"{run.last_saved} in {ckpt.directory}; the same command resumes it"
+            )
+        else:
+            console(f"done: step {total_updates} in {workdir}{last}")
         return state
     finally:
         ckpt.close()
@@ -237,9 +246,10 @@ class _Run:
     logger: MetricsLogger
     data_state: Any
 
-    def loop(self, state: TrainState, micro: int, it: Iterator[Batch], evals: Sequence[Batch]):
+    def loop(self, state: TrainState, micro: int, it: Iterator[Batch], evals: Sequence[Batch],
+             watcher: PreemptionWatcher) -> TrainState:  # fmt: skip
         tc, accum = self.cfg.train, self.cfg.optimizer.grad_accum_steps
-        self.last_eval = None
+        self.last_eval, self.preempted = None, False
         total_micro = tc.steps * accum
         step_fn = None
         self.eval_batches = [pmesh.shard_batch(b, self.mesh) for b in evals]
@@ -249,7 +259,10 @@ class _Run:
         self.last_saved = micro // accum if self.ckpt.all_steps() else None
         fingerprints = self._open_fingerprints() if tc.data_fingerprints else None
         window_t0, window_tokens = time.perf_counter(), 0
+        profiler = monitor.Profiler(tc.profile_steps, self.workdir)
         while micro < total_micro:
+            if micro % accum == 0:
+                profiler.before(micro // accum + 1)
             try:
                 batch = next(it)
             except StopIteration:
@@ -263,6 +276,9 @@ class _Run:
             if first:
                 pmesh.check_batch_divisible(global_batch["tokens"].shape[0], self.mesh)
                 step_fn = self._compile_step(global_batch)
+                self.throughput = monitor.Throughput(
+                    self.cfg.model, global_batch, list(self.mesh.devices.flat)
+                )
             state, metrics = step_fn(state, global_batch)
             pending.append((micro, metrics))
             micro += 1
@@ -278,10 +294,13 @@ class _Run:
                 continue
             update = micro // accum
             self.logger.advance(1)
+            profiler.after(update, state)
             final = micro == total_micro
+            preempted = watcher.reached(update)  # every process, every update
             do_log = update % tc.log_every == 0 or final
             do_eval = (tc.eval_every and update % tc.eval_every == 0) or final
             do_ckpt = (tc.checkpoint_every and update % tc.checkpoint_every == 0) or final
+            do_ckpt = do_ckpt or preempted
             if not (do_log or do_eval or do_ckpt):
                 continue
             checked.extend(self._check_finite(pending))
@@ -297,7 +316,11 @@ class _Run:
             if do_ckpt:
                 self.ckpt.save(update, state, self.data_state)
                 self.last_saved = update
+            if preempted and not final:
+                self.preempted = True
+                break
             window_t0, window_tokens = time.perf_counter(), 0
+        profiler.stop()
         if fingerprints is not None:
             fingerprints.close()
         return state
@@ -305,7 +328,9 @@ class _Run:
     def _compile_step(self, global_batch: Mapping[str, jax.Array]):
         """The jitted train step for this batch layout (PT or SFT keys)."""
         cfg = self.cfg
-        train_step = make_train_step(cfg.model, cfg.optimizer, self.tx, cfg.train.steps)
+        train_step = make_train_step(
+            cfg.model, cfg.optimizer, self.tx, cfg.train.steps, cfg.train.loss_chunk
+        )
         ndims = {k: v.ndim for k, v in global_batch.items()}
         return sharding.jit_train_step(train_step, self.state_sh, self.mesh, ndims)
 
@@ -343,6 +368,7 @@ class _Run:
         }
         if tokens_per_s is not None:
             values["tokens_per_s"] = tokens_per_s
+            values |= self.throughput.values(tokens_per_s)
         self.logger.write(update, "train", values)
 
     def _evaluate(self, update: int, params: Any) -> float:
@@ -351,7 +377,10 @@ class _Run:
         if self.eval_fn is None:
             ndims = {k: v.ndim for k, v in self.eval_batches[0].items()}
             self.eval_fn = sharding.jit_eval_step(
-                make_eval_step(self.cfg.model), self.params_sh, self.mesh, ndims
+                make_eval_step(self.cfg.model, self.cfg.train.loss_chunk),
+                self.params_sh,
+                self.mesh,
+                ndims,
             )
         sums = jax.device_get([self.eval_fn(params, b) for b in self.eval_batches])
         loss = sum(float(s["loss_sum"]) for s in sums) / max(

@@ -25,8 +25,10 @@ def make_train_step(
     opt_cfg: OptimizerConfig,
     tx: optax.GradientTransformation,
     total_steps: int,
+    loss_chunk: int = losses.AUTO,
 ) -> TrainStep:
-    """state, batch -> new state, metrics. One micro-batch per call (PT or SFT batch).
+    """state, batch -> new state, metrics. One micro-batch per call (PT or SFT batch);
+    loss_chunk: train.loss_chunk (losses.chunk_size).
 
     Metrics (float32 scalars): loss (masked mean of this micro-batch), weight (loss tokens),
     grad_norm (pre-clip global norm of the gradient the optimizer steps with: the running
@@ -37,7 +39,9 @@ def make_train_step(
     schedule = make_schedule(opt_cfg, total_steps)
 
     def train_step(state: TrainState, batch: losses.Batch) -> tuple[TrainState, Metrics]:
-        grad_fn = jax.value_and_grad(lambda p: losses.mean_loss(model, p, batch), has_aux=True)
+        grad_fn = jax.value_and_grad(
+            lambda p: losses.mean_loss(model, p, batch, loss_chunk), has_aux=True
+        )
         (loss, aux), grads = grad_fn(state.params)
         grad_norm = optax.tree.norm(accumulated_grads(grads, state.opt_state, opt_cfg))
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -55,12 +59,12 @@ def make_train_step(
     return train_step
 
 
-def make_eval_step(model_cfg: ModelConfig) -> EvalStep:
+def make_eval_step(model_cfg: ModelConfig, loss_chunk: int = losses.AUTO) -> EvalStep:
     """params, batch -> {"loss_sum", "weight"} (sum over batches, then divide)."""
     model = OrthrosLM(model_cfg)
 
     def eval_step(params: Params, batch: losses.Batch) -> Metrics:
-        loss_sum, weight = losses.loss_sums(model, params, batch)
+        loss_sum, weight = losses.loss_sums(model, params, batch, loss_chunk)
         return {"loss_sum": loss_sum, "weight": weight}
 
     return eval_step

@@ -1,4 +1,6 @@
-"""Analytic FLOP counts (multiply-add = 2 FLOPs) of prefill, decode and PT steps of any arm.
+"""Analytic FLOP counts (multiply-add = 2 FLOPs) of prefill, decode and training steps of any
+arm: the training loop's MFU (training/throughput.py) and the benchmarks' and launch/compile.py's
+rooflines read the same counts.
 
 These are the *necessary* FLOPs of each arm's math, not of our kernels: the sliding window
 counts exactly min(t + 1, w) keys per query and causal attention (t + 1) keys, so a measured
@@ -55,13 +57,26 @@ def decode_flops(cfg: ModelConfig, context: int) -> int:
 
 def pt_forward_flops(cfg: ModelConfig, t: int) -> int:
     """Forward FLOPs of one PT row of T tokens with logits at every position (x3 for a step)."""
+    return train_forward_flops(cfg, t, t)
+
+
+def train_forward_flops(cfg: ModelConfig, t: int, out_len: int) -> int:
+    """Forward FLOPs of one training row of T tokens whose logits are taken at out_len
+    positions: PT (out_len = T) or SFT (the output stream's copies at the answer-predicting
+    positions, counted as the last out_len positions: an upper bound on their keys)."""
     n, two = cfg.n_layers, cfg.two_streams
     work = [
         Work(tokens=t, context=t, base_outputs=0 if two and i == n - 1 else t,
-             copies=t if two else 0)
+             copies=out_len if two else 0)
         for i in range(n)
     ]  # fmt: skip
-    return _head(cfg, t) + _layers(cfg, work)
+    return _head(cfg, out_len) + _layers(cfg, work)
+
+
+def train_step_flops(cfg: ModelConfig, rows: int, t: int, out_len: int) -> int:
+    """Model FLOPs of one training micro-batch of `rows` rows: forward + backward = 3 x the
+    forward (rematerialisation's and the chunked loss's recompute are not counted)."""
+    return 3 * rows * train_forward_flops(cfg, t, out_len)
 
 
 def floor_prefill_flops(cfg: ModelConfig, t: int) -> int:

@@ -175,12 +175,9 @@ def _packed(
     )
 
 
-def make_train_dataset(
-    cfg: DataConfig, *, process_index: int | None = None, process_count: int | None = None
-) -> grain.IterDataset:
-    """The infinite per-host training IterDataset (batches of batch_size // process_count rows)."""
-    pi, pc = _process(process_index, process_count)
-    rows = cfg.per_host_batch(pc)
+def train_elements(cfg: DataConfig, process_index: int, process_count: int) -> grain.MapDataset:
+    """Host process_index's infinite share of the training elements, in order (before packing):
+    every process_count-th element of the shuffled, repeated (or mixed) global stream."""
     mixed = len(cfg.prepared) > 1
     ds = _split_elements(cfg, "train") if not mixed else None
     if mixed:
@@ -191,8 +188,17 @@ def make_train_dataset(
         if cfg.shuffle:
             ds = ds.shuffle(cfg.seed)  # reseeded per epoch by repeat()
         ds = ds.repeat()
-    ds = ds[pi::pc]
-    it = ds.to_iter_dataset(READ_OPTIONS)
+    return ds[process_index::process_count]
+
+
+def make_train_dataset(
+    cfg: DataConfig, *, process_index: int | None = None, process_count: int | None = None
+) -> grain.IterDataset:
+    """The infinite per-host training IterDataset (batches of batch_size // process_count rows)."""
+    pi, pc = _process(process_index, process_count)
+    rows = cfg.per_host_batch(pc)
+    mixed = len(cfg.prepared) > 1
+    it = train_elements(cfg, pi, pc).to_iter_dataset(READ_OPTIONS)
     features = (mixture.SOURCE,) if mixed else ()
     it = _packed(cfg, it, cfg.packing_bins or rows, shuffle_bins=cfg.shuffle, features=features)
     kind = cfg.kind

@@ -86,7 +86,9 @@ def load_manifest(entry: str, tokenizer: str | None) -> tuple[str, dict[str, Any
         try:
             docs = np.load(base + ".docs.npy", mmap_mode="r")
         except (OSError, ValueError) as e:
-            raise ValueError(f"{base}.docs.npy is unreadable ({e}); prepare it again") from None
+            raise ValueError(
+                f"{base}.docs.npy is unreadable or truncated ({e}); prepare it again"
+            ) from None
         if docs.dtype != DOCS_DTYPE or docs.shape != (shard["documents"],):
             raise ValueError(
                 f"{base}.docs.npy holds {docs.shape} {docs.dtype} but {path} records "

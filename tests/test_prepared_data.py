@@ -384,3 +384,19 @@ def test_mixture_eval_batches_draw_from_every_dataset(two_datasets):
     assert all(np.array_equal(x["tokens"], y["tokens"]) for x, y in zip(
         evals, pipeline.make_eval_batches(cfg.replace(seed=7), **HOST), strict=True
     ))  # fmt: skip
+
+
+def test_chunk_table_streamed_to_disk_equals_the_in_memory_one(tmp_path, docs, monkeypatch):
+    path, _ = docs
+    run_prepare([path], tmp_path / "out")
+    cached = prepared.open_split(str(tmp_path / "out"), None, 16, 0.3, "validation")[0].index
+
+    def read_only(*_, **__):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(prepared.os, "makedirs", read_only)
+    (tmp_path / "out" / prepared.INDEX_DIR).rename(tmp_path / "moved")
+    in_memory = prepared.open_split(str(tmp_path / "out"), None, 16, 0.3, "validation")[0].index
+    assert isinstance(cached, np.memmap) and not isinstance(in_memory, np.memmap)
+    np.testing.assert_array_equal(np.asarray(cached), in_memory)
+    assert len(in_memory) > 10 and (in_memory[:, 1] <= 16).all()

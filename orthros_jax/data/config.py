@@ -82,7 +82,7 @@ class DataConfig:
             raise ValueError(
                 f"DataConfig.corpus must be a string or a sequence of strings, got {corpus!r}"
             )
-        if not corpus or not all(isinstance(c, str) and c for c in corpus):
+        if not all(isinstance(c, str) and c for c in corpus) or not (corpus or self.prepared):
             raise ValueError(
                 f"DataConfig.corpus must name at least one source ('embedded' or paths), got {corpus!r}"
             )
@@ -163,9 +163,10 @@ class DataConfig:
             )
         if prepared and self.kind != "pt":
             raise ValueError(f"DataConfig.prepared is for kind='pt', got kind={self.kind!r}")
-        if prepared and self.corpus != ("embedded",):
+        if prepared and self.corpus not in ((), ("embedded",)):
             raise ValueError(
-                f"DataConfig.prepared={prepared!r} replaces corpus={self.corpus!r}; set one of them"
+                f"DataConfig.prepared={prepared!r} replaces corpus={self.corpus!r}; set one of "
+                "them (corpus=() or its default with prepared)"
             )
 
     @property

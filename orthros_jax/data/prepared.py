@@ -9,8 +9,8 @@ the split in corpus order; the split is by document (the hash prepare stored per
 the same as corpus.is_validation). Tokens stay in the shards' memory maps (np.memmap); an
 element reads only its own bytes. The chunk table ([n_chunks, 2] int64: global token start,
 pairs) is built once per (split, seq_len, validation_fraction), vectorised per shard, and
-cached as an .npy beside the shards (index/, atomic rename; in memory when the directory is
-read-only), then memory-mapped: start-up and memory do not grow with the corpus.
+streamed to an .npy beside the shards (index/, atomic rename; in memory when the directory
+is read-only), then memory-mapped: start-up and memory do not grow with the corpus.
 """
 
 from __future__ import annotations
@@ -97,17 +97,23 @@ def load_manifest(entry: str, tokenizer: str | None) -> tuple[str, dict[str, Any
     return directory, manifest
 
 
-def shard_chunks(
+def _documents(
     docs: np.ndarray, seq_len: int, validation_fraction: float, validation: bool
-) -> np.ndarray:
-    """[k, 2] int64 (start in the shard, pairs) of the split's chunks of one shard, in order."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, pairs, chunk count) of each document of the split in one shard."""
     ends = docs["end"].astype(np.int64)
     starts = np.concatenate([np.zeros(1, np.int64), ends[:-1]])
     pairs = ends - starts - 1
     held_out = docs["score"].astype(np.float64) / 2**64 < validation_fraction
     keep = (held_out == validation) & (pairs >= 1)  # a 1-token document predicts nothing
-    starts, pairs = starts[keep], pairs[keep]
-    counts = (pairs + seq_len - 1) // seq_len
+    return starts[keep], pairs[keep], (pairs[keep] + seq_len - 1) // seq_len
+
+
+def shard_chunks(
+    docs: np.ndarray, seq_len: int, validation_fraction: float, validation: bool
+) -> np.ndarray:
+    """[k, 2] int64 (start in the shard, pairs) of the split's chunks of one shard, in order."""
+    starts, pairs, counts = _documents(docs, seq_len, validation_fraction, validation)
     doc = np.repeat(np.arange(len(starts)), counts)
     j = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
     offset = j * seq_len
@@ -115,21 +121,33 @@ def shard_chunks(
 
 
 def _build_index(directory: str, manifest: dict, key: tuple, path: str | None) -> np.ndarray:
-    """The chunk table over all shards (global token starts), written to path when given."""
+    """The chunk table over all shards (global token starts). With a path it is streamed to
+    that .npy shard by shard (memory: one shard's table) and returned memory-mapped."""
     seq_len, fraction, validation = key
     shard_offsets = np.cumsum([0] + [s["tokens"] for s in manifest["shards"]])
-    parts = []
-    for shard, offset in zip(manifest["shards"], shard_offsets, strict=False):
-        docs = np.load(os.path.join(directory, shard["name"] + ".docs.npy"), mmap_mode="r")
-        chunks = shard_chunks(docs, seq_len, fraction, validation)
-        chunks[:, 0] += offset
-        parts.append(chunks)
-    table = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
-    if path is not None and len(table):
-        tmp = f"{path}.tmp{os.getpid()}"
-        np.save(tmp, table)  # np.save appends .npy
-        os.replace(tmp + ".npy", path)
-    return table
+
+    def docs(shard: dict) -> np.ndarray:
+        return np.load(os.path.join(directory, shard["name"] + ".docs.npy"), mmap_mode="r")
+
+    def parts():
+        for shard, offset in zip(manifest["shards"], shard_offsets, strict=False):
+            chunks = shard_chunks(docs(shard), seq_len, fraction, validation)
+            chunks[:, 0] += offset
+            yield chunks
+
+    if path is None:
+        return np.concatenate([np.zeros((0, 2), np.int64), *parts()])
+    total = sum(int(_documents(docs(s), *key)[2].sum()) for s in manifest["shards"])
+    if total == 0:
+        return np.zeros((0, 2), np.int64)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        header = {"descr": "<i8", "fortran_order": False, "shape": (total, 2)}
+        np.lib.format.write_array_header_1_0(f, header)
+        for chunks in parts():
+            f.write(chunks.astype("<i8").tobytes())
+    os.replace(tmp, path)
+    return np.load(path, mmap_mode="r")
 
 
 def chunk_index(
@@ -147,10 +165,9 @@ def chunk_index(
     key = (seq_len, validation_fraction, validation)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        table = _build_index(directory, manifest, key, path)
-    except OSError:  # a read-only dataset: keep the table in memory
+        return _build_index(directory, manifest, key, path)
+    except OSError:  # a read-only dataset: the table in memory
         return _build_index(directory, manifest, key, None)
-    return np.load(path, mmap_mode="r") if len(table) else table
 
 
 class PreparedChunks:

@@ -73,11 +73,22 @@ def train_bpe(path: str) -> None:
     tok.save(path)
 
 
+def _status_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith(field + ":"))
+    return int(line.split()[1]) / 1024
+
+
 def child_ttfb(args) -> None:
-    """(In a fresh process) time and peak RSS of the first batch, printed as JSON."""
+    """(In a fresh process) time to the first batch and the RSS it adds, printed as JSON. The
+    peak is reset after the imports (/proc/self/clear_refs 5), so it is the iterator's; RSS
+    after 21 batches split into anonymous memory and mapped file pages (page cache, which the
+    kernel reclaims)."""
     from orthros_jax.data import DataConfig, make_train_iterator
 
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    rss0, anon0, file0 = _status_mb("VmRSS"), _status_mb("RssAnon"), _status_mb("RssFile")
     source = {"prepared": (args.data,)} if args.pipeline == "prepared" else {"corpus": (args.data,)}
     cfg = DataConfig(**source, tokenizer=args.tokenizer or None, seq_len=SEQ_LEN, batch_size=BATCH)
     t0 = time.perf_counter()
@@ -86,8 +97,11 @@ def child_ttfb(args) -> None:
     first = time.perf_counter() - t0
     for _ in range(20):
         next(it)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"ttfb_s": first, "peak_rss_mb": peak, "import_rss_mb": rss0}))
+    peak = _status_mb("VmHWM")
+    print(json.dumps({
+        "ttfb_s": first, "peak_rss_mb": peak, "import_rss_mb": rss0, "added_rss_mb": peak - rss0,
+        "added_anon_mb": _status_mb("RssAnon") - anon0, "added_file_mb": _status_mb("RssFile") - file0,
+    }))  # fmt: skip
 
 
 def _child(*argv: str) -> dict:
@@ -106,16 +120,19 @@ def prepare(inputs: str, out: str, tokenizer: str, processes: int, shard_mb: flo
         f"--tokenizer={tokenizer}", f"--processes={processes}", f"--shard_mb={shard_mb}",
         "--progress=false",
     ]  # fmt: skip
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(done.stderr[-3000:])
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime  # includes the imports
     line = done.stdout.strip().splitlines()[-1]
     manifest = json.load(open(os.path.join(out, "manifest.json")))
     seconds = float(line.rsplit(" in ", 1)[1].split("s ->")[0])
     return {
         "seconds": seconds, "text_mb": manifest["text_bytes"] / 1e6, "tokens": manifest["tokens"],
         "mb_per_s": manifest["text_bytes"] / 1e6 / seconds, "tokens_per_s": manifest["tokens"] / seconds,
-        "shards": len(manifest["shards"]), "summary": line,
+        "shards": len(manifest["shards"]), "summary": line, "cpu_s_with_imports": cpu,
     }  # fmt: skip
 
 
@@ -234,7 +251,7 @@ def part_format(work: str, reads: int = 20000) -> dict:
     """On-disk format: the 20 MB prepared (bytes) dataset's documents also written as ArrayRecord
     (one record per document, group_size:1 for random access, as grain reads it), then
     `reads` random training chunks read through each (grain's ArrayRecordDataSource + slicing
-    vs PreparedChunks on np.memmap)."""
+    vs PreparedChunks: os.pread of the flat shard)."""
     import grain
     from array_record.python.array_record_module import ArrayRecordWriter
 
@@ -270,7 +287,7 @@ def part_format(work: str, reads: int = 20000) -> dict:
 
     timings = {}
     for name, read in (
-        ("memmap", lambda i: np.concatenate([(e := source[i])["tokens"], e["targets"][-1:]])),
+        ("flat", lambda i: np.concatenate([(e := source[i])["tokens"], e["targets"][-1:]])),
         ("array_record", via_array_record),
     ):
         t0 = time.perf_counter()
@@ -289,15 +306,21 @@ def part_format(work: str, reads: int = 20000) -> dict:
     )
     return {
         "read_us_per_chunk": timings, "array_record_write_s": write_s,
-        "bytes": {"memmap_shards": flat, "array_record": os.path.getsize(path)}, "reads": reads,
+        "bytes": {"flat_shards": flat, "array_record": os.path.getsize(path)}, "reads": reads,
     }  # fmt: skip
 
 
 def write_report(out: str, results: dict) -> None:
+    """<out>/data_pipeline.json (parts of earlier runs kept unless rerun) and .md."""
     os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "data_pipeline.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            results = json.load(f) | results
     with open(os.path.join(out, "data_pipeline.json"), "w") as f:
         json.dump(results, f, indent=1)
-    lines = [f"# Data pipeline benchmark\n\nload: {results['load']}\n"]
+    lines = ["# Data pipeline benchmark\n", "`python benchmarks/data_pipeline.py --out=results/data`; "
+             "2-core shared CPU; 1/5/15-min load averages per part below.\n"]  # fmt: skip
     if "ttfb" in results:
         lines += [
             "| pipeline | tokenizer | text MB | start | first batch s | peak RSS MB | RSS after imports MB |",
@@ -309,21 +332,27 @@ def write_report(out: str, results: dict) -> None:
                 f"{r['ttfb_s']:.2f} | {r['peak_rss_mb']:.0f} | {r['import_rss_mb']:.0f} |"
             )
     if "prepare" in results:
-        lines += ["", "| processes | text MB | MB/s | tokens/s | shards |", "|---|---|---|---|---|"]
+        lines += ["", f"prepare with the 32K BPE, load {results['load_prepare']}\n",
+                  "| processes | text MB | wall s | MB/s | tokens/s | CPU s (with imports) | shards |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in results["prepare"]:
             if "processes" in r:
                 lines.append(
-                    f"| {r['processes']} | {r['text_mb']:.1f} | {r['mb_per_s']:.2f} | "
-                    f"{r['tokens_per_s']:,.0f} | {r['shards']} |"
+                    f"| {r['processes']} | {r['text_mb']:.1f} | {r['seconds']:.1f} | "
+                    f"{r['mb_per_s']:.2f} | {r['tokens_per_s']:,.0f} | "
+                    f"{r['cpu_s_with_imports']:.1f} | {r['shards']} |"
                 )
+            else:
+                lines.append(f"\n{r}")
     if "format" in results:
         f = results["format"]
-        lines += ["", f"random chunk read: memmap {f['read_us_per_chunk']['memmap']:.1f} us, "
+        lines += ["", f"format (load {results['load_format']}): random chunk read: flat shards {f['read_us_per_chunk']['flat']:.1f} us, "
                   f"ArrayRecord {f['read_us_per_chunk']['array_record']:.1f} us; bytes on disk "
-                  f"{f['bytes']['memmap_shards']:,} vs {f['bytes']['array_record']:,}"]  # fmt: skip
+                  f"{f['bytes']['flat_shards']:,} vs {f['bytes']['array_record']:,}"]  # fmt: skip
     if "step" in results:
         s = results["step"]
-        lines += ["", f"step time: prepared {s['step_s']['prepared'] * 1e3:.1f} ms, in-memory "
+        lines += ["", f"tiny config train step (load {results['load_step']}, {s['rounds']} interleaved "
+                  f"rounds of {s['steps_per_round']} steps, medians): prepared {s['step_s']['prepared'] * 1e3:.1f} ms, in-memory "
                   f"{s['step_s']['in-memory'] * 1e3:.1f} ms, ratio {s['ratio_prepared_over_memory']:.3f}"]  # fmt: skip
     with open(os.path.join(out, "data_pipeline.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -347,24 +376,31 @@ def main() -> None:
         return child_ttfb(args)
     os.makedirs(args.work, exist_ok=True)
     parts = args.parts.split(",")
-    results: dict = {"load": os.getloadavg(), "cpus": os.cpu_count()}
+    results: dict = {"cpus": os.cpu_count()}
     bpe = os.path.join(args.work, "bpe32k.json")
     if ("prepare" in parts or "ttfb" in parts) and not os.path.isfile(bpe):
         t0 = time.perf_counter()
         train_bpe(bpe)
         results["bpe_train_s"] = time.perf_counter() - t0
     if "prepare" in parts:
+        results["load_prepare"] = [round(x, 1) for x in os.getloadavg()]
         results["prepare"] = part_prepare(args.work, bpe)
     if "ttfb" in parts:
+        results["load_ttfb"] = [round(x, 1) for x in os.getloadavg()]
         sizes = [int(s) for s in args.sizes_mb.split(",")]
         mem = [int(s) for s in args.memory_sizes_mb.split(",") if s]
-        results["ttfb"] = part_ttfb(args.work, sizes, mem, bpe)
+        rows = part_ttfb(args.work, sizes, mem, bpe)
+        old = os.path.join(args.out, "data_pipeline.json")
+        if os.path.isfile(old):  # rows of sizes not rerun are kept
+            rows += [r for r in json.load(open(old)).get("ttfb", []) if r["text_mb"] not in sizes]
+        results["ttfb"] = sorted(rows, key=lambda r: r["text_mb"])
     if "format" in parts:
+        results["load_format"] = [round(x, 1) for x in os.getloadavg()]
         results["format"] = part_format(args.work)
         print(results["format"], flush=True)
     if "step" in parts:
+        results["load_step"] = [round(x, 1) for x in os.getloadavg()]
         results["step"] = part_step(args.work, args.rounds, args.steps)
-    results["load_after"] = os.getloadavg()
     write_report(args.out, results)
     print(open(os.path.join(args.out, "data_pipeline.md")).read())
 

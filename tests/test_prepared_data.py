@@ -238,7 +238,7 @@ def test_prepared_batches_equal_the_in_memory_pipeline(tmp_path, docs, bpe, toke
     index_files = os.listdir(tmp_path / "out" / prepared.INDEX_DIR)
     assert len(index_files) == 2  # train and validation chunk tables, cached
     again = prepared.open_split(str(tmp_path / "out"), tok, 32, 0.2, "train")[0]
-    assert isinstance(again.index, np.memmap)  # the cached table is memory-mapped, not rebuilt
+    assert again.index.file is not None  # the cached table is read from its file, not rebuilt
 
 
 def test_hosts_read_disjoint_and_complete_parts(tmp_path, monkeypatch):
@@ -375,10 +375,15 @@ def test_mixture_proportions_logged_deterministic_and_resumable(two_datasets):
 
 
 def test_mixture_eval_batches_draw_from_every_dataset(two_datasets):
-    cfg = DataConfig(prepared=tuple(two_datasets), seq_len=128, batch_size=4)
+    cfg = DataConfig(
+        prepared=tuple(two_datasets), seq_len=128, batch_size=4, validation_fraction=0.3
+    )
     evals = pipeline.make_eval_batches(cfg, **HOST)
-    firsts = {
-        chr(int(b["tokens"][r][0])) for b in evals for r in range(4) if b["loss_mask"][r].any()
+    firsts = {  # the first token of every segment (a document's, each < 128 tokens) names it
+        chr(int(b["tokens"][r][b["positions"][r] == 0][k]))
+        for b in evals
+        for r in range(4)
+        for k in range(int(b["segment_ids"][r].max()))
     }
     assert firsts == {"A", "B"}
     assert all(np.array_equal(x["tokens"], y["tokens"]) for x, y in zip(
@@ -390,6 +395,7 @@ def test_chunk_table_streamed_to_disk_equals_the_in_memory_one(tmp_path, docs, m
     path, _ = docs
     run_prepare([path], tmp_path / "out")
     cached = prepared.open_split(str(tmp_path / "out"), None, 16, 0.3, "validation")[0].index
+    from_file = cached.to_numpy()
 
     def read_only(*_, **__):
         raise PermissionError("read-only file system")
@@ -397,6 +403,7 @@ def test_chunk_table_streamed_to_disk_equals_the_in_memory_one(tmp_path, docs, m
     monkeypatch.setattr(prepared.os, "makedirs", read_only)
     (tmp_path / "out" / prepared.INDEX_DIR).rename(tmp_path / "moved")
     in_memory = prepared.open_split(str(tmp_path / "out"), None, 16, 0.3, "validation")[0].index
-    assert isinstance(cached, np.memmap) and not isinstance(in_memory, np.memmap)
-    np.testing.assert_array_equal(np.asarray(cached), in_memory)
-    assert len(in_memory) > 10 and (in_memory[:, 1] <= 16).all()
+    assert cached.file is not None and in_memory.file is None
+    table = in_memory.to_numpy()
+    np.testing.assert_array_equal(from_file, table)
+    assert len(table) > 10 and (table[:, 1] <= 16).all() and cached[3] == tuple(table[3])

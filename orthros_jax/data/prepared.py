@@ -6,11 +6,12 @@
 The elements are exactly those of pipeline.chunk_documents on the same documents: each
 document's n-1 (token, next token) pairs cut into chunks of <= seq_len pairs, documents of
 the split in corpus order; the split is by document (the hash prepare stored per document,
-the same as corpus.is_validation). Tokens stay in the shards' memory maps (np.memmap); an
-element reads only its own bytes. The chunk table ([n_chunks, 2] int64: global token start,
-pairs) is built once per (split, seq_len, validation_fraction), vectorised per shard, and
-streamed to an .npy beside the shards (index/, atomic rename; in memory when the directory
-is read-only), then memory-mapped: start-up and memory do not grow with the corpus.
+the same as corpus.is_validation). Tokens stay in the shard files; an element reads only its
+own bytes (os.pread: nothing is mapped into the process, so its memory does not grow with
+the corpus or with what was read; the OS page cache keeps hot data). The chunk table
+([n_chunks, 2] int64: global token start, pairs) is built once per (split, seq_len,
+validation_fraction), vectorised per shard, and streamed to an .npy beside the shards (index/, atomic rename; in memory when the directory
+is read-only), then read row by row: start-up and memory do not grow with the corpus.
 """
 
 from __future__ import annotations
@@ -120,9 +121,11 @@ def shard_chunks(
     return np.stack([starts[doc] + offset, np.minimum(seq_len, pairs[doc] - offset)], axis=1)
 
 
-def _build_index(directory: str, manifest: dict, key: tuple, path: str | None) -> np.ndarray:
+def _build_index(
+    directory: str, manifest: dict, key: tuple, path: str | None
+) -> np.ndarray | ChunkTable:
     """The chunk table over all shards (global token starts). With a path it is streamed to
-    that .npy shard by shard (memory: one shard's table) and returned memory-mapped."""
+    that .npy shard by shard (memory: one shard's table) and returned as a ChunkTable."""
     seq_len, fraction, validation = key
     shard_offsets = np.cumsum([0] + [s["tokens"] for s in manifest["shards"]])
 
@@ -147,51 +150,117 @@ def _build_index(directory: str, manifest: dict, key: tuple, path: str | None) -
         for chunks in parts():
             f.write(chunks.astype("<i8").tobytes())
     os.replace(tmp, path)
-    return np.load(path, mmap_mode="r")
+    return ChunkTable(path=path)
 
 
 def chunk_index(
     directory: str, manifest: dict, seq_len: int, validation_fraction: float, validation: bool
-) -> np.ndarray:
-    """The split's chunk table, memory-mapped from the cache (built on first use)."""
+) -> ChunkTable:
+    """The split's chunk table, read from its cached .npy (built on first use)."""
     split = "validation" if validation else "train"
     name = f"{split}_T{seq_len}_v{validation_fraction!r}_{manifest['fingerprint']}.npy"
     path = os.path.join(directory, INDEX_DIR, name)
     if os.path.isfile(path):
         try:
-            return np.load(path, mmap_mode="r")
+            return ChunkTable(path=path)
         except (OSError, ValueError):
             logging.warning("rebuilding the unreadable chunk index %s", path)
     key = (seq_len, validation_fraction, validation)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        return _build_index(directory, manifest, key, path)
+        table = _build_index(directory, manifest, key, path)
     except OSError:  # a read-only dataset: the table in memory
-        return _build_index(directory, manifest, key, None)
+        table = _build_index(directory, manifest, key, None)
+    return table if isinstance(table, ChunkTable) else ChunkTable(array=table)
+
+
+class _File:
+    """A read-only file read with os.pread (thread-safe, nothing mapped into the process: the
+    OS page cache holds what was read, and RSS does not grow with the file). Picklable."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def read(self, offset: int, size: int) -> bytes:
+        data = os.pread(self._fd, size, offset)
+        if len(data) != size:
+            raise ValueError(f"{self.path}: {len(data)} of {size} bytes at {offset} (truncated?)")
+        return data
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"])
+
+    def __del__(self, _close=os.close) -> None:  # os may be gone at interpreter exit
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            _close(fd)
+
+
+class ChunkTable:
+    """A split's chunk table: rows (global token start, pairs) int64, read row by row from its
+    .npy file, or held in memory (`array`)."""
+
+    def __init__(self, path: str | None = None, array: np.ndarray | None = None) -> None:
+        self.array, self.file = array, None
+        if path is not None:
+            with open(path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                if version != (1, 0):
+                    raise ValueError(f"{path}: npy format {version}, expected (1, 0)")
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                self.offset = f.tell()
+            if dtype != np.dtype("<i8") or fortran or len(shape) != 2 or shape[1] != 2:
+                raise ValueError(f"{path} is not an [n, 2] int64 chunk table")
+            want = self.offset + shape[0] * 16
+            if os.path.getsize(path) != want:
+                raise ValueError(f"{path} has {os.path.getsize(path)} bytes, expected {want}")
+            self.rows, self.file = shape[0], _File(path)
+        elif array is not None:
+            self.rows = len(array)
+        else:
+            raise ValueError("ChunkTable needs a path or an array")
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        if self.file is None:
+            start, n = self.array[i]
+        else:
+            start, n = np.frombuffer(self.file.read(self.offset + 16 * i, 16), "<i8")
+        return int(start), int(n)
+
+    def to_numpy(self) -> np.ndarray:
+        """The whole table (tests and tools; training reads rows)."""
+        if self.file is None:
+            return np.asarray(self.array)
+        return np.load(self.file.path)
 
 
 class PreparedChunks:
     """A grain random-access source of one split's PT chunks (see module docstring)."""
 
-    def __init__(self, directory: str, manifest: dict, index: np.ndarray) -> None:
-        dtype = np.dtype(manifest["dtype"])
+    def __init__(self, directory: str, manifest: dict, index: ChunkTable) -> None:
+        self.dtype = np.dtype(manifest["dtype"])
         self.index = index
         self.offsets = np.cumsum([0] + [s["tokens"] for s in manifest["shards"]])
-        self.tokens = [
-            np.memmap(os.path.join(directory, s["name"] + ".bin"), dtype, mode="r")
-            if s["tokens"]
-            else np.zeros(0, dtype)
-            for s in manifest["shards"]
+        self.shards = [
+            _File(os.path.join(directory, s["name"] + ".bin")) for s in manifest["shards"]
         ]
 
     def __len__(self) -> int:
         return len(self.index)
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
-        start, n = (int(v) for v in self.index[i])
+        start, n = self.index[i]
         shard = int(np.searchsorted(self.offsets, start, side="right")) - 1
-        local = start - int(self.offsets[shard])
-        ids = np.asarray(self.tokens[shard][local : local + n + 1], np.int32)
+        size = self.dtype.itemsize
+        raw = self.shards[shard].read((start - int(self.offsets[shard])) * size, (n + 1) * size)
+        ids = np.frombuffer(raw, self.dtype).astype(np.int32)
         return {"tokens": ids[:-1], "targets": ids[1:]}
 
 

@@ -25,7 +25,13 @@ class DataConfig:
       examples, loss and output copies only at answer-predicting positions).
     corpus: entries "embedded" (CPython stdlib + pydoc topics) and/or paths to text
       files, `.jsonl` files (field `text_field`), directories or glob patterns.
-    tokenizer: path to a tokenizer.json, or None for UTF-8 bytes (vocab 256).
+    prepared: datasets made by launch/prepare_data.py (their directories or manifest.json
+      paths), read lazily instead of `corpus` (PT only; leave `corpus` at its default).
+      Several are mixed (grain's weighted mix; realized token shares logged as mix/<name>).
+    mixture_weights: one weight > 0 per `prepared` entry (any scale); empty = proportional
+      to each dataset's tokens.
+    tokenizer: path to a tokenizer.json, or None for UTF-8 bytes (vocab 256); a prepared
+      dataset must have been made with the same file.
     seq_len: T, tokens per row. out_len: T_out, output copies per SFT row.
     batch_size: global rows per step; each of `process_count` hosts gets
       batch_size // process_count of them.
@@ -46,6 +52,8 @@ class DataConfig:
 
     kind: str = "pt"
     corpus: tuple[str, ...] = ("embedded",)
+    prepared: tuple[str, ...] = ()
+    mixture_weights: tuple[float, ...] = ()
     tokenizer: str | None = None
     seq_len: int = 256
     out_len: int = 64
@@ -74,11 +82,12 @@ class DataConfig:
             raise ValueError(
                 f"DataConfig.corpus must be a string or a sequence of strings, got {corpus!r}"
             )
-        if not corpus or not all(isinstance(c, str) and c for c in corpus):
+        if not all(isinstance(c, str) and c for c in corpus) or not (corpus or self.prepared):
             raise ValueError(
                 f"DataConfig.corpus must name at least one source ('embedded' or paths), got {corpus!r}"
             )
         object.__setattr__(self, "corpus", corpus)
+        self._check_prepared()
         if self.tokenizer == "":
             object.__setattr__(self, "tokenizer", None)
 
@@ -131,6 +140,35 @@ class DataConfig:
                 f"DataConfig.text_field must be a non-empty string, got {self.text_field!r}"
             )
 
+    def _check_prepared(self) -> None:
+        prepared = _as_tuple("prepared", self.prepared)
+        weights = _as_tuple("mixture_weights", self.mixture_weights)
+        if not all(isinstance(p, str) and p for p in prepared):
+            raise ValueError(f"DataConfig.prepared must be paths, got {self.prepared!r}")
+        try:
+            weights = tuple(float(w) for w in weights)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"DataConfig.mixture_weights must be numbers, got {self.mixture_weights!r}"
+            ) from None
+        object.__setattr__(self, "prepared", prepared)
+        object.__setattr__(self, "mixture_weights", weights)
+        for i, w in enumerate(weights):
+            if not w > 0 or w == float("inf"):
+                raise ValueError(f"DataConfig.mixture_weights[{i}]={w} must be a finite number > 0")
+        if weights and len(weights) != len(prepared):
+            raise ValueError(
+                f"DataConfig.mixture_weights has {len(weights)} entries for {len(prepared)} "
+                "prepared datasets; give one per dataset, or none (proportional to tokens)"
+            )
+        if prepared and self.kind != "pt":
+            raise ValueError(f"DataConfig.prepared is for kind='pt', got kind={self.kind!r}")
+        if prepared and self.corpus not in ((), ("embedded",)):
+            raise ValueError(
+                f"DataConfig.prepared={prepared!r} replaces corpus={self.corpus!r}; set one of "
+                "them (corpus=() or its default with prepared)"
+            )
+
     @property
     def is_synthetic(self) -> bool:
         """True when SFT examples are generated (no corpus is read)."""
@@ -167,6 +205,17 @@ class DataConfig:
                 f"unknown DataConfig field(s) {unknown}; valid fields: {', '.join(sorted(known))}"
             )
         return cls(**values)
+
+
+def _as_tuple(name: str, value: Any) -> tuple:
+    """A comma-separated string (command lines) or a sequence, as a tuple."""
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    raise ValueError(
+        f"DataConfig.{name} must be a sequence or a comma-separated string, got {value!r}"
+    )
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -1,4 +1,4 @@
-"""Corpus sources: the embedded corpus (CPython's stdlib + pydoc topics) and text/jsonl files.
+"""Corpus sources: the embedded corpus (CPython's stdlib + pydoc topics) and text/jsonl/parquet files.
 
 A corpus is a sorted, deterministic list of `Document(id, text)`. The train/validation
 split is a pure function of each document's id (a SHA-256 hash against the validation
@@ -23,11 +23,11 @@ import json
 import os
 import pathlib
 import sysconfig
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 EMBEDDED = "embedded"
 # Suffixes read when a corpus entry is a directory (walked recursively, sorted).
-TEXT_SUFFIXES: tuple[str, ...] = (".txt", ".md", ".rst", ".py", ".jsonl")
+TEXT_SUFFIXES: tuple[str, ...] = (".txt", ".md", ".rst", ".py", ".jsonl", ".parquet")
 _TEST_DIRS = frozenset({"test", "tests", "idle_test"})
 
 
@@ -98,32 +98,88 @@ def _expand(entry: str) -> list[str]:
     return sorted(files)
 
 
-def file_documents(path: str, text_field: str = "text") -> list[Document]:
-    """Documents of one file: one per line of a `.jsonl` (its `text_field`), else the whole file.
+OnBad = Callable[[str], None]
 
-    Ids are `<path>` or `<path>:<line number>`; empty texts are skipped.
+
+def _bad(path: str, where: str, why: str, on_bad: OnBad | None) -> None:
+    """A ValueError naming file and line/row, or on_bad(message) when given (the line is skipped)."""
+    message = f"{path}:{where} {why}"
+    if on_bad is None:
+        raise ValueError(message)
+    on_bad(message)
+
+
+def iter_file(
+    path: str,
+    text_field: str = "text",
+    on_bad: OnBad | None = None,
+    byte_range: tuple[int, int, int] | None = None,
+) -> Iterator[Document]:
+    """Documents of one file, streamed: one per line of a `.jsonl` (its `text_field`), one per
+    row of a `.parquet` (column `text_field`), else the whole file as one document.
+
+    Ids are `<path>:<line>` (jsonl), `<path>:<row>` (parquet, 1-based) or `<path>`; empty
+    texts are skipped. A line that is not JSON / not UTF-8 / lacks the field, or a null or
+    non-string cell, raises a ValueError naming the file and line, or is skipped after
+    on_bad(that message) when on_bad is given. byte_range = (start, end, line of start) reads only the `.jsonl`
+    lines that start in [start, end) (start at a line start).
     """
     if path.endswith(".jsonl"):
-        docs = []
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
+        start, end, first = byte_range or (0, None, 1)
+        with open(path, "rb") as f:
+            f.seek(start)
+            pos = start
+            for lineno, raw in enumerate(f, start=first):
+                if end is not None and pos >= end:
+                    break
+                pos += len(raw)
+                if not raw.strip():
                     continue
                 try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno} is not valid JSON: {e}") from None
-                if not isinstance(record, dict) or text_field not in record:
-                    raise ValueError(
-                        f"{path}:{lineno} has no {text_field!r} field (DataConfig.text_field); "
-                        f"keys: {sorted(record) if isinstance(record, dict) else type(record).__name__}"
-                    )
-                text = str(record[text_field])
-                if text:
-                    docs.append(Document(f"{path}:{lineno}", text))
-        return docs
-    text = pathlib.Path(path).read_bytes().decode("utf-8", errors="replace")
-    return [Document(path, text)] if text else []
+                    record = json.loads(raw.decode("utf-8"))
+                except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                    _bad(path, str(lineno), f"is not valid UTF-8 JSON: {e}", on_bad)
+                    continue
+                if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+                    keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+                    why = f"has no string {text_field!r} field (text_field); keys: {keys}"
+                    _bad(path, str(lineno), why, on_bad)
+                    continue
+                if record[text_field]:
+                    yield Document(f"{path}:{lineno}", record[text_field])
+    elif path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        table = pq.ParquetFile(path)
+        if text_field not in table.schema_arrow.names:
+            raise ValueError(
+                f"{path} has no column {text_field!r} (text_field); columns: "
+                f"{table.schema_arrow.names}"
+            )
+        row = 0
+        for batch in table.iter_batches(columns=[text_field], batch_size=1024):
+            for text in batch.column(0).to_pylist():
+                row += 1
+                if not isinstance(text, str):
+                    _bad(path, str(row), f"column {text_field!r} is {text!r}, not text", on_bad)
+                elif text:
+                    yield Document(f"{path}:{row}", text)
+    elif byte_range is not None and byte_range[:2] != (0, os.path.getsize(path)):
+        raise ValueError(f"{path}: only .jsonl files are read in byte ranges, got {byte_range}")
+    else:
+        text = pathlib.Path(path).read_bytes().decode("utf-8", errors="replace")
+        if text:
+            yield Document(path, text)
+
+
+def file_documents(path: str, text_field: str = "text") -> list[Document]:
+    """All documents of one file (iter_file), stopping at the first bad line."""
+    return list(iter_file(path, text_field))
+
+
+def expand_corpus(corpus: Sequence[str]) -> list[str]:
+    """The files of a corpus spec without "embedded": entries in order, each one's files sorted."""
+    return [path for entry in corpus if entry != EMBEDDED for path in _expand(entry)]
 
 
 def load_documents(
@@ -140,10 +196,14 @@ def load_documents(
     return docs
 
 
+def document_hash(doc_id: str) -> int:
+    """The first 8 bytes of the id's SHA-256 (not Python's salted hash), as an int < 2**64."""
+    return int.from_bytes(hashlib.sha256(doc_id.encode("utf-8")).digest()[:8], "big")
+
+
 def validation_score(doc_id: str) -> float:
-    """A uniform number in [0, 1) fixed by the document id (SHA-256, not Python's salted hash)."""
-    digest = hashlib.sha256(doc_id.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
+    """A uniform number in [0, 1) fixed by the document id: document_hash / 2**64."""
+    return document_hash(doc_id) / 2**64
 
 
 def is_validation(doc_id: str, validation_fraction: float) -> bool:

@@ -41,10 +41,13 @@ def pack(
     num_bins: int,
     seed: int,
     shuffle_bins: bool,
+    token_features: tuple[str, ...] = (),
 ) -> grain.IterDataset:
-    """First-fit packs elements into rows of seq_len tokens (and out_len outputs for SFT)."""
+    """First-fit packs elements into rows of seq_len tokens (and out_len outputs for SFT);
+    token_features: further per-token PT features packed (zero-padded) with the tokens."""
     if kind == "pt":
         length_struct = {"tokens": seq_len, "targets": seq_len}
+        length_struct |= {name: seq_len for name in token_features}
     else:
         length_struct = {"tokens": seq_len, "out_idx": out_len, "targets": out_len}
     return grain.experimental.FirstFitPackIterDataset(
@@ -54,7 +57,7 @@ def pack(
         seed=seed,
         shuffle_bins=shuffle_bins,
         # targets ride along with tokens / out_idx: packed and zero-padded, no ids of their own.
-        meta_features=("targets",),
+        meta_features=("targets", *token_features),
     )
 
 
@@ -62,13 +65,14 @@ def finalize_pt(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Packed PT batch -> contract. A row element's pairs never leave its segment, so the
     loss mask is simply "not padding"."""
     seg = batch["tokens_segment_ids"].astype(np.int32)
+    extra = {k: v for k, v in batch.items() if k not in PT_KEYS and not k.startswith("tokens_")}
     return {
         "tokens": batch["tokens"].astype(np.int32),
         "positions": batch["tokens_positions"].astype(np.int32),
         "segment_ids": seg,
         "targets": batch["targets"].astype(np.int32),
         "loss_mask": (seg > 0).astype(np.float32),
-    }
+    } | extra  # token_features (e.g. a mixture's source), for the iterator to take off
 
 
 def segment_starts(segment_ids: np.ndarray) -> np.ndarray:

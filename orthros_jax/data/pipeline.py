@@ -10,6 +10,10 @@ per packed segment, so a loss term never predicts across a document boundary and
 last position of a segment still has a real target (the next token of its document).
 A document longer than T+1 tokens becomes several segments (positions restart in each).
 
+Prepared datasets (DataConfig.prepared, made by launch/prepare_data.py) give the same
+elements from memory-mapped shards (prepared.py): nothing is tokenised or held in memory,
+and a host reads only its own elements; several are mixed (mixture.py).
+
 Training: elements are shuffled per epoch by seed (grain index shuffle, reseeded every
 epoch), repeated forever, then every host takes every process_count-th element of that
 global stream (disjoint within each epoch), packs first-fit and batches its
@@ -29,11 +33,12 @@ import sys
 import grain
 import numpy as np
 
-from orthros_jax.data import packing, sft
+from orthros_jax.data import mixture, packing, sft
 from orthros_jax.data.config import DataConfig
 from orthros_jax.data.corpus import load_documents, split_documents
+from orthros_jax.data.prepare import encode_documents
 from orthros_jax.data.recall import EVAL_STREAM, TRAIN_STREAM
-from orthros_jax.data.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
+from orthros_jax.data.tokenizers import Tokenizer, load_tokenizer
 
 # Element work is numpy slicing: a few threads and a modest buffer are plenty and keep the
 # iterator cheap on small CPU hosts.
@@ -56,16 +61,6 @@ class TokenChunks:
             "tokens": self.ids[s : s + n].astype(np.int32),
             "targets": self.ids[s + 1 : s + n + 1].astype(np.int32),
         }
-
-
-def _encode_all(tok: Tokenizer, texts: list[str]) -> list[np.ndarray]:
-    if isinstance(tok, ByteTokenizer):
-        return [np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts]  # fast path
-    batch_encode = getattr(tok, "encode_batch", None)
-    lists = batch_encode(texts) if batch_encode else [tok.encode(t) for t in texts]
-    eos = [] if tok.eos_id is None else [tok.eos_id]
-    dtype = np.uint16 if tok.vocab_size <= 2**16 else np.int32
-    return [np.asarray(ids + eos, dtype) for ids in lists]
 
 
 def chunk_documents(token_docs: list[np.ndarray], seq_len: int) -> TokenChunks:
@@ -100,7 +95,8 @@ def pt_chunks(
     docs = load_documents(corpus, include_tests=include_tests, text_field=text_field)
     train, val = split_documents(docs, validation_fraction)
     return tuple(
-        chunk_documents(_encode_all(tok, [d.text for d in part]), seq_len) for part in (train, val)
+        chunk_documents(encode_documents(tok, [d.text for d in part]), seq_len)
+        for part in (train, val)
     )
 
 
@@ -121,6 +117,10 @@ def _split_elements(cfg: DataConfig, split: str) -> grain.MapDataset | None:
     """A finite MapDataset of the split's elements, or None for generated tasks."""
     if cfg.is_synthetic:
         return None
+    if len(cfg.prepared) == 1:
+        return mixture.single(cfg, split)  # memory-mapped shards (prepared.py)
+    if cfg.prepared:
+        return mixture.eval_mixture(cfg)
     idx = 0 if split == "train" else 1
     if cfg.kind == "pt":
         source = pt_chunks(
@@ -161,7 +161,7 @@ def _generated(cfg: DataConfig, stream: int, count: int = sys.maxsize) -> grain.
 
 
 def _packed(
-    cfg: DataConfig, ds: grain.IterDataset, bins: int, shuffle_bins: bool
+    cfg: DataConfig, ds: grain.IterDataset, bins: int, shuffle_bins: bool, features=()
 ) -> grain.IterDataset:
     return packing.pack(
         ds,
@@ -171,7 +171,24 @@ def _packed(
         num_bins=bins,
         seed=cfg.seed,
         shuffle_bins=shuffle_bins,
+        token_features=features,
     )
+
+
+def train_elements(cfg: DataConfig, process_index: int, process_count: int) -> grain.MapDataset:
+    """Host process_index's infinite share of the training elements, in order (before packing):
+    every process_count-th element of the shuffled, repeated (or mixed) global stream."""
+    mixed = len(cfg.prepared) > 1
+    ds = _split_elements(cfg, "train") if not mixed else None
+    if mixed:
+        ds = mixture.train_mixture(cfg)  # each component shuffled and repeated
+    elif ds is None:
+        ds = _generated(cfg, TRAIN_STREAM)  # fresh examples forever: already in random order
+    else:
+        if cfg.shuffle:
+            ds = ds.shuffle(cfg.seed)  # reseeded per epoch by repeat()
+        ds = ds.repeat()
+    return ds[process_index::process_count]
 
 
 def make_train_dataset(
@@ -180,18 +197,13 @@ def make_train_dataset(
     """The infinite per-host training IterDataset (batches of batch_size // process_count rows)."""
     pi, pc = _process(process_index, process_count)
     rows = cfg.per_host_batch(pc)
-    ds = _split_elements(cfg, "train")
-    if ds is None:
-        ds = _generated(cfg, TRAIN_STREAM)  # fresh examples forever: already in random order
-    else:
-        if cfg.shuffle:
-            ds = ds.shuffle(cfg.seed)  # reseeded per epoch by repeat()
-        ds = ds.repeat()
-    ds = ds[pi::pc]
-    it = ds.to_iter_dataset(READ_OPTIONS)
-    it = _packed(cfg, it, cfg.packing_bins or rows, shuffle_bins=cfg.shuffle)
+    mixed = len(cfg.prepared) > 1
+    it = train_elements(cfg, pi, pc).to_iter_dataset(READ_OPTIONS)
+    features = (mixture.SOURCE,) if mixed else ()
+    it = _packed(cfg, it, cfg.packing_bins or rows, shuffle_bins=cfg.shuffle, features=features)
     kind = cfg.kind
-    return it.batch(rows, drop_remainder=True).map(functools.partial(packing.finalize, kind))
+    it = it.batch(rows, drop_remainder=True).map(functools.partial(packing.finalize, kind))
+    return mixture.SourceShares(it, mixture.names(cfg)) if mixed else it
 
 
 def make_train_iterator(

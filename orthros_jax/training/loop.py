@@ -369,6 +369,9 @@ class _Run:
         if tokens_per_s is not None:
             values["tokens_per_s"] = tokens_per_s
             values |= self.throughput.values(tokens_per_s)
+        data_metrics = getattr(self.data_state, "metrics", None)
+        if callable(data_metrics):  # e.g. a mixture's realized token shares (data/mixture.py)
+            values |= data_metrics()
         self.logger.write(update, "train", values)
 
     def _evaluate(self, update: int, params: Any) -> float:

@@ -180,8 +180,9 @@ def _string_of(node: ast.AST, assigned: dict[str, ast.AST]) -> str | None:
 
 @functools.cache
 def script_flags(script: str) -> tuple[frozenset[str], str | None]:
-    """(the absl flags a script defines, its --config default) read from its source: every
-    `flags.DEFINE_*("name", ...)`, `configlib.define_config_flag(default, ...)` ("config"),
+    """(the flags a script defines, its --config default) read from its source: every
+    `flags.DEFINE_*("name", ...)`, argparse's `add_argument("--name", ...)`,
+    `configlib.define_config_flag(default, ...)` ("config"),
     and the flags of the sibling or `benchmarks` modules it imports."""
     path = os.path.join(REPO, script)
     tree = ast.parse(read(script), script)
@@ -208,6 +209,9 @@ def script_flags(script: str) -> tuple[frozenset[str], str | None]:
                         if k.arg == "name" and isinstance(k.value, ast.Constant)
                     )
                 )
+            elif fn == "add_argument" and isinstance(first, ast.Constant):  # argparse scripts
+                if str(first.value).startswith("--"):
+                    names.add(str(first.value)[2:])
             elif fn == "define_config_flag" and first is not None:
                 names.add("config")
                 config_default = _string_of(first, assigned)

@@ -124,7 +124,7 @@ def train_program(config: Any, devices: list[Any]) -> Program:
     plain["data"] = dict(plain["data"], tokenizer=None)
     cfg = TrainConfig.from_config(plain)
     mesh = pmesh.make_mesh(cfg.mesh, devices)
-    tx = make_optimizer(cfg.optimizer, cfg.train.steps)
+    tx = make_optimizer(cfg.optimizer, cfg.train.steps, cfg.model)
     state, _ = abstract_state(cfg, tx, mesh)
     data = cfg.data
     bsz, t = data.batch_size, data.seq_len

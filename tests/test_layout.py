@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PKG = ROOT / "orthros_jax"
 # Package order: a module may import only from its own package or from packages to its left.
 ORDER = (
-    "leaves",  # config, configlib, axes (and the root __init__)
+    "leaves",  # config, configlib, axes, options, arms (and the root __init__)
     "kernels",
     "layers",
     "model",
@@ -25,7 +25,13 @@ ORDER = (
     "serving",
     "root",  # orthros_jax/__init__.py: registers the layer kinds on import
 )
-LEAVES = {"orthros_jax.config", "orthros_jax.configlib", "orthros_jax.axes"}
+LEAVES = {
+    "orthros_jax.config",
+    "orthros_jax.configlib",
+    "orthros_jax.axes",
+    "orthros_jax.options",
+    "orthros_jax.arms",
+}
 # Top-level modules that belong to a package of the order.
 ALIASES = {"orthros_jax": "root", "orthros_jax.sampling": "inference"}  # sampling: a shim
 

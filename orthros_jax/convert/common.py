@@ -18,6 +18,12 @@ TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG_JSON = "tokenizer_config.json"
 
 
+def config_with(fields: dict[str, Any], overrides: dict[str, Any]) -> ModelConfig:
+    """ModelConfig(**fields) with `overrides` (ModelConfig fields; kinds= changes only the
+    options it names, e.g. kinds={"gdn": {"chunk": 16}})."""
+    return ModelConfig(**fields).replace(**overrides)
+
+
 def expected_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """{'/'-joined path: shape} of OrthrosLM(cfg)'s params, from an abstract init (no FLOPs)."""
     from orthros_jax.model import init_params

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.convert.common import check_params, clear_weights, copy_tokenizer
+from orthros_jax.convert.common import check_params, clear_weights, config_with, copy_tokenizer
+from orthros_jax.convert.gdn_hf import GDN_CONFIG_KEYS, gdn_to_hf, hf_to_gdn
 from orthros_jax.convert.gdn_hf import HF_NAMES as GDN_HF_NAMES
-from orthros_jax.convert.gdn_hf import gdn_to_hf, hf_to_gdn
 from orthros_jax.convert.hf_config import CONFIG_JSON, read_hf_config
 from orthros_jax.convert.hf_weights import SafetensorsCheckpoint, write_safetensors
 from orthros_jax.convert.qwen35 import _BLOCK  # the shared block's HF names (norms, MLP)
@@ -53,11 +53,6 @@ _RENAMED = {
     "norm_eps": "rms_norm_eps",
     "tie_embeddings": "tie_word_embeddings",
     "init_std": "initializer_range",
-    "gdn_num_k_heads": "linear_num_key_heads",
-    "gdn_num_v_heads": "linear_num_value_heads",
-    "gdn_k_head_dim": "linear_key_head_dim",
-    "gdn_v_head_dim": "linear_value_head_dim",
-    "gdn_conv_kernel": "linear_conv_kernel_dim",
 }
 _SAME = (
     "architecture", "window", "scale_offset", "rope_theta", "rope_type", "rope_factor",
@@ -92,6 +87,7 @@ def remote_config(
                           "auto_map": dict(AUTO_MAP)}  # fmt: skip
     hf.update({key: getattr(cfg, name) for name, key in _RENAMED.items()})
     hf.update({name: getattr(cfg, name) for name in _SAME})
+    hf.update({key: getattr(cfg.kinds.gdn, name) for name, key in GDN_CONFIG_KEYS.items()})
     hf["layer_types"] = [HF_LAYER_TYPE[kind] for kind, _ in cfg.layer_slots()]
     hf["max_position_embeddings"] = int(max_position or 2048)
     hf["torch_dtype"] = torch_dtype or cfg.param_dtype
@@ -105,12 +101,12 @@ def config_from_remote(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
         raise ValueError(f"config.json model_type {hf.get('model_type')!r} is not {MODEL_TYPE!r}")
     fields = {name: hf[key] for name, key in _RENAMED.items() if key in hf}
     fields.update({name: hf[name] for name in _SAME if name in hf})
+    fields["kinds"] = {"gdn": {n: hf[key] for n, key in GDN_CONFIG_KEYS.items() if key in hf}}
     kinds = [OUR_KIND[t] for t in hf["layer_types"]]
     cycle = next(kinds[:p] for p in range(1, len(kinds) + 1)
                  if len(kinds) % p == 0 and kinds == kinds[:p] * (len(kinds) // p))  # fmt: skip
     fields["layer_types"] = tuple(cycle)
-    fields.update(overrides)
-    return ModelConfig(**fields)
+    return config_with(fields, overrides)
 
 
 def _to_hf(name: str, a: np.ndarray) -> np.ndarray:
@@ -144,7 +140,7 @@ def remote_from_params(
         k = KINDS[kind]
         p = {name: np.asarray(a[li]) for name, a in params[k.params_key].items()}
         pre = f"model.layers.{i}."
-        for name, hf_name in _layer_names(kind, k.param_shapes(cfg)).items():
+        for name, hf_name in _layer_names(kind, k.params(cfg)).items():
             out[pre + hf_name] = cast(_to_hf(name, p[name]))
         if kind == "gdn":
             mixer = {n: v for n, v in p.items() if n.startswith("gdn_") and n not in _GDN_SO}
@@ -175,7 +171,7 @@ def params_from_remote(tensors: Mapping[str, Any], cfg: ModelConfig) -> Params:
     params: Params = {"embedding": get("model.embed_tokens.weight", (v, d)).astype(dtype)}
     for i, (kind, li) in enumerate(cfg.layer_slots()):
         k = KINDS[kind]
-        shapes = {n: s for n, (s, _) in k.param_shapes(cfg).items()}
+        shapes = {n: d.shape for n, d in k.params(cfg).items()}
         stack = params.setdefault(k.params_key, {})
         pre = f"model.layers.{i}."
         values = {name: _to_ours(name, get(pre + hf, shapes[name]), shapes[name])

@@ -1,6 +1,6 @@
 """The gated DeltaNet layer kind: one step for every mode (see kind.py).
 
-A GDN layer is the shared block (pre-norms + SwiGLU FFN, layer_kind.block_param_shapes) around
+A GDN layer is the shared block (pre-norms + SwiGLU FFN, kind.block_params) around
 the Qwen3.5 GDN mixer of gdn.py. Single-stream arms (gdn, hybrid) run it on the one stream. In
 Orthros-H (orthros_h) the base stream runs the mixer and carries the state; each output copy
 computes its own cross query (SiLU, no conv, its own SO [Hk, dk] before the L2 norm, from its
@@ -9,7 +9,7 @@ gated norm, out_proj and the FFN are shared. The base query has no SO, so a Qwen
 is the Orthros-H model with identity cross SO.
 
 Per-layer parameters (the stack adds a leading layers axis, under "gdn_layers"): the shared
-block, gdn.gdn_param_shapes, and gdn_so_out_scale / gdn_so_out_offset [Hk, dk] (orthros_h with
+block, gdn_mixer.gdn_params, and gdn_so_out_scale / gdn_so_out_offset [Hk, dk] (orthros_h with
 scale_offset). The cache state is gdn.GDNState with every field stacked over the GDN layers
 (KVCache.states['gdn']): conv windows [layers, B, Kc-1, heads, dim], recurrent [layers, B, Hv, dk, dv].
 
@@ -24,7 +24,8 @@ reads_last_token=False and prefill runs such a last layer in full.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -37,41 +38,59 @@ from orthros_jax.layers.kind import (
     DECODE,
     READ,
     SEQUENCE,
-    Initializer,
+    Export,
     Kind,
+    ParamDecl,
     Params,
-    ParamSpec,
     StepContext,
     Stream,
     Work,
-    block_param_shapes,
-    default_init,
+    block_params,
     ffn_residual,
     finish_streams,
     layer_of,
     norm,
+    scale_offsets,
     with_layer,
 )
+from orthros_jax.options import Options, check_positive_int, option
 
 SO_NAMES = ("gdn_so_out_scale", "gdn_so_out_offset")
 
 
-def param_shapes(cfg: ModelConfig) -> dict[str, ParamSpec]:
-    """Shape and logical axes of every per-layer parameter (without the leading layers axis)."""
-    shapes: dict[str, ParamSpec] = block_param_shapes(cfg)
-    shapes.update(gdn.gdn_param_shapes(cfg))
+@dataclasses.dataclass(frozen=True)
+class GDNOptions(Options):
+    """Gated DeltaNet layers (Qwen3.5's linear_* fields), cfg.kinds.gdn: key / value heads and
+    their head dims, the causal conv kernel, and the chunk of the chunked delta rule."""
+
+    kind: ClassVar[str] = "gdn"
+    legacy_prefix: ClassVar[str | None] = "gdn"
+    num_k_heads: int = option(2, check_positive_int)
+    num_v_heads: int = option(4, check_positive_int)
+    k_head_dim: int = option(32, check_positive_int)
+    v_head_dim: int = option(32, check_positive_int)
+    conv_kernel: int = option(4, check_positive_int)
+    chunk: int = option(64, check_positive_int, runtime=True)
+
+    def validate(self) -> None:
+        if self.num_v_heads % self.num_k_heads:
+            raise ValueError(
+                f"{self.where('num_v_heads')}={self.num_v_heads} must be a multiple of "
+                f"num_k_heads={self.num_k_heads} (each key head serves Hv/Hk consecutive value "
+                "heads)"
+            )
+
+
+def params(cfg: ModelConfig) -> dict[str, ParamDecl]:
+    """Every per-layer parameter (without the leading layers axis): the shared block, the
+    mixer's (gdn_mixer.gdn_params) and the cross query's SO (orthros_h with scale_offset)."""
+    decls: dict[str, ParamDecl] = block_params(cfg) | gdn.gdn_params(cfg)
     if cfg.two_streams and cfg.scale_offset:
-        so = ((cfg.gdn_num_k_heads, cfg.gdn_k_head_dim), (GDN_K_HEADS, HEAD_DIM))
-        shapes.update(dict.fromkeys(SO_NAMES, so))
-    return shapes
-
-
-def init_for(name: str, cfg: ModelConfig) -> Initializer:
-    """The mixer's parameters as Qwen3.5 initialises them (gdn.gdn_init: its norm is a plain
-    scale w even when the model's norms are zero-centred), the rest as every kind's."""
-    if name in gdn.gdn_param_shapes(cfg):
-        return gdn.gdn_init(name, cfg)
-    return default_init(name, cfg)
+        o = cfg.kinds.gdn
+        decls.update(
+            scale_offsets(SO_NAMES, (o.num_k_heads, o.k_head_dim), (GDN_K_HEADS, HEAD_DIM))
+        )
+    return decls
 
 
 def _cross_so(p: Params, cfg: ModelConfig) -> gdn.CrossSO | None:
@@ -179,21 +198,11 @@ def state_axes(cfg: ModelConfig) -> gdn.GDNState:
     )
 
 
-def validate(cfg: ModelConfig) -> None:
-    """The GDN fields of a config that uses GDN layers."""
-    if cfg.gdn_num_v_heads % cfg.gdn_num_k_heads:
-        raise ValueError(
-            f"ModelConfig.gdn_num_v_heads={cfg.gdn_num_v_heads} must be a multiple of "
-            f"gdn_num_k_heads={cfg.gdn_num_k_heads} (each key head serves Hv/Hk consecutive "
-            "value heads)"
-        )
-
-
 def per_token_flops(cfg: ModelConfig) -> dict[str, int]:
     """FLOPs one token spends in one GDN layer, by part: what carries the state (k/v/beta/decay
     projections, their conv, the rank-1 update with its k^T S read) and what reads it (q
     projection and conv, the gate z, q^T S, out_proj, FFN)."""
-    d, kc = cfg.d_model, cfg.gdn_conv_kernel
+    d, kc = cfg.d_model, cfg.kinds.gdn.conv_kernel
     hk, hv, dk, dv = gdn.gdn_dims(cfg)
     return {
         "state": 2 * d * (hk * dk + hv * dv + 2 * hv) + 2 * kc * (hk * dk + hv * dv)
@@ -214,12 +223,15 @@ def flops(cfg: ModelConfig, work: Work) -> int:
 KIND = Kind(
     name="gdn",
     params_key="gdn_layers",
-    param_shapes=param_shapes,
-    init_for=init_for,
+    params=params,
     init_state=init_state,
     state_axes=state_axes,
     step=step,
     flops=flops,
-    validate=validate,
+    recurrent=True,
+    options=GDNOptions,
+    # Qwen3.5's linear attention (transformers; modeling_orthros.py's gdn_orthros.py with the
+    # cross query), fla's GatedDeltaNet.
+    export=Export(hf="linear_attention", remote="linear_attention", fla="gated_deltanet"),
     reads_last_token=False,
 )

@@ -28,7 +28,8 @@ class Arm:
     attention is the sliding window (else causal over every key); any_recurrent: a hybrid, whose
     recurrent layers may be of any recurrent kind (e.g. a (gla, attention) cycle). label /
     colour: its name in tables and its matplotlib colour. runs: the experiments it may run in;
-    default_in: those that run it when no arms are named."""
+    default_in: those that run it when no arms are named. two_stream_form: the two-stream arm
+    convert.from_transformer makes of it (its weights plus an identity output stream)."""
 
     label: str
     colour: str
@@ -40,6 +41,7 @@ class Arm:
     overrides: tuple[tuple[str, Any], ...] = ()
     runs: frozenset[str] = frozenset({RECALL})
     default_in: frozenset[str] = frozenset()
+    two_stream_form: str | None = None
 
     @property
     def kinds(self) -> frozenset[str]:
@@ -53,7 +55,8 @@ _HYBRID = ("gdn", "gdn", "gdn", "attention")
 # Listed in the tables' order.
 ARMS: dict[str, Arm] = {
     "transformer": Arm("Transformer", "C0", ("attention",), runs=_CONV,
-                       default_in=frozenset({RECALL, LM, CONVERT, MQAR})),
+                       default_in=frozenset({RECALL, LM, CONVERT, MQAR}),
+                       two_stream_form="orthros"),
     "swa": Arm("SWA", "C7", ("attention",), base_window=True, runs=_ATTN,
                default_in=frozenset({RECALL, LM, MQAR})),
     "orthros": Arm("Orthros", "C3", ("attention",), two_streams=True, base_window=True,
@@ -62,7 +65,8 @@ ARMS: dict[str, Arm] = {
                         overrides=(("scale_offset", False),), runs=_CONV,
                         default_in=frozenset({RECALL, LM})),
     "gdn": Arm("GDN", "C2", ("gdn",)),
-    "hybrid": Arm("Linear Hybrid", "C4", _HYBRID, any_recurrent=True),
+    "hybrid": Arm("Linear Hybrid", "C4", _HYBRID, any_recurrent=True,
+                  two_stream_form="orthros_h"),
     "orthros_h": Arm("Orthros-H", "C5", _HYBRID, two_streams=True, base_window=True,
                      any_recurrent=True),
     # Table 1's other linear baselines (fla's GLA and RetNet), pure stacks.
@@ -88,6 +92,12 @@ def architecture_of(arm: str) -> str:
 def arms_for(experiment: str, *, default: bool = False) -> tuple[str, ...]:
     """The arms an experiment may run (default=True: those it runs when none are named)."""
     return tuple(n for n, a in ARMS.items() if experiment in (a.default_in if default else a.runs))
+
+
+# Single-stream architecture -> its two-stream conversion (transformer -> orthros, ...).
+TWO_STREAM_FORM: dict[str, str] = {
+    n: a.two_stream_form for n, a in ARCHITECTURES.items() if a.two_stream_form
+}
 
 
 def label(arm: str) -> str:

@@ -36,7 +36,7 @@ def setup(name: str, seed: int = 0):
     mod = MODULE[kind]
     rng = np.random.default_rng(seed)
     p = {}
-    for n, (shape, _) in mod.mixer_param_shapes(cfg).items():
+    for n, shape in ((n, d.shape) for n, d in mod.mixer_params(cfg).items()):
         std = 1.0 if n.endswith("norm") or n.endswith("bgk") else 1.0 / np.sqrt(shape[0])
         p[n] = ((1.0 if n.endswith("norm") else 0.0) + std * rng.normal(size=shape)).astype(
             np.float32

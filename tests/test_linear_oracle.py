@@ -60,7 +60,7 @@ def _kinds(cfg: ModelConfig) -> dict[str, oracle.Kind]:
     }  # fmt: skip
     out = dict(oracle.KINDS)
     for kind in ("gla", "retention"):
-        names = set(KINDS[kind].param_shapes(cfg))
+        names = set(KINDS[kind].params(cfg))
         layer = functools.partial(linear_layer, kind, **options[kind])
         out[kind] = oracle.Kind(layer, f"{kind}_layers", lambda spec, names=names: names)
     return out

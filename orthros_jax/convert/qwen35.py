@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from orthros_jax.arms import TWO_STREAM_FORM
 from orthros_jax.config import ModelConfig
 from orthros_jax.convert.common import config_with
 from orthros_jax.convert.gdn_hf import GDN_CONFIG_KEYS, gdn_to_hf, hf_tensor_shapes, hf_to_gdn
@@ -29,7 +30,6 @@ OUR_KIND = {v: k for k, v in HF_KIND.items()}
 # The single-stream arm a kind set imports as, and its two-stream (Orthros) conversion.
 OWN_ARM = {frozenset({"gdn"}): "gdn", frozenset({"gdn", "attention"}): "hybrid",
            frozenset({"attention"}): "transformer"}  # fmt: skip
-TWO_STREAM_OF = {"hybrid": "orthros_h", "transformer": "orthros"}
 _MOE_KEYS = ("num_experts", "num_local_experts", "moe_intermediate_size", "num_experts_per_tok")
 _BLOCK = {
     "attn_norm": "input_layernorm.weight",
@@ -106,7 +106,7 @@ def config_from_qwen35(
         raise ValueError(f"layer_types has {len(types)} entries for {n_layers} layers")
     cycle = layer_cycle(list(types))
     own = OWN_ARM[frozenset(cycle)]
-    allowed = (own, TWO_STREAM_OF[own]) if own in TWO_STREAM_OF else (own,)
+    allowed = (own, TWO_STREAM_FORM[own]) if own in TWO_STREAM_FORM else (own,)
     architecture = architecture or own
     if architecture not in allowed:
         raise ValueError(

@@ -11,7 +11,7 @@ their segment (KEY_PAD_SEGMENT), never by array index.
   sharded_global_attention_partial, merge_partials
                                 split-K attention for a few replicated queries per row over
                                 sharded keys, merged across shards by log-sum-exp
-The prefill driver (sp_forward.py) builds the base stream's window from `halo` and the
+The prefill driver (inference/sequence_parallel.py) builds the base stream's window from `halo` and the
 Transformer arm's keys by all-gathering each layer's K/V; bytes per collective from compiled
 HLO in hlo_stats.py.
 """

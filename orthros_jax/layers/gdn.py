@@ -1,7 +1,7 @@
 """The gated DeltaNet layer kind: one step for every mode (see kind.py).
 
 A GDN layer is the shared block (pre-norms + SwiGLU FFN, kind.block_params) around
-the Qwen3.5 GDN mixer of gdn.py. Single-stream arms (gdn, hybrid) run it on the one stream. In
+the Qwen3.5 GDN mixer of gdn_mixer.py. Single-stream arms (gdn, hybrid) run it on the one stream. In
 Orthros-H (orthros_h) the base stream runs the mixer and carries the state; each output copy
 computes its own cross query (SiLU, no conv, its own SO [Hk, dk] before the L2 norm, from its
 own normed hidden state) and reads the base state after its token, o' = q' S_t; the gate z, the
@@ -10,7 +10,7 @@ is the Orthros-H model with identity cross SO.
 
 Per-layer parameters (the stack adds a leading layers axis, under "gdn_layers"): the shared
 block, gdn_mixer.gdn_params, and gdn_so_out_scale / gdn_so_out_offset [Hk, dk] (orthros_h with
-scale_offset). The cache state is gdn.GDNState with every field stacked over the GDN layers
+scale_offset). The cache state is gdn_mixer.GDNState with every field stacked over the GDN layers
 (KVCache.states['gdn']): conv windows [layers, B, Kc-1, heads, dim], recurrent [layers, B, Hv, dk, dv].
 
 Modes: sequence (chunked rule; the state restarts where segment_ids change or positions do not
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from orthros_jax.axes import BATCH, GDN_K_HEADS, GDN_V_HEADS, HEAD_DIM, LAYERS
 from orthros_jax.config import ModelConfig
-from orthros_jax.layers import gdn_mixer as gdn
+from orthros_jax.layers import gdn_mixer
 from orthros_jax.layers.kind import (
     CHUNK,
     DECODE,
@@ -84,7 +84,7 @@ class GDNOptions(Options):
 def params(cfg: ModelConfig) -> dict[str, ParamDecl]:
     """Every per-layer parameter (without the leading layers axis): the shared block, the
     mixer's (gdn_mixer.gdn_params) and the cross query's SO (orthros_h with scale_offset)."""
-    decls: dict[str, ParamDecl] = block_params(cfg) | gdn.gdn_params(cfg)
+    decls: dict[str, ParamDecl] = block_params(cfg) | gdn_mixer.gdn_params(cfg)
     if cfg.two_streams and cfg.scale_offset:
         o = cfg.kinds.gdn
         decls.update(
@@ -93,7 +93,7 @@ def params(cfg: ModelConfig) -> dict[str, ParamDecl]:
     return decls
 
 
-def _cross_so(p: Params, cfg: ModelConfig) -> gdn.CrossSO | None:
+def _cross_so(p: Params, cfg: ModelConfig) -> gdn_mixer.CrossSO | None:
     if cfg.two_streams and cfg.scale_offset:
         return p[SO_NAMES[0]], p[SO_NAMES[1]]
     return None
@@ -111,14 +111,14 @@ def _sequence(
     gated norm and out_proj run over T tokens instead of T_out."""
     h = norm(p, base.x, "attn_norm", cfg)
     if out is None:
-        y, _, _ = gdn.gdn_mix(p, h, cfg, reset_BL=ctx.reset)
+        y, _, _ = gdn_mixer.gdn_mix(p, h, cfg, reset_BL=ctx.reset)
         return y, None
     h_out = norm(p, out.x, "attn_norm", cfg).astype(h.dtype)
     idx = ctx.out_index
     if idx is not None:
         rows = jnp.arange(idx.shape[0], dtype=jnp.int32)[:, None]
         h_out = jnp.zeros_like(h).at[rows, idx].set(h_out)
-    y, cross_y, _ = gdn.gdn_mix(
+    y, cross_y, _ = gdn_mixer.gdn_mix(
         p, h, cfg, reset_BL=ctx.reset, cross_h_BLD=h_out, cross_so=_cross_so(p, cfg)
     )
     if idx is not None:
@@ -148,7 +148,7 @@ def step(
             raise ValueError("a GDN layer cannot read a base token alone (reads_last_token)")
         h_out = norm(p, out.x, "attn_norm", cfg)
         st = layer_of(state, li)
-        cross_y = gdn.gdn_read(p, h_out, cfg, state=st, cross_so=_cross_so(p, cfg))
+        cross_y = gdn_mixer.gdn_read(p, h_out, cfg, state=st, cross_so=_cross_so(p, cfg))
     else:
         assert base is not None
         h = norm(p, base.x, "attn_norm", cfg)
@@ -156,12 +156,14 @@ def step(
         if ctx.mode == CHUNK:
             if out is not None:
                 raise ValueError("prefill chunks run the base stream only")
-            y, _, new = gdn.gdn_mix(p, h, cfg, state=st, valid_BL=ctx.valid, reset_BL=ctx.reset)
+            y, _, new = gdn_mixer.gdn_mix(
+                p, h, cfg, state=st, valid_BL=ctx.valid, reset_BL=ctx.reset
+            )
         elif ctx.mode == DECODE:
             assert ctx.valid is not None
             cross_h = None if out is None else norm(p, out.x, "attn_norm", cfg)
             # the stacked state, updated in place at li (no copy of the stack per layer)
-            y, cross_y, state = gdn.gdn_decode(
+            y, cross_y, state = gdn_mixer.gdn_decode(
                 p, h, cfg, state=state, layer=li, active_B=ctx.valid[:, 0], cross_h_B1D=cross_h,
                 cross_so=_cross_so(p, cfg),
             )  # fmt: skip
@@ -179,18 +181,18 @@ def step(
 
 def init_state(
     cfg: ModelConfig, n_layers: int, batch: int, max_len: int, dtype: Any
-) -> gdn.GDNState:
-    """gdn.init_gdn_state (conv windows in dtype, recurrent float32) with every field stacked
+) -> gdn_mixer.GDNState:
+    """gdn_mixer.init_gdn_state (conv windows in dtype, recurrent float32) with every field stacked
     on a leading [layers] axis; max_len is unused (the state does not grow with the sequence)."""
-    one = jax.eval_shape(lambda: gdn.init_gdn_state(cfg, batch, dtype))
+    one = jax.eval_shape(lambda: gdn_mixer.init_gdn_state(cfg, batch, dtype))
     return jax.tree.map(lambda a: jnp.zeros((n_layers, *a.shape), a.dtype), one)
 
 
-def state_axes(cfg: ModelConfig) -> gdn.GDNState:
+def state_axes(cfg: ModelConfig) -> gdn_mixer.GDNState:
     """Logical axes of the stacked state: conv windows over batch and heads, the recurrent
     state over batch and value heads."""
     k_conv = (LAYERS, BATCH, None, GDN_K_HEADS, HEAD_DIM)
-    return gdn.GDNState(
+    return gdn_mixer.GDNState(
         conv_q=k_conv,
         conv_k=k_conv,
         conv_v=(LAYERS, BATCH, None, GDN_V_HEADS, HEAD_DIM),
@@ -203,7 +205,7 @@ def per_token_flops(cfg: ModelConfig) -> dict[str, int]:
     projections, their conv, the rank-1 update with its k^T S read) and what reads it (q
     projection and conv, the gate z, q^T S, out_proj, FFN)."""
     d, kc = cfg.d_model, cfg.kinds.gdn.conv_kernel
-    hk, hv, dk, dv = gdn.gdn_dims(cfg)
+    hk, hv, dk, dv = gdn_mixer.gdn_dims(cfg)
     return {
         "state": 2 * d * (hk * dk + hv * dv + 2 * hv) + 2 * kc * (hk * dk + hv * dv)
         + 4 * hv * dk * dv,

@@ -5,7 +5,7 @@ devices (jax.experimental.topologies), on a CPU host. launch/compile.py is its C
 What is compiled is what would run: a train config builds training.loop's abstract state,
 shardings and sharding.jit_train_step over the target's devices (launch/train.py's step); an
 inference config (configs/prefill_8b.py, decode_8b.py: `model`, `inference`, `mesh`) builds the
-jitted drivers.prefill / decode, or sequence_parallel's when mesh.sequence > 1. The report:
+jitted inference/drivers.py prefill / decode, or inference/sequence_parallel.py's when mesh.sequence > 1. The report:
 per-device argument / output / alias / temporary bytes and their peak (argument + output -
 alias + temporary) against the chip's HBM; a program the compiler refuses for memory
 (RESOURCE_EXHAUSTED) is reported as not fitting with the compiler's figures. FLOPs are the
@@ -35,7 +35,7 @@ from benchmarks.hlo_loops import loop_weighted_collective_bytes
 from orthros_jax.config import ModelConfig
 from orthros_jax.configlib import to_plain
 from orthros_jax.inference import drivers as cached_forward
-from orthros_jax.inference import sequence_parallel as sp_forward
+from orthros_jax.inference import sequence_parallel
 from orthros_jax.inference.cache import cache_shardings, init_cache
 from orthros_jax.layers import flops
 from orthros_jax.model import init_params, num_params
@@ -124,7 +124,7 @@ def train_program(config: Any, devices: list[Any]) -> Program:
     plain["data"] = dict(plain["data"], tokenizer=None)
     cfg = TrainConfig.from_config(plain)
     mesh = pmesh.make_mesh(cfg.mesh, devices)
-    tx = make_optimizer(cfg.optimizer, cfg.train.steps)
+    tx = make_optimizer(cfg.optimizer, cfg.train.steps, cfg.model)
     state, _ = abstract_state(cfg, tx, mesh)
     data = cfg.data
     bsz, t = data.batch_size, data.seq_len
@@ -214,18 +214,18 @@ def inference_program(config: Any, devices: list[Any]) -> Program:
     seq = m["sequence"] > 1
     if inf.mode == "prefill":
         t = s if seq else inf.prompt_len  # sequence parallel: prompts on the slot grid
-        tok_sh = NamedSharding(mesh, P(row_spec, sp_forward.SEQ) if seq else P(row_spec))
+        tok_sh = NamedSharding(mesh, P(row_spec, sequence_parallel.SEQ) if seq else P(row_spec))
         tokens = jax.ShapeDtypeStruct((bsz, t), jnp.int32, sharding=tok_sh)
         summary["prompt_len"] = inf.prompt_len
         if seq:
-            fn = lambda p, c, tk, ln: sp_forward.prefill(p, c, tk, ln, cfg=cfg, mesh=mesh)
+            fn = lambda p, c, tk, ln: sequence_parallel.prefill(p, c, tk, ln, cfg=cfg, mesh=mesh)
         else:
             fn = lambda p, c, tk, ln: cached_forward.prefill(p, c, tk, ln, cfg=cfg)
         args = (params, cache, tokens, vec(jnp.int32))
         work = bsz * flops.prefill_flops(cfg, inf.prompt_len)
     else:
         if seq:
-            fn = lambda p, c, tk, a: sp_forward.decode(p, c, tk, a, cfg=cfg, mesh=mesh)
+            fn = lambda p, c, tk, a: sequence_parallel.decode(p, c, tk, a, cfg=cfg, mesh=mesh)
         else:
             fn = lambda p, c, tk, a: cached_forward.decode(p, c, tk, a, cfg=cfg)
         args = (params, cache, vec(jnp.int32), vec(jnp.bool_))

@@ -160,7 +160,7 @@ def filled_cache(cfg: ModelConfig, bsz: int, context: int, room: int) -> KVCache
     cache = init_cache(cfg, bsz, context + room)
     states = dict(cache.states)
     for kind in kinds_of(cfg):
-        if kind.splits_over_slots:  # K/V over slots: random entries (a recurrent state stays 0)
+        if not kind.recurrent:  # K/V over slots: random entries (a recurrent state stays 0)
             keys = jax.random.split(jax.random.PRNGKey(1), len(jax.tree.leaves(states[kind.name])))
             leaves, tree = jax.tree.flatten(states[kind.name])
             leaves = [

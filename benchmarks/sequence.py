@@ -29,8 +29,7 @@ from jax.sharding import PartitionSpec as P
 from benchmarks import common as bench
 from benchmarks import report as bench_report
 from benchmarks.hlo_stats import collective_bytes
-from orthros_jax.inference import init_cache
-from orthros_jax.inference import sequence_parallel as sp_forward
+from orthros_jax.inference import init_cache, sequence_parallel
 from orthros_jax.inference.cache import cache_shardings
 from orthros_jax.parallel import mesh as pmesh
 
@@ -69,18 +68,23 @@ def _compiled(cfg, params, t: int, c, mesh):
     cache = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shape, shardings
     )
-    _, rows = sp_forward.specs(cfg, mesh, c.batch_size, t)
+    _, rows = sequence_parallel.specs(cfg, mesh, c.batch_size, t)
     sds = lambda shape, spec: jax.ShapeDtypeStruct(
         shape, jnp.int32, sharding=NamedSharding(mesh, spec)
     )
-    tokens, lengths = sds((c.batch_size, t), P(rows, sp_forward.SEQ)), sds((c.batch_size,), P(rows))
-    return sp_forward.prefill.lower(params, cache, tokens, lengths, cfg=cfg, mesh=mesh).compile()
+    tokens, lengths = (
+        sds((c.batch_size, t), P(rows, sequence_parallel.SEQ)),
+        sds((c.batch_size,), P(rows)),
+    )
+    return sequence_parallel.prefill.lower(
+        params, cache, tokens, lengths, cfg=cfg, mesh=mesh
+    ).compile()
 
 
 def _memory(cfg, params, t: int, c, mesh) -> dict[str, Any]:
     """Per-device compiled memory of the sequence-parallel prefill, and its resident part."""
     stats = _compiled(cfg, params, t, c, mesh).memory_analysis()
-    n = sp_forward.sequence_size(mesh)
+    n = sequence_parallel.sequence_size(mesh)
     cache_shard = bench.tree_bytes(jax.eval_shape(lambda: init_cache(cfg, c.batch_size, t))) // n
     resident = cache_shard + bench.tree_bytes(params)
     fields = ("argument", "output", "alias", "temp")

@@ -35,7 +35,7 @@ PAIRS = (("hybrid", "orthros_h"), ("transformer", "orthros"))
 def table4_arms(c: Any) -> dict[str, ModelConfig]:
     """The four arms from the bench config (bf16 on accelerators)."""
     model = dict(c.model) | {"scale_offset": None, "n_layers": c.table4_n_layers}
-    gdn = dict(c.gdn)
+    gdn = {"kinds": {"gdn": dict(c.gdn)}}
     return bench.model_configs(
         model,
         {
@@ -52,7 +52,11 @@ def layer_arms(c: Any) -> dict[str, ModelConfig]:
     shape with every layer of the arm's kind: a decode step ratio to the Transformer is one
     layer's."""
     model = dict(c.model) | {"scale_offset": None, "n_layers": c.table4_n_layers}
-    dims = {"gdn": dict(c.gdn), "gla": dict(c.gla), "retnet": dict(c.ret)}
+    dims = {
+        "gdn": {"kinds": {"gdn": dict(c.gdn)}},
+        "gla": {"kinds": {"gla": dict(c.gla)}},
+        "retnet": {"kinds": {"retention": dict(c.ret)}},
+    }
     arms = {a: dims[a] | {"architecture": a, "layer_types": None} for a in c.table4_layer_arms}
     return bench.model_configs(model, arms)
 

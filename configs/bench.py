@@ -38,23 +38,21 @@ def get_config() -> ml_collections.ConfigDict:
     # Suite 'table4' (benchmarks/table4.py): the hybrid arms are this model with the
     # (gdn, gdn, gdn, attention) cycle and Qwen3.5's GDN proportions at this width (value heads
     # twice the key heads, dims 64); configs/bench_hybrid.py sizes a run of it for this CPU.
-    c.gdn = ml_collections.ConfigDict(
-        dict(gdn_num_k_heads=4, gdn_num_v_heads=8, gdn_k_head_dim=64, gdn_v_head_dim=64,
-             gdn_conv_kernel=4, gdn_chunk=64)
-    )  # fmt: skip
+    c.gdn = ml_collections.ConfigDict(  # model.kinds.gdn of the hybrid arms
+        dict(num_k_heads=4, num_v_heads=8, k_head_dim=64, v_head_dim=64, conv_kernel=4, chunk=64)
+    )
     # Suite 'table4', per-layer decode: pure stacks of each recurrent kind beside the
     # Transformer (all attention), table4_n_layers layers each, so their decode step ratio is a
     # layer's. GLA at fla's proportions for this width (expand_k 0.5, expand_v 1, 4 heads);
     # RetNet with the attention's 8 heads of 64 for keys and values (expand_v 1: at fla's
     # expand_v 2 its q/k/v/gate/out weights are 1.6x an attention layer's, which a CPU decode,
     # bound by reading the weights, pays in full).
-    c.gla = ml_collections.ConfigDict(
-        dict(gla_heads=4, gla_kv_heads=4, gla_k_head_dim=64, gla_v_head_dim=128, gla_chunk=64)
+    c.gla = ml_collections.ConfigDict(  # model.kinds.gla
+        dict(heads=4, kv_heads=4, k_head_dim=64, v_head_dim=128, chunk=64)
     )
-    c.ret = ml_collections.ConfigDict(
-        dict(retention_heads=8, retention_kv_heads=8, retention_k_head_dim=64,
-             retention_v_head_dim=64, retention_chunk=64)
-    )  # fmt: skip
+    c.ret = ml_collections.ConfigDict(  # model.kinds.retention
+        dict(heads=8, kv_heads=8, k_head_dim=64, v_head_dim=64, chunk=64)
+    )
     c.table4_layer_arms = ("gdn", "gla", "retnet")
     # Two cycles: with one, the only attention layer is the last, whose base output prefill
     # skips (only its K/V are written), and hybrid and orthros_h would prefill alike.

@@ -19,10 +19,8 @@ ARMS = {
     "orthros_noso": dict(architecture="orthros", scale_offset=False),
     # Table 1's fla baselines at this width, fla's proportions (GLA: expand_k 0.5, expand_v 1;
     # RetNet: expand_k 1, expand_v 2): GLA 2 heads of 16 (keys) / 32 (values), RetNet 4 heads.
-    "gla": dict(architecture="gla", scale_offset=False, gla_heads=2, gla_kv_heads=2,
-                gla_k_head_dim=16, gla_v_head_dim=32),
-    "retnet": dict(architecture="retnet", scale_offset=False, retention_heads=4,
-                   retention_kv_heads=4, retention_k_head_dim=16, retention_v_head_dim=32),
+    "gla": dict(architecture="gla", scale_offset=False, kinds=dict(gla=dict(heads=2, kv_heads=2, k_head_dim=16, v_head_dim=32))),
+    "retnet": dict(architecture="retnet", scale_offset=False, kinds=dict(retention=dict(heads=4, kv_heads=4, k_head_dim=16, v_head_dim=32))),
 }  # fmt: skip
 
 

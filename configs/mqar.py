@@ -39,7 +39,7 @@ def get_config(arm: str = "orthros") -> ml_collections.ConfigDict:
     c = load_config_file(os.path.join(here, f"recall_passkey.py:{arm}"))  # same arms
     c.model.update(dict(vocab_size=32, d_model=128, head_dim=32, d_ff=384, window=8))
     if "gdn_k_head_dim" in c.model:  # a GDN arm
-        c.model.update(dict(gdn_k_head_dim=32, gdn_v_head_dim=32))
+        c.model.update(dict(kinds=dict(gdn=dict(k_head_dim=32, v_head_dim=32))))
     for p in ("gla", "retention"):  # fla's baselines: their heads doubled with the width
         if f"{p}_k_head_dim" in c.model:
             c.model.update({f"{p}_k_head_dim": 32, f"{p}_v_head_dim": 64})

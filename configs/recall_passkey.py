@@ -33,7 +33,7 @@ GDN_ARMS = {
     "orthros_h": dict(architecture="orthros_h", layer_types=("gdn", "attention")),
 }
 GDN_DIMS = dict(
-    gdn_num_k_heads=2, gdn_num_v_heads=4, gdn_k_head_dim=16, gdn_v_head_dim=16, gdn_chunk=64
+    kinds=dict(gdn=dict(num_k_heads=2, num_v_heads=4, k_head_dim=16, v_head_dim=16, chunk=64))
 )
 
 

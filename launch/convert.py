@@ -20,7 +20,9 @@ trust_remote_code (config.json's auto_map names modeling_orthros.py, copied alon
 A trust_remote_code directory imports back with --hf_dir (its own arm).
 
 flash-linear-attention checkpoints (model_type gla / retnet / gated_deltanet) import as their
-own arm (gla / retnet / gdn) and export back to fla's format (--export_format=fla for gdn):
+own arm (gla / retnet / gdn) and export back to fla's format: a plain --export writes a model in
+the format it was imported from (model.json's source_format), else its arm's (--export_format
+picks another; a layer kind without a form in it is refused, naming the formats it has):
 
     python launch/convert.py --hf_dir=path/to/fla-gla-1.3B --out=runs/gla --architecture=own
     python launch/convert.py --export --model=runs/gla --out=path/to/fla_dir
@@ -33,6 +35,7 @@ import os
 from absl import app, flags, logging
 
 from orthros_jax import checkpoint, configlib
+from orthros_jax.arms import TWO_STREAM_FORM
 from orthros_jax.convert import (
     export_hf,
     from_transformer,
@@ -40,17 +43,22 @@ from orthros_jax.convert import (
     load_hf,
     read_hf_config,
 )
+from orthros_jax.convert.fla import is_fla
 from orthros_jax.convert.remote import is_remote, load_remote
+from orthros_jax.layers.kind import FLA, FORMATS, HF, REMOTE
+from orthros_jax.layers.registry import kinds_of
 from orthros_jax.model import num_params
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("hf_dir", None, "Hugging Face model directory to import.")
 flags.DEFINE_string("out", None, "Output: a model directory (import) or a HF directory (export).")
+TWO_STREAM = tuple(dict.fromkeys(TWO_STREAM_FORM.values()))  # orthros, orthros_h
 flags.DEFINE_enum(
     "architecture",
-    "orthros",
-    ["orthros", "transformer", "orthros_h", "hybrid", "own"],
-    "orthros(_h): the two-stream conversion; transformer / hybrid / own: the checkpoint's own arm.",
+    TWO_STREAM[0],
+    [*TWO_STREAM, *TWO_STREAM_FORM, "own"],
+    f"{' / '.join(TWO_STREAM)}: the two-stream conversion; "
+    f"{' / '.join(TWO_STREAM_FORM)} / own: the checkpoint's own arm.",
 )
 flags.DEFINE_integer("window", 128, "Base-stream sliding window of the Orthros model.")
 flags.DEFINE_bool("scale_offset", True, "Add identity query scale-offsets (False: w/o-SO).")
@@ -63,7 +71,12 @@ flags.DEFINE_string("model", None, "Model directory to export (with --export).")
 flags.DEFINE_enum(
     "export_dtype", None, ["float32", "bfloat16", "float16"], "Exported dtype (default: params')."
 )
-flags.DEFINE_enum("export_format", None, ["hf", "fla"], "Export format (default: the arm's).")
+flags.DEFINE_enum(
+    "export_format",
+    None,
+    list(FORMATS),
+    "Export format (default: the one the model was imported from, else the arm's).",
+)
 flags.DEFINE_integer("max_shard_mb", 5 * 1024, "Shard exported safetensors above this many MiB.")
 flags.DEFINE_bool(
     "remote", False, "Export as trust_remote_code even where transformers has the class."
@@ -76,18 +89,20 @@ def import_hf(hf_dir: str, out: str) -> None:
     if is_remote(hf):  # an exported orthros-jax model comes back as its own arm
         cfg, params = load_remote(hf_dir, param_dtype=FLAGS.param_dtype, dtype=FLAGS.dtype)
         checkpoint.save_model(out, cfg, params, hf_tokenizer_file(hf_dir),
-                              hf.get("max_position_embeddings"))  # fmt: skip
+                              hf.get("max_position_embeddings"), REMOTE)  # fmt: skip
         print(f"wrote {cfg.architecture} model ({num_params(cfg):,} params) to "
               f"{os.path.abspath(out)}")  # fmt: skip
         return
     cfg, params = load_hf(hf_dir, param_dtype=FLAGS.param_dtype, dtype=FLAGS.dtype)
     logging.info("imported %s: %.1fM params", hf_dir, num_params(cfg) / 1e6)
-    if FLAGS.architecture in ("orthros", "orthros_h"):
-        if cfg.architecture in ("gdn", "gla", "retnet"):
-            raise ValueError(
-                f"a pure linear-attention checkpoint ({cfg.architecture} arm) has no Orthros "
-                "form; import it with --architecture=own"
+    source = FLA if is_fla(hf) else HF  # the checkpoint's own arm exports back to it
+    if FLAGS.architecture in TWO_STREAM:
+        if all(k.recurrent for k in kinds_of(cfg)):  # from_transformer adds the output stream
+            raise ValueError(  # to attention layers
+                f"a pure recurrent checkpoint ({cfg.architecture} arm, layer_types "
+                f"{cfg.layer_types}) has no Orthros form; import it with --architecture=own"
             )
+        source = None
         cfg, params = from_transformer(
             params, cfg, window=FLAGS.window, scale_offset=FLAGS.scale_offset
         )
@@ -100,8 +115,9 @@ def import_hf(hf_dir: str, out: str) -> None:
         logging.warning("%s has no tokenizer.json; the model directory will have none", hf_dir)
     # The source's context: generate.py warns beyond it and --export writes it back.
     checkpoint.save_model(
-        out, cfg, params, tokenizer_file=tokenizer, max_context=hf.get("max_position_embeddings")
-    )
+        out, cfg, params, tokenizer_file=tokenizer, max_context=hf.get("max_position_embeddings"),
+        source_format=source,
+    )  # fmt: skip
     print(f"wrote {cfg.architecture} model ({num_params(cfg):,} params) to {os.path.abspath(out)}")
 
 
@@ -118,6 +134,7 @@ def export(model_dir: str, out: str) -> None:
         max_position=loaded.max_context,
         remote=True if FLAGS.remote else None,
         fmt=FLAGS.export_format,
+        source=loaded.source_format,
     )
     print(f"wrote Hugging Face directory {os.path.abspath(out)}: {', '.join(files)}")
 

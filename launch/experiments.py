@@ -36,33 +36,33 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
-from orthros_jax import checkpoint, configlib
+from orthros_jax import arms, checkpoint, configlib
 from orthros_jax.convert import from_transformer
 from orthros_jax.evaluation import EvalSpec, evaluate, report, write_results
 from orthros_jax.training import TrainConfig, train
 
-ARMS = ("transformer", "swa", "orthros", "orthros_noso", "gdn", "hybrid", "orthros_h", "gla",
-        "retnet")  # fmt: skip
-# The default arms. The recall experiment also runs the gated-DeltaNet arms when --arms names
-# them; lm and convert have none.
-ATTENTION_ARMS = ("transformer", "swa", "orthros", "orthros_noso")
-# The lm experiment's arms: configs/lm_byte.py's (the attention arms and fla's gla / retnet).
-LM_ARMS = ATTENTION_ARMS + ("gla", "retnet")
-EXPERIMENTS = ("recall", "lm", "convert")
+# The arms each experiment may run and runs by default: orthros_jax/arms.py's registry.
+ARMS = arms.arms_for(arms.RECALL)
+DEFAULT_ARMS = arms.arms_for(arms.RECALL, default=True)
+LM_ARMS = arms.arms_for(arms.LM)  # configs/lm_byte.py's
+CONVERT_ARMS = arms.arms_for(arms.CONVERT)  # configs/lm_convert.py's stages
+EXPERIMENTS = (arms.RECALL, arms.LM, arms.CONVERT)
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
 
 _OUT = flags.DEFINE_string("out", None, "Output directory (results.*, work/).")
 _EXPERIMENTS = flags.DEFINE_list("experiments", list(EXPERIMENTS), "Which experiments to run.")
 _ARMS = flags.DEFINE_list(
     "arms",
-    list(ATTENTION_ARMS),
+    list(DEFAULT_ARMS),
     f"Arms of the recall and lm experiments, of {list(ARMS)} (lm: those of {list(LM_ARMS)}).",
 )
 _SEEDS = flags.DEFINE_integer("seeds", 3, "lm: seeds per arm.")
 _RECALL_SEEDS = flags.DEFINE_integer("recall_seeds", 2, "recall: seeds per arm.")
 _CONVERT_SEEDS = flags.DEFINE_integer("convert_seeds", 3, "convert: continuation seeds.")
 _CONVERT_ARMS = flags.DEFINE_list(
-    "convert_arms", ["orthros", "transformer"], "convert: continuation stages to run."
+    "convert_arms",
+    list(arms.arms_for(arms.CONVERT, default=True)),
+    f"convert: continuation stages to run, of {list(CONVERT_ARMS)}.",
 )
 _TINY = flags.DEFINE_bool("tiny", False, "A few steps of a tiny model (tests, smoke runs).")
 _OVERRIDE = flags.DEFINE_multi_string(
@@ -321,7 +321,7 @@ def main(argv: list[str]) -> None:
         logging.set_verbosity(logging.WARNING)
     bad = [e for e in _EXPERIMENTS.value if e not in EXPERIMENTS]
     bad += [a for a in _ARMS.value if a not in ARMS]
-    bad += [a for a in _CONVERT_ARMS.value if a not in ("orthros", "orthros_noso", "transformer")]
+    bad += [a for a in _CONVERT_ARMS.value if a not in CONVERT_ARMS]
     if bad:
         raise SystemExit(f"experiments.py: unknown experiment/arm(s) {bad}")
     driver = Driver(_OUT.value, _TINY.value, parse_overrides(_OVERRIDE.value, "experiments.py"))
@@ -338,9 +338,9 @@ def main(argv: list[str]) -> None:
         for exp in EXPERIMENTS:  # fixed order: cheap, informative ones first
             if exp not in _EXPERIMENTS.value:
                 continue
-            if exp == "recall":
+            if exp == arms.RECALL:
                 driver.recall(_ARMS.value, _RECALL_SEEDS.value)
-            elif exp == "lm":
+            elif exp == arms.LM:
                 driver.lm([a for a in _ARMS.value if a in LM_ARMS], _SEEDS.value)
             else:
                 driver.convert(_CONVERT_ARMS.value, _CONVERT_SEEDS.value)

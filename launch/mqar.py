@@ -29,13 +29,13 @@ from typing import Any
 import experiments  # launch/experiments.py: flags, TINY_OVERRIDES and the run helpers
 from absl import app, flags, logging
 
-from orthros_jax import configlib
+from orthros_jax import arms, configlib
 from orthros_jax.data import mqar
 from orthros_jax.evaluation import mqar_report, report
 from orthros_jax.training import TrainConfig, train
 
 CONFIG = os.path.join(experiments.CONFIG_DIR, "mqar.py")
-DEFAULT_ARMS = ("transformer", "swa", "orthros")
+DEFAULT_ARMS = arms.arms_for(arms.MQAR, default=True)  # orthros_jax/arms.py
 FLAGS = flags.FLAGS
 # experiments.py defines the flags; listed in this module's --help as its own.
 for _name in ("out", "arms", "seeds", "tiny", "override", "keep_work", "replot"):

@@ -4,7 +4,8 @@ A model directory holds
   model.json       {"model": ModelConfig fields, "tokenizer": "tokenizer.json" | null,
                     "max_context": the longest sequence it was trained on or imported with
                     (a training run's seq_len, an imported model's max_position_embeddings),
-                    absent when unknown}
+                    absent when unknown, "source_format": the export format it was
+                    imported from, "hf" | "fla" | "remote", absent when trained here}
   params/          an orbax StandardCheckpointer save of the unboxed params pytree
   tokenizer.json   optional, copied in by `save_model`
 `load_model` reads such a directory (written by launch/convert.py or exported from training),
@@ -41,6 +42,9 @@ class LoadedModel:
     params: Any
     tokenizer_file: str | None  # absolute path of a tokenizer.json, or None for bytes
     max_context: int | None = None  # trained / source context length (None: unknown)
+    # The export format it was imported from ("hf", "fla", "remote"; None: trained here): a
+    # plain export writes it back in that format.
+    source_format: str | None = None
 
     def beyond_context(self, n_tokens: int) -> str | None:
         """A warning when a sequence of n_tokens is longer than the model's known context."""
@@ -53,7 +57,11 @@ class LoadedModel:
 
 
 def write_model_json(
-    directory: str, cfg: ModelConfig, tokenizer_file: str | None, max_context: int | None = None
+    directory: str,
+    cfg: ModelConfig,
+    tokenizer_file: str | None,
+    max_context: int | None = None,
+    source_format: str | None = None,
 ) -> None:
     """Writes model.json (and copies the tokenizer file next to it)."""
     os.makedirs(directory, exist_ok=True)
@@ -67,6 +75,8 @@ def write_model_json(
         meta = {"model": cfg.to_dict(), "tokenizer": tok}
         if max_context:
             meta["max_context"] = int(max_context)
+        if source_format:
+            meta["source_format"] = source_format
         json.dump(meta, f, indent=2, sort_keys=True)
 
 
@@ -91,11 +101,12 @@ def save_model(
     params: Any,
     tokenizer_file: str | None = None,
     max_context: int | None = None,
+    source_format: str | None = None,
 ) -> None:
     """Exports params + config (+ tokenizer, + the context length it was trained / imported
-    with) to a model directory that `load_model` reads."""
+    with, + the format it was imported from) to a model directory that `load_model` reads."""
     directory = os.path.abspath(directory)
-    write_model_json(directory, cfg, tokenizer_file, max_context)
+    write_model_json(directory, cfg, tokenizer_file, max_context, source_format)
     target = os.path.join(directory, PARAMS_DIR)
     if os.path.exists(target):
         shutil.rmtree(target)
@@ -108,10 +119,12 @@ def load_model(directory: str) -> LoadedModel:
     its newest readable checkpoint); params come back as host numpy arrays."""
     directory = os.path.abspath(directory)
     cfg, tok = read_model_json(directory)
-    max_context = read_model_meta(directory).get("max_context")
+    meta = read_model_meta(directory)
+    max_context, source = meta.get("max_context"), meta.get("source_format")
     target = os.path.join(directory, PARAMS_DIR)
     if not os.path.isdir(target) and os.path.isdir(os.path.join(directory, CHECKPOINTS_DIR)):
-        return LoadedModel(cfg, _restore_params_from_workdir(directory, cfg), tok, max_context)
+        params = _restore_params_from_workdir(directory, cfg)
+        return LoadedModel(cfg, params, tok, max_context, source)
     if not os.path.isdir(target):
         raise ValueError(
             f"{directory!r} has {MODEL_JSON} but neither {PARAMS_DIR}/ nor {CHECKPOINTS_DIR}/"
@@ -119,7 +132,7 @@ def load_model(directory: str) -> LoadedModel:
     with ocp.StandardCheckpointer() as ckptr:
         params = ckptr.restore(target)
     params = jax.tree.map(np.asarray, params)
-    return LoadedModel(cfg, params, tok, max_context)
+    return LoadedModel(cfg, params, tok, max_context, source)
 
 
 # ---------------------------------------------------------------- training checkpoints

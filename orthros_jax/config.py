@@ -8,73 +8,70 @@ functions read. Launchers build it from an `ml_collections` config with
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import jax.numpy as jnp
 
-Architecture = Literal[
-    "orthros", "transformer", "swa", "gdn", "hybrid", "orthros_h", "gla", "retnet"
-]
+from orthros_jax.arms import ARCHITECTURES as ARMS
+from orthros_jax.arms import Arm  # noqa: F401 (API: the arm table's rows)
+from orthros_jax.options import (
+    Options,
+    Sections,
+    check_choice,
+    check_positive,
+    check_positive_int,
+    legacy_key,
+    register_options,
+    unknown_keys,
+)
 
-
-@dataclasses.dataclass(frozen=True)
-class Arm:
-    """One of the paper's arms, as data: the layer kinds it is made of and how it attends.
-
-    layer_types: the default cycle of kinds; kinds: the set every cycle of this arm must use;
-    two_streams: an Orthros output stream (per-stream query SO by default); base_window: the
-    base stream's attention is the sliding window (else causal over every key)."""
-
-    layer_types: tuple[str, ...]
-    kinds: frozenset[str]
-    two_streams: bool = False
-    base_window: bool = False
-    # A hybrid: its "gdn" layers may be of any recurrent kind (RECURRENT_KINDS), e.g. a
-    # (gla, attention) or (retention, gdn, attention) cycle.
-    any_recurrent: bool = False
-
-
-def _arm(cycle: tuple[str, ...], **flags: bool) -> Arm:
-    return Arm(cycle, frozenset(cycle), **flags)
-
-
-# The kinds with a recurrent state (no K/V over slots), interchangeable in a hybrid's cycle.
-RECURRENT_KINDS: frozenset[str] = frozenset({"gdn", "gla", "retention"})
-
-
-# The hybrids use Qwen3.5's cycle of three GDN layers and one attention layer.
-ARMS: dict[str, Arm] = {
-    "orthros": _arm(("attention",), two_streams=True, base_window=True),
-    "transformer": _arm(("attention",)),
-    "swa": _arm(("attention",), base_window=True),
-    "gdn": _arm(("gdn",)),
-    "hybrid": _arm(("gdn", "gdn", "gdn", "attention"), any_recurrent=True),
-    "orthros_h": _arm(
-        ("gdn", "gdn", "gdn", "attention"), two_streams=True, base_window=True, any_recurrent=True
-    ),
-    # Table 1's other linear baselines (fla's GLA and RetNet), pure stacks.
-    "gla": _arm(("gla",)),
-    "retnet": _arm(("retention",)),
-}
 ARCHITECTURES: tuple[str, ...] = tuple(ARMS)
 TWO_STREAM_ARCHITECTURES: tuple[str, ...] = tuple(a for a, arm in ARMS.items() if arm.two_streams)
 DEFAULT_LAYER_TYPES: dict[str, tuple[str, ...]] = {a: arm.layer_types for a, arm in ARMS.items()}
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots")
 ROPE_TYPES: tuple[str, ...] = ("default", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class KindEntry:
+    """What the config knows of a registered layer kind: its checks of a config that uses it,
+    whether it is recurrent (a hybrid's recurrent layers may be of any recurrent kind) and its
+    options section (None: it has none)."""
+
+    validate: Callable[[ModelConfig], None]
+    recurrent: bool
+    options: type[Options] | None
+
+
 # The layer kinds and the attention implementations, registered by orthros_jax.layers (its
 # registry and attend modules; the package's __init__ imports them, so they are always here):
-# ModelConfig checks layer_types and attention_impl against them and runs each used kind's own
-# checks of its fields. config.py itself imports nothing of the package.
-KIND_CHECKS: dict[str, Callable[[ModelConfig], None]] = {}
+# ModelConfig checks layer_types and attention_impl against them, builds each kind's options
+# section and runs each used kind's own checks. config.py itself names no kind.
+LAYER_KINDS: dict[str, KindEntry] = {}
 ATTENTION_IMPLS: list[str] = []
+# ModelConfig fields that change how the model runs, not the function its weights compute (a
+# resumed run may change them; the kinds' options say so of theirs).
+RUNTIME_FIELDS = frozenset({
+    "dtype", "scan_layers", "remat", "attention_block_q", "attention_block_k",
+    "attention_block_local", "prefill_chunk", "attention_impl", "init_std",
+})  # fmt: skip
 
 
-def register_layer_kind(name: str, validate: Callable[[ModelConfig], None]) -> None:
-    """Makes `name` a valid entry of layer_types; validate(cfg) raises ValueError for fields of
-    that kind that do not fit."""
-    KIND_CHECKS[name] = validate
+def register_layer_kind(
+    name: str,
+    validate: Callable[[ModelConfig], None],
+    *,
+    recurrent: bool,
+    options: type[Options] | None = None,
+) -> None:
+    """Makes `name` a valid entry of layer_types; validate(cfg) raises ValueError for a config
+    using the kind that does not fit; options: its section of ModelConfig.kinds."""
+    if options is not None:
+        if options.kind != name:
+            raise ValueError(f"the options of kind {name!r} name kind {options.kind!r}")
+        register_options(options)
+    LAYER_KINDS[name] = KindEntry(validate, recurrent, options)
 
 
 def register_attention_impl(name: str) -> None:
@@ -104,7 +101,7 @@ class ModelConfig:
     head_dim: int = 32
     d_ff: int = 384
     window: int = 128
-    architecture: Architecture = "orthros"
+    architecture: str = "orthros"  # an arm of ARCHITECTURES (orthros_jax/arms.py)
     # Per-stream query scale-offset; None = the arm's default (on for the two-stream arms).
     scale_offset: bool | None = None
     # The repeating cycle of layer kinds (n_layers must be a multiple of its length); () =
@@ -140,42 +137,9 @@ class ModelConfig:
     prefill_chunk: int = 2048
     attention_impl: str = "xla"
     init_std: float = 0.02
-    # Gated DeltaNet layers (gdn.py; Qwen3.5's linear_* fields): key/value heads and their head
-    # dims, the causal conv kernel, and the chunk of the chunked delta rule.
-    gdn_num_k_heads: int = 2
-    gdn_num_v_heads: int = 4
-    gdn_k_head_dim: int = 32
-    gdn_v_head_dim: int = 32
-    gdn_conv_kernel: int = 4
-    gdn_chunk: int = 64
-    # GLA layers (layers/gla.py; fla's GatedLinearAttention): heads, kv heads (repeated to the
-    # heads), key / value head dims (fla: hidden * expand_k / heads, hidden * expand_v / heads),
-    # the low-rank decay gate (rank, logit normalizer, optional clamp_min), the optional short
-    # conv on q/k/v, feature map on q/k, the swish output gate, the norm's weight
-    # (elementwise_affine) and the kernel's chunk.
-    gla_heads: int = 4
-    gla_kv_heads: int = 4
-    gla_k_head_dim: int = 16
-    gla_v_head_dim: int = 32
-    gla_gate_rank: int = 16
-    gla_gate_normalizer: float = 16.0
-    gla_clamp_min: float | None = None
-    gla_short_conv: bool = False
-    gla_conv_kernel: int = 4
-    gla_feature_map: str | None = None
-    gla_output_gate: bool = True
-    gla_norm_affine: bool = True
-    gla_chunk: int = 64
-    # Retention layers (layers/retention.py, the retnet arm; fla's MultiScaleRetention): the
-    # same without the decay gate and conv; decay 1 - 2^(-5-h) per head, rotary over the key dim.
-    retention_heads: int = 8
-    retention_kv_heads: int = 8
-    retention_k_head_dim: int = 16
-    retention_v_head_dim: int = 32
-    retention_feature_map: str | None = None
-    retention_output_gate: bool = True
-    retention_norm_affine: bool = True
-    retention_chunk: int = 64
+    # Each layer kind's own options, a section per registered kind (options.Sections):
+    # cfg.kinds.gdn.chunk. Built from a mapping kind -> Options or -> dict of options.
+    kinds: Sections = dataclasses.field(default_factory=Sections)
 
     def __post_init__(self) -> None:
         if self.scale_offset is None:
@@ -184,6 +148,8 @@ class ModelConfig:
             object.__setattr__(self, "layer_types", DEFAULT_LAYER_TYPES.get(self.architecture, ()))
         if isinstance(self.layer_types, list):
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if not isinstance(self.kinds, Sections):
+            object.__setattr__(self, "kinds", Sections(self.kinds))
         positive = (
             "vocab_size",
             "d_model",
@@ -197,22 +163,10 @@ class ModelConfig:
             "attention_block_k",
             "attention_block_local",
             "prefill_chunk",
-            "gdn_num_k_heads",
-            "gdn_num_v_heads",
-            "gdn_k_head_dim",
-            "gdn_v_head_dim",
-            "gdn_conv_kernel",
-            "gdn_chunk",
         )
         for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
-        if self.architecture not in ARCHITECTURES:
-            raise ValueError(
-                f"ModelConfig.architecture={self.architecture!r} is unknown; "
-                f"allowed: {', '.join(ARCHITECTURES)}"
-            )
+            check_positive_int(f"ModelConfig.{name}", getattr(self, name))
+        check_choice("ModelConfig.architecture", self.architecture, ARCHITECTURES)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"ModelConfig.n_heads={self.n_heads} must be divisible by "
@@ -222,31 +176,17 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.head_dim={self.head_dim} must be even (RoPE rotates pairs)"
             )
-        if self.remat not in REMAT_POLICIES:
-            raise ValueError(
-                f"ModelConfig.remat={self.remat!r} is unknown; allowed: {', '.join(REMAT_POLICIES)}"
-            )
-        if self.rope_type not in ROPE_TYPES:
-            raise ValueError(
-                f"ModelConfig.rope_type={self.rope_type!r} is unknown; allowed: {', '.join(ROPE_TYPES)}"
-            )
-        if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(
-                f"ModelConfig.attention_impl={self.attention_impl!r} is unknown; "
-                f"allowed: {', '.join(ATTENTION_IMPLS)}"
-            )
+        check_choice("ModelConfig.remat", self.remat, REMAT_POLICIES)
+        check_choice("ModelConfig.rope_type", self.rope_type, ROPE_TYPES)
+        check_choice("ModelConfig.attention_impl", self.attention_impl, ATTENTION_IMPLS)
         for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in DTYPES:
-                raise ValueError(
-                    f"ModelConfig.{name}={getattr(self, name)!r} is unknown; allowed: {', '.join(DTYPES)}"
-                )
+            check_choice(f"ModelConfig.{name}", getattr(self, name), DTYPES)
         for name in ("rope_theta", "norm_eps", "rope_factor", "init_std"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"ModelConfig.{name} must be > 0, got {getattr(self, name)!r}")
-        if not self.layer_types or any(k not in KIND_CHECKS for k in self.layer_types):
+            check_positive(f"ModelConfig.{name}", getattr(self, name))
+        if not self.layer_types or any(k not in LAYER_KINDS for k in self.layer_types):
             raise ValueError(
                 f"ModelConfig.layer_types={self.layer_types!r}: a non-empty cycle of kinds from "
-                f"{', '.join(KIND_CHECKS)}"
+                f"{', '.join(LAYER_KINDS)}"
             )
         if self.n_layers % len(self.layer_types):
             raise ValueError(
@@ -266,25 +206,24 @@ class ModelConfig:
             )
         self._check_layer_types_of_arm()
         for kind in dict.fromkeys(self.layer_types):
-            KIND_CHECKS[kind](self)
+            LAYER_KINDS[kind].validate(self)
 
     def _check_layer_types_of_arm(self) -> None:
-        """Every cycle of an arm uses exactly the arm's kinds (ARMS); a hybrid's recurrent kinds
-        may be any of RECURRENT_KINDS."""
+        """Every cycle of an arm uses exactly the arm's kinds (ARMS); a hybrid's recurrent
+        layers may be of any recurrent kind (LAYER_KINDS[...].recurrent), beside its others."""
         arm, kinds = ARMS[self.architecture], set(self.layer_types)
-        recurrent = kinds - {"attention"}
-        if (
-            arm.any_recurrent
-            and "attention" in kinds
-            and recurrent
-            and recurrent <= RECURRENT_KINDS
-        ):
+        recurrent = {k for k in LAYER_KINDS if LAYER_KINDS[k].recurrent}
+        fixed = arm.kinds - recurrent  # the arm's non-recurrent kinds (a hybrid's attention)
+        if arm.any_recurrent and fixed <= kinds and kinds - fixed and kinds - fixed <= recurrent:
             return
         if kinds != arm.kinds:
-            needs = (f"needs both 'gdn' and 'attention' layers (any of {sorted(RECURRENT_KINDS)} "
-                     "may stand for gdn)" if arm.any_recurrent
-                     else f"needs only {next(iter(arm.kinds))!r} layers" if len(arm.kinds) == 1
-                     else f"needs exactly the kinds {sorted(arm.kinds)}")  # fmt: skip
+            if arm.any_recurrent:
+                needs = (f"needs {sorted(fixed)} layers and recurrent ones (any of "
+                         f"{sorted(recurrent)})")  # fmt: skip
+            elif len(arm.kinds) == 1:
+                needs = f"needs only {next(iter(arm.kinds))!r} layers"
+            else:
+                needs = f"needs exactly the kinds {sorted(arm.kinds)}"
             raise ValueError(
                 f"ModelConfig.layer_types={self.layer_types!r} does not fit architecture "
                 f"{self.architecture!r}, which {needs} (e.g. {arm.layer_types!r}, the default)"
@@ -345,25 +284,44 @@ class ModelConfig:
         return ARMS[self.architecture].two_streams
 
     def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with `changes`; kinds= changes only the sections and options it names
+        (kind -> dict of options, or kind -> Options for the whole section)."""
+        if "kinds" in changes:
+            changes["kinds"] = self.kinds.merged(changes["kinds"])
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field; kinds as {kind: {option: value}} (model.json, ml_collections)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["kinds"] = self.kinds.to_dict()
+        return out
+
+    def runtime_keys(self) -> frozenset[str]:
+        """The keys of flat() that change how the model runs, not what its weights compute."""
+        kinds = {f"kinds.{k}.{n}" for k, o in self.kinds.items() for n in o.runtime_fields()}
+        return RUNTIME_FIELDS | kinds
+
+    def flat(self) -> dict[str, Any]:
+        """Every field, the kinds' options as "kinds.<kind>.<option>"."""
+        out = self.to_dict()
+        sections = out.pop("kinds")
+        out.update({f"kinds.{k}.{n}": v for k, o in sections.items() for n, v in o.items()})
+        return out
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> ModelConfig:
-        """Builds a config from a mapping (e.g. an ml_collections ConfigDict), naming unknown keys."""
+        """Builds a config from a mapping (e.g. an ml_collections ConfigDict), naming unknown
+        keys. An old model.json's flat kind fields ({prefix}_{option}, e.g. gdn_chunk, each
+        kind's Options.legacy_prefix) go to their kind's section."""
         known = {f.name for f in dataclasses.fields(cls)}
+        values = dict(values)
+        kinds: dict[str, dict[str, Any]] = {}
+        for key in [k for k in values if k not in known]:
+            if (found := legacy_key(key)) is not None:
+                kinds.setdefault(found[0], {})[found[1]] = values.pop(key)
         unknown = sorted(set(values) - known)
         if unknown:
-            hints = [
-                f"{k!r} (did you mean {close[0]!r}?)"
-                if (close := difflib.get_close_matches(k, known, 1))
-                else repr(k)
-                for k in unknown
-            ]
-            raise ValueError(
-                f"unknown ModelConfig field(s) {', '.join(hints)}; valid fields: "
-                f"{', '.join(sorted(known))}"
-            )
-        return cls(**dict(values))
+            raise unknown_keys("ModelConfig field(s)", unknown, sorted(known))
+        for kind, options in dict(values.pop("kinds", None) or {}).items():
+            kinds.setdefault(kind, {}).update(dict(options))
+        return cls(**values, kinds=kinds)

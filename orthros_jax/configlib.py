@@ -68,12 +68,21 @@ def dataclass_from_dict(cls: type[T], values: Mapping[str, Any], section: str) -
 
 def section(instance: Any) -> ml_collections.ConfigDict:
     """A config section holding every field of a dataclass instance (so every field can be
-    overridden from the command line). None becomes a str placeholder: config_flags cannot
-    override a plain None, and the optional fields of our configs are paths."""
-    values = {}
+    overridden from the command line). None becomes a placeholder of the field's type (str
+    unless it is annotated `float | None` / `int | None`): config_flags cannot override a plain
+    None. A mapping of
+    dataclasses (ModelConfig.kinds) becomes a section of sections (model.kinds.gdn.chunk)."""
+    values: dict[str, Any] = {}
     for field in dataclasses.fields(instance):
         value = getattr(instance, field.name)
-        values[field.name] = ml_collections.config_dict.placeholder(str) if value is None else value
+        if isinstance(value, Mapping) and all(dataclasses.is_dataclass(v) for v in value.values()):
+            value = ml_collections.ConfigDict({k: section(v) for k, v in value.items()})
+        if value is None:
+            first = str(field.type).split("|")[0].strip()
+            value = ml_collections.config_dict.placeholder(
+                {"float": float, "int": int}.get(first, str)
+            )
+        values[field.name] = value
     return ml_collections.ConfigDict(values)
 
 

@@ -32,10 +32,13 @@ from orthros_jax.layers import stack
 from orthros_jax.layers.kind import (
     SEQUENCE,
     LayerKind,
+    ParamDecl,
     Params,
     StepContext,
     Stream,
     document_starts,
+    gain,
+    matrix,
 )
 from orthros_jax.layers.registry import kinds_of
 
@@ -90,31 +93,19 @@ class OrthrosLM(nn.Module):
     cfg: ModelConfig
 
     def setup(self) -> None:
-        cfg = self.cfg
-        self.embedding = self.param(
-            "embedding",
-            nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), (VOCAB, EMBED)),
-            (cfg.vocab_size, cfg.d_model),
-            cfg.jnp_param_dtype,
-        )
+        cfg, top = self.cfg, top_params(self.cfg)
+
+        def param(name: str) -> jax.Array:  # in this order: the init keys follow it
+            d = top[name]
+            init = nn.with_logical_partitioning(d.init, d.axes)
+            return self.param(name, init, d.shape, cfg.jnp_param_dtype)
+
+        self.embedding = param("embedding")
         for kind in kinds_of(cfg):  # the attribute name is the params key
             setattr(self, kind.params_key, stack.KindStack(cfg, kind.name))
-        self.final_norm = self.param(
-            "final_norm",
-            nn.with_logical_partitioning(
-                nn.initializers.zeros if cfg.norm_zero_centered else nn.initializers.ones,
-                (EMBED,),
-            ),
-            (cfg.d_model,),
-            cfg.jnp_param_dtype,
-        )
+        self.final_norm = param("final_norm")
         if not cfg.tie_embeddings:
-            self.lm_head = self.param(
-                "lm_head",
-                nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), (EMBED, VOCAB)),
-                (cfg.d_model, cfg.vocab_size),
-                cfg.jnp_param_dtype,
-            )
+            self.lm_head = param("lm_head")
 
     def embed(self, tokens: jax.Array) -> jax.Array:
         """Token ids [B, L] -> embeddings [B, L, D] in the activation dtype."""
@@ -187,6 +178,26 @@ class OrthrosLM(nn.Module):
         if not self.cfg.two_streams and output_positions is not None:
             final = gather_stream(final, output_positions)
         return final.x
+
+
+def top_params(cfg: ModelConfig) -> dict[str, ParamDecl]:
+    """The model's parameters outside the layers: the embedding (not weight-decayed: decay on a
+    lookup table only shrinks the rows of tokens seen in a batch; tied, it is also the head),
+    the final norm and an untied lm_head (decayed)."""
+    d, v, std = cfg.d_model, cfg.vocab_size, cfg.init_std
+    decls = {
+        "embedding": ParamDecl((v, d), (VOCAB, EMBED), False, nn.initializers.normal(std)),
+        "final_norm": gain((d,), (EMBED,), cfg),
+    }
+    if not cfg.tie_embeddings:
+        decls["lm_head"] = matrix((d, v), (EMBED, VOCAB), std)
+    return decls
+
+
+def param_decls(cfg: ModelConfig) -> dict[str, Any]:
+    """The declaration (kind.ParamDecl) of every parameter of OrthrosLM(cfg), as its tree:
+    top_params and each kind's per-layer ones under its params_key (without the layers axis)."""
+    return top_params(cfg) | {k.params_key: k.params(cfg) for k in kinds_of(cfg)}
 
 
 def final_logits(params: Params, x_BLD: jax.Array, cfg: ModelConfig) -> jax.Array:

@@ -9,16 +9,13 @@ from orthros_jax.config import ModelConfig
 from orthros_jax.model import init_params
 
 GDN = dict(
-    gdn_num_k_heads=2, gdn_num_v_heads=4, gdn_k_head_dim=8, gdn_v_head_dim=6, gdn_conv_kernel=3,
-    gdn_chunk=4,
+    kinds=dict(gdn=dict(num_k_heads=2, num_v_heads=4, k_head_dim=8, v_head_dim=6, conv_kernel=3, chunk=4)),
 )  # fmt: skip
 
 
 # GLA with its short conv (a conv window in the state), retention without (an empty one).
 LINEAR = dict(
-    gla_heads=4, gla_kv_heads=2, gla_k_head_dim=8, gla_v_head_dim=6, gla_short_conv=True,
-    gla_conv_kernel=3, gla_chunk=4, retention_heads=4, retention_kv_heads=2, retention_k_head_dim=8,
-    retention_v_head_dim=6, retention_chunk=4,
+    kinds=dict(gla=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, short_conv=True, conv_kernel=3, chunk=4), retention=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, chunk=4)),
 )  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from training_helpers import pt_dataset, tiny_model, tiny_train_config
 from orthros_jax import checkpoint
 from orthros_jax.training import OptimizerConfig, init_train_state, make_optimizer, train
 
-TX = make_optimizer(OptimizerConfig(), 10)
+TX = make_optimizer(OptimizerConfig(), 10, tiny_model())  # the mask: by name, any width
 
 
 @functools.cache
@@ -153,7 +153,7 @@ def test_init_from_loads_params_and_fills_identity_scale_offsets(tmp_path):
     from orthros_jax.training.loop import abstract_state, fresh_state
 
     cfg = tiny_train_config()
-    tx = make_optimizer(cfg.optimizer, cfg.train.steps)
+    tx = make_optimizer(cfg.optimizer, cfg.train.steps, cfg.model)
     abstract, params_sh = abstract_state(cfg, tx, pmesh.make_mesh(cfg.mesh))
 
     def start_from(model_cfg, name):

@@ -24,8 +24,15 @@ BAD = [
     ({"rope_type": "yarn"}, "rope_type"),
     ({"d_model": -4}, "d_model"),
     ({"norm_eps": 0.0}, "norm_eps"),
-    ({"gdn_chunk": 0}, "gdn_chunk"),
-    ({"architecture": "gdn", "gdn_num_k_heads": 2, "gdn_num_v_heads": 3}, "gdn_num_v_heads"),
+    ({"kinds": {"gdn": {"chunk": 0}}}, r"kinds\.gdn\.chunk must be a positive int"),
+    ({"kinds": {"gdn": {"num_k_heads": 2, "num_v_heads": 3}}}, r"kinds\.gdn\.num_v_heads=3"),
+    ({"kinds": {"gla": {"feature_map": "elu"}}}, r"kinds\.gla\.feature_map='elu' is unknown"),
+    ({"kinds": {"gla": {"chunk": True}}}, r"kinds\.gla\.chunk must be a positive int"),
+    (
+        {"kinds": {"gdn": {"chunks": 8}}},
+        r"ModelConfig\.kinds\.gdn.*'chunks' \(did you mean 'chunk'",
+    ),
+    ({"kinds": {"mamba": {}}}, r"layer kind\(s\) in ModelConfig\.kinds 'mamba'"),
 ]
 
 
@@ -107,6 +114,63 @@ def test_partial_rotary_follows_transformers_rule():
     assert (cfg.rope_dim, cfg.rotary_dim) == (3, 4)
     assert (ModelConfig(head_dim=10, partial_rotary_factor=0.3).rotary_dim) == 4  # int(3.0) = 3
     assert ModelConfig(head_dim=32).rotary_dim == 32
+
+
+# A model.json written before the kinds had options sections: their flat, prefixed fields.
+OLD_MODEL_JSON = {
+    "architecture": "orthros_h", "layer_types": ["gla", "attention"], "d_model": 32,
+    "gdn_num_k_heads": 1, "gdn_num_v_heads": 3, "gdn_k_head_dim": 8, "gdn_v_head_dim": 6,
+    "gdn_conv_kernel": 3, "gdn_chunk": 16, "gla_heads": 2, "gla_kv_heads": 1,
+    "gla_k_head_dim": 8, "gla_v_head_dim": 4, "gla_gate_rank": 4, "gla_gate_normalizer": 8.0,
+    "gla_clamp_min": -0.5, "gla_short_conv": True, "gla_conv_kernel": 2, "gla_feature_map": "relu",
+    "gla_output_gate": False, "gla_norm_affine": False, "gla_chunk": 8, "retention_heads": 2,
+    "retention_kv_heads": 2, "retention_k_head_dim": 4, "retention_v_head_dim": 4,
+    "retention_feature_map": None, "retention_output_gate": True, "retention_norm_affine": True,
+    "retention_chunk": 32,
+}  # fmt: skip
+
+
+def test_old_flat_model_json_loads_into_the_kinds_sections(tmp_path):
+    import json
+
+    from orthros_jax import checkpoint
+
+    path = tmp_path / checkpoint.MODEL_JSON
+    path.write_text(json.dumps({"model": OLD_MODEL_JSON, "tokenizer": None}))
+    cfg, _ = checkpoint.read_model_json(str(tmp_path))
+    for key, value in OLD_MODEL_JSON.items():
+        kind, _, name = key.partition("_")
+        if kind in ("gdn", "gla", "retention"):
+            assert getattr(cfg.kinds[kind], name) == value, key
+    assert cfg.layer_types == ("gla", "attention") and cfg.d_model == 32
+    # Written back, the sections are nested, and read again they are the same config.
+    nested = cfg.to_dict()
+    assert nested["kinds"]["gla"]["gate_rank"] == 4 and "gla_gate_rank" not in nested
+    assert ModelConfig.from_dict(json.loads(json.dumps(nested))) == cfg
+
+
+def test_kinds_sections_replace_merges_and_hash():
+    cfg = ModelConfig(architecture="gdn", kinds={"gdn": {"chunk": 8, "k_head_dim": 16}})
+    assert (cfg.kinds.gdn.chunk, cfg.kinds.gdn.k_head_dim, cfg.kinds.gdn.v_head_dim) == (8, 16, 32)
+    changed = cfg.replace(kinds={"gdn": {"chunk": 32}})
+    assert (changed.kinds.gdn.chunk, changed.kinds.gdn.k_head_dim) == (32, 16)
+    assert changed != cfg and hash(cfg.replace(kinds={"gdn": {"chunk": 8}})) == hash(cfg)
+    assert (
+        "kinds.gdn.chunk" in cfg.runtime_keys() and "kinds.gdn.k_head_dim" not in cfg.runtime_keys()
+    )
+    assert cfg.flat()["kinds.gdn.k_head_dim"] == 16
+
+
+def test_kinds_options_override_from_the_command_line():
+    """A config section built from a ModelConfig has every kind's options, so the CLI's
+    --config.model.kinds.gdn.chunk=32 style overrides reach them."""
+    from orthros_jax.configlib import section, to_plain
+
+    c = section(ModelConfig(architecture="hybrid"))
+    c.kinds.gdn.chunk = 32
+    c.kinds.gla.clamp_min = -1.0
+    cfg = ModelConfig.from_dict(to_plain(c))
+    assert cfg.kinds.gdn.chunk == 32 and cfg.kinds.gla.clamp_min == -1.0
 
 
 def test_unknown_field_suggests_the_closest():

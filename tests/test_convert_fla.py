@@ -95,7 +95,7 @@ BASE = {"model_type": "gla", "hidden_size": 64, "num_heads": 4, "vocab_size": 10
         ({"hidden_act": "powlu"}, "hidden_act='powlu'"),
         ({"use_l2warp": True}, "use_l2warp=True"),
         ({"expand_k": 0.3}, "expand_k"),
-        ({"feature_map": "hedgehog"}, "gla_feature_map='hedgehog'"),
+        ({"feature_map": "hedgehog"}, "kinds.gla.feature_map='hedgehog'"),
         ({"model_type": "gated_deltanet", "use_gate": False}, "use_gate=False"),
         ({"model_type": "gated_deltanet", "allow_neg_eigval": True}, "allow_neg_eigval=True"),
         ({"model_type": "gated_deltanet", "use_short_conv": False}, "use_short_conv=False"),

@@ -89,7 +89,7 @@ def test_import_logits_match_transformers_and_export_round_trips(name, tmp_path)
     model = _hf_model(name)
     model.save_pretrained(tmp_path / "hf")
     # gdn_chunk 16: the prompt spans three chunks of the chunked rule.
-    cfg, params = load_hf(str(tmp_path / "hf"), gdn_chunk=16)
+    cfg, params = load_hf(str(tmp_path / "hf"), kinds=dict(gdn=dict(chunk=16)))
     assert cfg.architecture == "hybrid" and cfg.attn_output_gate and cfg.norm_zero_centered
     assert cfg.layer_types == layer_cycle(model.config.layer_types)
     toks = _tokens()

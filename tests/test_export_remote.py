@@ -31,7 +31,7 @@ from orthros_jax.inference import generate  # noqa: E402
 from orthros_jax.model import OrthrosLM, init_params  # noqa: E402
 
 SMALL = dict(vocab_size=32, d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=48, window=3)
-GDN = dict(gdn_num_k_heads=2, gdn_num_v_heads=4, gdn_k_head_dim=8, gdn_v_head_dim=8)
+GDN = dict(kinds=dict(gdn=dict(num_k_heads=2, num_v_heads=4, k_head_dim=8, v_head_dim=8)))
 ARMS = {
     "orthros": ModelConfig(**SMALL, n_layers=2, architecture="orthros"),
     "orthros_no_so": ModelConfig(**SMALL, n_layers=2, architecture="orthros", scale_offset=False),

@@ -21,17 +21,15 @@ from orthros_jax.convert.gdn_hf import HF_NAMES, gdn_to_hf, hf_to_gdn
 from orthros_jax.layers.gdn_mixer import (
     GDNState,
     gdn_decode,
-    gdn_init,
     gdn_mix,
-    gdn_param_shapes,
+    gdn_params,
     init_gdn_state,
 )
 
 # Hk 2, Hv 4 (each key head serves two value heads), dk 8 != dv 6, conv kernel 4, chunk 8;
 # two layers (gdn_out's depth scaling).
 CFG = tiny_config(
-    architecture="gdn", d_model=16, gdn_k_head_dim=8, gdn_v_head_dim=6, gdn_conv_kernel=4,
-    gdn_chunk=8,
+    architecture="gdn", d_model=16, kinds=dict(gdn=dict(k_head_dim=8, v_head_dim=6, conv_kernel=4, chunk=8)),
 )  # fmt: skip
 mix = jax.jit(gdn_mix, static_argnums=(2,), static_argnames=("cross_silu",))
 decode = jax.jit(gdn_decode, static_argnums=(2,), static_argnames=("cross_silu",))
@@ -41,11 +39,15 @@ TOL = {"atol": 1e-5, "rtol": 1e-5}
 def random_params(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
     """Random weights large enough that every path matters (decays between ~0.02 and ~4)."""
     rng = np.random.default_rng(seed)
-    p = {n: rng.normal(0, 0.3, s).astype(np.float32) for n, (s, _) in gdn_param_shapes(cfg).items()}
-    hv = cfg.gdn_num_v_heads
+    p = {
+        n: rng.normal(0, 0.3, s).astype(np.float32)
+        for n, d in gdn_params(cfg).items()
+        for s in [d.shape]
+    }
+    hv = cfg.kinds.gdn.num_v_heads
     p["gdn_a_log"] = np.log(rng.uniform(0.05, 2.0, hv)).astype(np.float32)
     p["gdn_dt_bias"] = rng.normal(0, 1, hv).astype(np.float32)
-    p["gdn_norm"] = (1 + 0.3 * rng.normal(size=cfg.gdn_v_head_dim)).astype(np.float32)
+    p["gdn_norm"] = (1 + 0.3 * rng.normal(size=cfg.kinds.gdn.v_head_dim)).astype(np.float32)
     return p
 
 
@@ -57,7 +59,7 @@ def random_state(cfg: ModelConfig, batch: int, seed: int) -> GDNState:
 
 def random_so(cfg: ModelConfig, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    shape = (cfg.gdn_num_k_heads, cfg.gdn_k_head_dim)
+    shape = (cfg.kinds.gdn.num_k_heads, cfg.kinds.gdn.k_head_dim)
     scale = rng.normal(1, 0.3, shape).astype(np.float32)
     return scale, rng.normal(0, 0.3, shape).astype(np.float32)
 
@@ -168,7 +170,7 @@ SEQ = 30
 def single_row_call(p, h, cross_h, state, valid=None, reset=None):
     valid = np.ones((1, SEQ), bool) if valid is None else valid
     reset = np.zeros((1, SEQ), bool) if reset is None else reset
-    shape = (CFG.gdn_num_k_heads, CFG.gdn_k_head_dim)
+    shape = (CFG.kinds.gdn.num_k_heads, CFG.kinds.gdn.k_head_dim)
     identity = (np.ones(shape, np.float32), np.zeros(shape, np.float32))
     return mix(
         p, h, CFG, state=state, valid_BL=valid, reset_BL=reset, cross_h_BLD=cross_h,
@@ -254,19 +256,21 @@ def test_gradients_match_float64_finite_differences():
 
 
 def test_param_shapes_axes_and_init():
-    shapes = gdn_param_shapes(CFG)
+    decls = gdn_params(CFG)
+    shapes = {n: (d.shape, d.axes) for n, d in decls.items()}
     assert shapes["gdn_wq"] == ((16, 2, 8), ("embed", GDN_K_HEADS, "head_dim"))
     assert shapes["gdn_wz"] == ((16, 4, 6), ("embed", GDN_V_HEADS, "head_dim"))
     assert shapes["gdn_conv_v"] == ((4, 4, 6), (CONV_KERNEL, GDN_V_HEADS, "head_dim"))
     assert shapes["gdn_out"] == ((4, 6, 16), (GDN_V_HEADS, "head_dim", "embed"))
+    assert decls["gdn_wq"].decay and not decls["gdn_conv_q"].decay and not decls["gdn_a_log"].decay
     key = jax.random.PRNGKey(0)
-    a = np.exp(np.asarray(gdn_init("gdn_a_log", CFG)(key, (4096,), jnp.float32)))
+    a = np.exp(np.asarray(decls["gdn_a_log"].init(key, (4096,), jnp.float32)))
     assert a.min() >= 0.01 and a.max() <= 16.0
     np.testing.assert_allclose(a.mean(), (0.01 + 16.0) / 2, rtol=0.05)  # U(0.01, 16)
-    np.testing.assert_array_equal(np.asarray(gdn_init("gdn_dt_bias", CFG)(key, (4,))), 1.0)
-    np.testing.assert_array_equal(np.asarray(gdn_init("gdn_norm", CFG)(key, (6,))), 1.0)
-    wq = np.asarray(gdn_init("gdn_wq", CFG)(key, (64, 64)))
-    wo = np.asarray(gdn_init("gdn_out", CFG)(key, (64, 64)))
+    np.testing.assert_array_equal(np.asarray(decls["gdn_dt_bias"].init(key, (4,))), 1.0)
+    np.testing.assert_array_equal(np.asarray(decls["gdn_norm"].init(key, (6,))), 1.0)
+    wq = np.asarray(decls["gdn_wq"].init(key, (64, 64)))
+    wo = np.asarray(decls["gdn_out"].init(key, (64, 64)))
     np.testing.assert_allclose(wq.std(), 0.02, rtol=0.05)
     np.testing.assert_allclose(wo.std(), 0.02 / 2.0, rtol=0.05)  # / sqrt(2 * n_layers)
 
@@ -328,7 +332,7 @@ def _hf_layer():
         layer.A_log.copy_(torch.empty(4).uniform_(0.01, 4.0).log())
         layer.dt_bias.normal_(0, 1)
         layer.norm.weight.copy_(1 + 0.3 * torch.randn(12))
-    cfg = CFG.replace(d_model=32, gdn_v_head_dim=12, gdn_chunk=64, n_layers=1)
+    cfg = CFG.replace(d_model=32, kinds=dict(gdn=dict(v_head_dim=12, chunk=64)), n_layers=1)
     return torch, layer, cfg
 
 

@@ -35,8 +35,7 @@ def _cfg(arch: str) -> ModelConfig:
     return ModelConfig(
         vocab_size=53, d_model=32, n_layers=4 if arch != "gdn" else 2, n_heads=4, n_kv_heads=2,
         head_dim=8, d_ff=64, window=5, architecture=arch, layer_types=layers, prefill_chunk=3,
-        attention_block_q=8, attention_block_k=8, attention_block_local=4, gdn_num_k_heads=2,
-        gdn_num_v_heads=4, gdn_k_head_dim=8, gdn_v_head_dim=6, gdn_conv_kernel=3, gdn_chunk=4,
+        attention_block_q=8, attention_block_k=8, attention_block_local=4, kinds=dict(gdn=dict(num_k_heads=2, num_v_heads=4, k_head_dim=8, v_head_dim=6, conv_kernel=3, chunk=4)),
     )  # fmt: skip
 
 

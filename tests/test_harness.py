@@ -176,8 +176,7 @@ def test_scores_equal_the_full_forward_at_the_same_positions(arch, hf_dir, tmp_p
     elif arch == "swa":
         cfg = cfg.replace(architecture="swa", window=4)
     else:  # fla's linear baselines: the same block, random mixers (prefill runs them whole)
-        cfg = cfg.replace(architecture=arch, layer_types=(), init_std=0.1, gla_chunk=4,
-                          retention_chunk=4)  # fmt: skip
+        cfg = cfg.replace(architecture=arch, layer_types=(), init_std=0.1, kinds=dict(gla=dict(chunk=4), retention=dict(chunk=4)))  # fmt: skip
         params = jax.tree.map(np.asarray, init_params(cfg, jax.random.PRNGKey(3)))
     lm = OrthrosHarnessLM(
         model=_save(tmp_path, cfg, params, hf_dir), batch_size=3, max_length=MAX_LEN

@@ -20,8 +20,7 @@ from orthros_jax.model import OrthrosLM, init_params, num_params
 ARCHS = ("gdn", "hybrid", "orthros_h")
 # GDN chunk 4, prefill chunk 6 (not a multiple of 4), window 5: chunk boundaries misaligned.
 GDN = dict(
-    gdn_num_k_heads=2, gdn_num_v_heads=4, gdn_k_head_dim=8, gdn_v_head_dim=6, gdn_conv_kernel=3,
-    gdn_chunk=4,
+    kinds=dict(gdn=dict(num_k_heads=2, num_v_heads=4, k_head_dim=8, v_head_dim=6, conv_kernel=3, chunk=4)),
 )  # fmt: skip
 LENGTHS = np.array([1, 5, 9, 17])
 N_DECODE = 4
@@ -164,14 +163,14 @@ def test_arms_and_layer_types_validated():
     assert oh.base_window == oh.window and oh.two_streams and oh.scale_offset
     with pytest.raises(ValueError, match="does not fit architecture 'gdn'"):
         ModelConfig(architecture="gdn", layer_types=("gdn", "attention"))
-    with pytest.raises(ValueError, match="needs both 'gdn' and 'attention'"):
+    with pytest.raises(ValueError, match=r"needs \['attention'\] layers and recurrent ones"):
         ModelConfig(architecture="hybrid", layer_types=("attention",))
     with pytest.raises(ValueError, match="only 'attention' layers"):
         ModelConfig(architecture="orthros", layer_types=("gdn",))
-    with pytest.raises(ValueError, match="gdn_chunk must be a positive int"):
-        ModelConfig(architecture="gdn", gdn_chunk=0)
-    with pytest.raises(ValueError, match="gdn_num_v_heads=3 must be a multiple"):
-        ModelConfig(architecture="gdn", gdn_num_k_heads=2, gdn_num_v_heads=3)
+    with pytest.raises(ValueError, match=r"kinds\.gdn\.chunk must be a positive int"):
+        ModelConfig(architecture="gdn", kinds=dict(gdn=dict(chunk=0)))
+    with pytest.raises(ValueError, match=r"kinds\.gdn\.num_v_heads=3 must be a multiple"):
+        ModelConfig(architecture="gdn", kinds=dict(gdn=dict(num_k_heads=2, num_v_heads=3)))
     with pytest.raises(ValueError, match="scale_offset=True needs a two-stream"):
         ModelConfig(architecture="hybrid", n_layers=4, scale_offset=True)
 

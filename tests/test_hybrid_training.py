@@ -15,7 +15,7 @@ from orthros_jax.model import OrthrosLM, init_params
 from orthros_jax.training import losses
 
 GDN = dict(
-    gdn_num_k_heads=2, gdn_num_v_heads=4, gdn_k_head_dim=8, gdn_v_head_dim=8, gdn_chunk=8,
+    kinds=dict(gdn=dict(num_k_heads=2, num_v_heads=4, k_head_dim=8, v_head_dim=8, chunk=8)),
     n_layers=4, layer_types=("gdn", "attention"),
 )  # fmt: skip
 
@@ -50,9 +50,9 @@ def test_train_cli_orthros_h_resumes(tmp_path):
     flags = [
         *TINY_FLAGS, f"--workdir={tmp_path}", "--config.model.architecture=orthros_h",
         "--config.model.n_layers=4", "--config.model.layer_types=('gdn','attention')",
-        "--config.model.gdn_num_k_heads=1",
-        "--config.model.gdn_num_v_heads=2", "--config.model.gdn_k_head_dim=16",
-        "--config.model.gdn_v_head_dim=16", "--config.model.gdn_chunk=16",
+        "--config.model.kinds.gdn.num_k_heads=1",
+        "--config.model.kinds.gdn.num_v_heads=2", "--config.model.kinds.gdn.k_head_dim=16",
+        "--config.model.kinds.gdn.v_head_dim=16", "--config.model.kinds.gdn.chunk=16",
         "--config.train.checkpoint_every=2", "--config.train.eval_every=0",
         "--config.train.log_every=1",
     ]  # fmt: skip

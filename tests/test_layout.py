@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PKG = ROOT / "orthros_jax"
 # Package order: a module may import only from its own package or from packages to its left.
 ORDER = (
-    "leaves",  # config, configlib, axes (and the root __init__)
+    "leaves",  # config, configlib, axes, options, arms (and the root __init__)
     "kernels",
     "layers",
     "model",
@@ -25,7 +25,13 @@ ORDER = (
     "serving",
     "root",  # orthros_jax/__init__.py: registers the layer kinds on import
 )
-LEAVES = {"orthros_jax.config", "orthros_jax.configlib", "orthros_jax.axes"}
+LEAVES = {
+    "orthros_jax.config",
+    "orthros_jax.configlib",
+    "orthros_jax.axes",
+    "orthros_jax.options",
+    "orthros_jax.arms",
+}
 # Top-level modules that belong to a package of the order.
 ALIASES = {"orthros_jax": "root"}
 
@@ -141,8 +147,15 @@ def test_cycle_finder_finds_a_cycle():
 
 
 # Modules that drive or hold every kind: none may name one (a kind is found through the
-# registry). config.py's ARMS table and the checkpoint-format converters name kinds as data.
+# registry). arms.py's table, the kinds' own modules and the checkpoint-format converters of
+# one kind's format (convert/ but remote.py) name kinds as data.
 GENERIC = [
+    "orthros_jax/config.py",
+    "orthros_jax/options.py",
+    "orthros_jax/convert/remote.py",
+    "orthros_jax/convert/export.py",
+    *(str(p.relative_to(ROOT)) for d in ("training", "evaluation") for p in (PKG / d).glob("*.py")),
+    *(str(p.relative_to(ROOT)) for p in (ROOT / "launch").glob("*.py")),
     "orthros_jax/model.py",
     "orthros_jax/layers/stack.py",
     "orthros_jax/layers/kind.py",

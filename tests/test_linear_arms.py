@@ -20,9 +20,7 @@ from orthros_jax.model import OrthrosLM, init_params, num_params
 
 # Kernel chunks 4, prefill chunk 6, window 5: chunk boundaries misaligned everywhere.
 LINEAR = dict(
-    gla_heads=4, gla_kv_heads=2, gla_k_head_dim=8, gla_v_head_dim=6, gla_short_conv=True,
-    gla_conv_kernel=3, gla_chunk=4, retention_heads=4, retention_kv_heads=2, retention_k_head_dim=8,
-    retention_v_head_dim=6, retention_chunk=4,
+    kinds=dict(gla=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, short_conv=True, conv_kernel=3, chunk=4), retention=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, chunk=4)),
 )  # fmt: skip
 ARMS = {
     "gla": ("gla", ("gla",)),
@@ -139,7 +137,7 @@ def test_packed_documents_equal_separate_rows(name):
 
 @pytest.mark.parametrize("name", [n for n in sorted(ARMS) if "gdn" not in n])
 def test_num_params_counts_the_tree(name):
-    cfg = _cfg(name, gla_output_gate=False, retention_norm_affine=False)
+    cfg = _cfg(name, kinds=dict(gla=dict(output_gate=False), retention=dict(norm_affine=False)))
     params = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
     assert num_params(cfg) == sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
 
@@ -151,18 +149,27 @@ def test_arms_and_fields_validated():
         (dict(architecture="gla", layer_types=("gla", "attention")), "architecture 'gla'"),
         (dict(architecture="retnet", layer_types=("gla",)), "architecture 'retnet'"),
         (dict(architecture="hybrid", layer_types=("gla", "retention")), "may stand for gdn"),
-        (dict(architecture="gla", gla_heads=4, gla_kv_heads=3), "gla_heads=4 must be a multiple"),
         (
-            dict(architecture="retnet", retention_feature_map="hedgehog"),
-            "retention_feature_map='hedgehog'",
+            dict(architecture="gla", kinds=dict(gla=dict(heads=4, kv_heads=3))),
+            "kinds.gla.heads=4 must be a multiple",
         ),
         (
-            dict(architecture="retnet", retention_k_head_dim=5),
-            "retention_k_head_dim=5 must be even",
+            dict(architecture="retnet", kinds=dict(retention=dict(feature_map="hedgehog"))),
+            "kinds.retention.feature_map='hedgehog'",
         ),
-        (dict(architecture="gla", gla_clamp_min=0.5), "gla_clamp_min=0.5"),
-        (dict(architecture="gla", gla_gate_normalizer=0.0), "gla_gate_normalizer must be > 0"),
-        (dict(architecture="gla", gla_chunk=0), "gla_chunk must be a positive int"),
+        (
+            dict(architecture="retnet", kinds=dict(retention=dict(k_head_dim=5))),
+            "kinds.retention.k_head_dim=5 must be even",
+        ),
+        (dict(architecture="gla", kinds=dict(gla=dict(clamp_min=0.5))), "kinds.gla.clamp_min=0.5"),
+        (
+            dict(architecture="gla", kinds=dict(gla=dict(gate_normalizer=0.0))),
+            "kinds.gla.gate_normalizer must be > 0",
+        ),
+        (
+            dict(architecture="gla", kinds=dict(gla=dict(chunk=0))),
+            "kinds.gla.chunk must be a positive int",
+        ),
     ]
     for fields, match in bad:
         with pytest.raises(ValueError, match=match):
@@ -191,8 +198,7 @@ def test_decode_step_updates_the_stacked_state_in_place(name, kind):
     """The compiled decode step (every layer in one loop) copies the stacked recurrent state
     nowhere, at the bench model's head shape (8 heads of 64 x 64, 8 layers; GDN: 4 key / 8
     value heads of 64)."""
-    dims = dict(n_layers=8, d_model=128, gla_short_conv=False, gdn_num_k_heads=4,
-                gdn_num_v_heads=8, gdn_k_head_dim=64, gdn_v_head_dim=64)  # fmt: skip
+    dims = dict(n_layers=8, d_model=128, kinds=dict(gla=dict(short_conv=False), gdn=dict(num_k_heads=4, num_v_heads=8, k_head_dim=64, v_head_dim=64)))  # fmt: skip
     dims |= {f"{p}_{x}": v for p in ("gla", "retention") for x, v in
              (("heads", 8), ("kv_heads", 8), ("k_head_dim", 64), ("v_head_dim", 64))}  # fmt: skip
     assert _stack_copies(name, kind, **dims) == []

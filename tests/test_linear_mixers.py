@@ -21,16 +21,10 @@ from orthros_jax.layers import linear_mixer as lm
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 B, L = 2, 21
 CASES = {
-    "gla_gqa_conv_clamp": ("gla", dict(gla_heads=4, gla_kv_heads=2, gla_k_head_dim=8,
-                                       gla_v_head_dim=6, gla_short_conv=True, gla_conv_kernel=3,
-                                       gla_clamp_min=-0.3, gla_chunk=8)),
-    "gla_relu_plain": ("gla", dict(gla_heads=2, gla_kv_heads=2, gla_k_head_dim=8,
-                                   gla_v_head_dim=8, gla_feature_map="relu",
-                                   gla_output_gate=False, gla_norm_affine=False, gla_chunk=16)),
-    "retention_gqa": ("retention", dict(retention_heads=4, retention_kv_heads=2, retention_k_head_dim=8,
-                                  retention_v_head_dim=6, retention_chunk=8)),
-    "retention_swish": ("retention", dict(retention_heads=2, retention_kv_heads=2, retention_k_head_dim=4,
-                                    retention_v_head_dim=8, retention_feature_map="swish", retention_chunk=4)),
+    "gla_gqa_conv_clamp": ("gla", dict(kinds=dict(gla=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, short_conv=True, conv_kernel=3, clamp_min=-0.3, chunk=8)))),
+    "gla_relu_plain": ("gla", dict(kinds=dict(gla=dict(heads=2, kv_heads=2, k_head_dim=8, v_head_dim=8, feature_map="relu", output_gate=False, norm_affine=False, chunk=16)))),
+    "retention_gqa": ("retention", dict(kinds=dict(retention=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, chunk=8)))),
+    "retention_swish": ("retention", dict(kinds=dict(retention=dict(heads=2, kv_heads=2, k_head_dim=4, v_head_dim=8, feature_map="swish", chunk=4)))),
 }  # fmt: skip
 MODULE = {"gla": gla, "retention": retention}
 
@@ -42,7 +36,7 @@ def setup(name: str, seed: int = 0):
     mod = MODULE[kind]
     rng = np.random.default_rng(seed)
     p = {}
-    for n, (shape, _) in mod.mixer_param_shapes(cfg).items():
+    for n, shape in ((n, d.shape) for n, d in mod.mixer_params(cfg).items()):
         std = 1.0 if n.endswith("norm") or n.endswith("bgk") else 1.0 / np.sqrt(shape[0])
         p[n] = ((1.0 if n.endswith("norm") else 0.0) + std * rng.normal(size=shape)).astype(
             np.float32
@@ -65,9 +59,9 @@ def run(cfg, mod, p, h, **kw):
 def oracle(name, cfg, p, h_LD):
     kind = CASES[name][0]
     if kind == "gla":
-        return gla_mixer(p, h_LD, cfg.norm_eps, feature_map=cfg.gla_feature_map,
-                         clamp_min=cfg.gla_clamp_min)  # fmt: skip
-    return retention_mixer(p, h_LD, cfg.norm_eps, feature_map=cfg.retention_feature_map)
+        return gla_mixer(p, h_LD, cfg.norm_eps, feature_map=cfg.kinds.gla.feature_map,
+                         clamp_min=cfg.kinds.gla.clamp_min)  # fmt: skip
+    return retention_mixer(p, h_LD, cfg.norm_eps, feature_map=cfg.kinds.retention.feature_map)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

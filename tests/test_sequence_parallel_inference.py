@@ -83,30 +83,30 @@ def _collective_bytes(arch: str, mesh, slots: int) -> dict[str, int]:
     import jax.numpy as jnp
 
     from benchmarks.hlo_stats import collective_bytes
-    from orthros_jax.inference import init_cache
-    from orthros_jax.inference import sequence_parallel as sp_forward
+    from orthros_jax.inference import init_cache, sequence_parallel
 
     cfg = _cfg(arch)
     cache = init_cache(cfg, 2, slots, mesh=mesh)
     tokens = jnp.zeros((2, slots), jnp.int32)
     lengths = jnp.full((2,), slots, jnp.int32)
-    lowered = sp_forward.prefill.lower(_params(arch), cache, tokens, lengths, cfg=cfg, mesh=mesh)
+    lowered = sequence_parallel.prefill.lower(
+        _params(arch), cache, tokens, lengths, cfg=cfg, mesh=mesh
+    )
     return collective_bytes(lowered.compile())
 
 
 def _too_long_prompt(mesh) -> dict:
     """The error of a continued prompt that overflows a sequence-sharded cache, and whether
     anything compiled for it."""
-    from orthros_jax.inference import init_cache, prefill
-    from orthros_jax.inference import sequence_parallel as sp_forward
+    from orthros_jax.inference import init_cache, prefill, sequence_parallel
 
     cfg, x, params = _cfg("orthros"), _inputs(), _params("orthros")
     _, cache = prefill(params, init_cache(cfg, 2, SLOTS, mesh=mesh), x["tokens"], x["lengths"], cfg)
-    compiled = sp_forward.prefill._cache_size()
+    compiled = sequence_parallel.prefill._cache_size()
     try:
         prefill(params, cache, np.ones((2, 30), np.int32), np.array([30, 5]), cfg)
     except ValueError as e:
-        return {"error": str(e), "compiled": sp_forward.prefill._cache_size() - compiled}
+        return {"error": str(e), "compiled": sequence_parallel.prefill._cache_size() - compiled}
     return {"error": None}
 
 
@@ -132,8 +132,7 @@ def _engine_case(arch: str, mesh, decode_steps: int) -> dict[str, np.ndarray]:
     """Greedy through the serving engine on a sequence-split cache (2 slots of 64, chunks of 6:
     the 21- and 30-token prompts continue over steps; 5 requests reuse slots), requests arriving
     over time as in tests/test_serving_engine.py; and single-device generate's tokens."""
-    from orthros_jax.inference import generate
-    from orthros_jax.inference import sequence_parallel as sp_forward
+    from orthros_jax.inference import generate, sequence_parallel
     from orthros_jax.serving import sp_device
     from orthros_jax.serving.engine import Engine
     from orthros_jax.serving.requests import SamplingParams
@@ -162,7 +161,7 @@ def _engine_case(arch: str, mesh, decode_steps: int) -> dict[str, np.ndarray]:
     want = generate(params, prompts, cfg, max_new_tokens=max(ENGINE_NEW)).tokens
     out = {"compiled": np.array(sp_device.compile_count() - compiled), "want": want}
     out["got"] = np.array([g + [-1] * (max(ENGINE_NEW) - len(g)) for g in got])
-    out["split"] = np.array(sp_forward.mesh_of(engine.cache) is mesh)
+    out["split"] = np.array(sequence_parallel.mesh_of(engine.cache) is mesh)
     out["cache_spec"] = np.array(str(engine.cache.states["attention"][0].sharding.spec))
     return out
 

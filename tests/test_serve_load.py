@@ -21,8 +21,7 @@ def get_config():
     c.model.update(dict(d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, window=8,
                         prefill_chunk=16, attention_block_local=8, attention_block_q=16,
                         attention_block_k=16))
-    c.gdn.update(dict(gdn_num_k_heads=2, gdn_num_v_heads=4, gdn_k_head_dim=8, gdn_v_head_dim=8,
-                      gdn_chunk=8))
+    c.gdn.update(dict(num_k_heads=2, num_v_heads=4, k_head_dim=8, v_head_dim=8, chunk=8))
     c.table4_n_layers = 4  # one (gdn, gdn, gdn, attention) cycle for the hybrid arms
     return c
 """

@@ -77,7 +77,7 @@ def _worker(out: str) -> None:
 
     assert jax.device_count() == 8
     cfg, opt = tiny_model(), OptimizerConfig(lr=1e-3, warmup_steps=0)
-    tx = make_optimizer(opt, 3)
+    tx = make_optimizer(opt, 3, cfg)
     step = make_train_step(cfg, opt, tx, 3)
     batches = [pt_batch(i) for i in range(3)]
     results = {}

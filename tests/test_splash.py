@@ -33,7 +33,7 @@ ARMS = {
 def _cfg(arch: str, **changes):
     return tiny_config(
         architecture=arch, vocab_size=64, d_model=64, head_dim=16, window=16, d_ff=128,
-        gdn_k_head_dim=16, gdn_v_head_dim=16, **ARMS[arch] | changes,
+        kinds=dict(gdn=dict(k_head_dim=16, v_head_dim=16)), **ARMS[arch] | changes,
     )  # fmt: skip
 
 

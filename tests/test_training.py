@@ -153,7 +153,7 @@ def test_sft_loss_counts_only_answer_tokens(params, sft_batch):
 
 
 def test_weight_decay_mask_excludes_norms_so_and_embeddings(params):
-    mask = weight_decay_mask(params)
+    mask = weight_decay_mask(CFG)(params)
     assert mask["lm_head"] and not mask["embedding"] and not mask["final_norm"]
     layers = mask["layers"]
     for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
@@ -180,8 +180,8 @@ def test_grad_accumulation_equals_one_big_batch():
     for accum, batches in ((1, big), (2, halves)):
         # Small lr: Adam turns float-rounding noise in near-zero gradients into ~lr updates.
         opt = OptimizerConfig(lr=1e-3, warmup_steps=0, grad_accum_steps=accum)
-        tx = make_optimizer(opt, 2)
         one_layer = tiny_model(n_layers=1)  # compiles faster; depth is not the point here
+        tx = make_optimizer(opt, 2, one_layer)
         state = jax.jit(init_train_state, static_argnums=(0, 1))(
             one_layer, tx, jax.random.PRNGKey(1)
         )

@@ -12,10 +12,18 @@ import jax
 import numpy as np
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.layers.kind import FLA, HF, REMOTE
+from orthros_jax.layers.registry import kinds_of
 
 Params = dict[str, Any]
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG_JSON = "tokenizer_config.json"
+
+
+def config_with(fields: dict[str, Any], overrides: dict[str, Any]) -> ModelConfig:
+    """ModelConfig(**fields) with `overrides` (ModelConfig fields; kinds= changes only the
+    options it names, e.g. kinds={"gdn": {"chunk": 16}})."""
+    return ModelConfig(**fields).replace(**overrides)
 
 
 def expected_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -86,3 +94,47 @@ def tokenizer_config(tokenizer_file: str) -> dict[str, Any]:
     if added:
         out["bos_token"] = raw.id_to_token(added[0])
     return out
+
+
+def default_format(cfg: ModelConfig, source: str | None = None) -> str:
+    """The format a plain export writes: the one the model was imported from (`source`), else
+    transformers' own classes when the arm is single-stream without a window and every kind
+    has a transformers layer (transformer, gdn, hybrid), else fla's for a single-stream pure
+    stack of a kind fla has (gla, retnet), else trust_remote_code."""
+    if source:
+        return source
+    kinds = kinds_of(cfg)
+    plain = not cfg.two_streams and cfg.base_window is None
+    if plain and all(k.export.hf for k in kinds):
+        return HF
+    if plain and len(kinds) == 1 and kinds[0].export.fla:
+        return FLA
+    return REMOTE
+
+
+def check_format(cfg: ModelConfig, fmt: str) -> None:
+    """A one-line ValueError unless every layer kind of cfg has a form in `fmt` (fla: also a
+    single-stream pure stack), naming the kind, why, and the formats it has."""
+    for kind in kinds_of(cfg):
+        if kind.export.name(fmt) is None:
+            has = ", ".join(f"--export_format={f}" for f in kind.export.formats()) or "none"
+            why = f" ({kind.export.note})" if kind.export.note else ""
+            raise ValueError(
+                f"cannot export this {cfg.architecture} model (layer_types {cfg.layer_types}) "
+                f"as {fmt}: its {kind.name!r} layers have no {fmt} form{why}; formats of "
+                f"{kind.name!r}: {has}"
+            )
+    if fmt == FLA and (len(kinds_of(cfg)) > 1 or cfg.two_streams or cfg.base_window):
+        raise ValueError(
+            f"cannot export this {cfg.architecture} model (layer_types {cfg.layer_types}) as "
+            "fla: fla's models are single-stream pure stacks of one kind"
+        )
+
+
+def fits(cfg: ModelConfig, fmt: str) -> bool:
+    """Whether cfg exports to fmt (check_format passes)."""
+    try:
+        check_format(cfg, fmt)
+    except ValueError:
+        return False
+    return True

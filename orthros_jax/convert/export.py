@@ -1,8 +1,9 @@
 """Export params to a Hugging Face directory that `transformers` loads.
 
 Writes config.json (LlamaForCausalLM, or Qwen3ForCausalLM when cfg.qk_norm; Qwen3_5ForCausalLM
-for the gdn / hybrid arms and for a transformer with Qwen3.5's output gate; the
-trust_remote_code OrthrosForCausalLM of remote.py for orthros / swa / orthros_h), the weights
+for the gdn / hybrid arms and for a transformer with Qwen3.5's output gate; fla's for a pure
+gla / retnet / gdn stack; the trust_remote_code OrthrosForCausalLM of remote.py for orthros /
+swa / orthros_h), each layer kind's form in it from its declaration (kind.Export), the weights
 as safetensors (sharded with an index above max_shard_bytes) and, when given, tokenizer.json.
 Needs neither torch nor transformers.
 """
@@ -19,22 +20,23 @@ import numpy as np
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.convert.common import (  # noqa: F401 (check_params, expected_param_shapes: API)
+    check_format,
     check_params,
     clear_weights,
     copy_tokenizer,
+    default_format,
     expected_param_shapes,
+    fits,
 )
 from orthros_jax.convert.fla import fla_config_from, fla_from_params
 from orthros_jax.convert.hf_config import CONFIG_JSON, hf_config_from
 from orthros_jax.convert.hf_weights import hf_from_params, write_safetensors
 from orthros_jax.convert.qwen35 import qwen35_config_from, qwen35_from_params
+from orthros_jax.layers.kind import FLA, FORMATS, REMOTE
+from orthros_jax.layers.registry import kinds_of
 
 Params = dict[str, Any]
 _DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
-
-
-# The arms transformers implements itself; the others export as trust_remote_code.
-NATIVE_ARMS = ("transformer", "gdn", "hybrid")
 
 
 def export_hf(
@@ -48,6 +50,7 @@ def export_hf(
     max_position: int | None = None,
     remote: bool | None = None,
     fmt: str | None = None,
+    source: str | None = None,
 ) -> list[str]:
     """Writes a HF model directory that `transformers` loads; returns the files written.
 
@@ -56,31 +59,39 @@ def export_hf(
     dtype: 'float32' | 'bfloat16' | 'float16' for the written tensors (default
     cfg.param_dtype). max_shard_bytes: shard above this size (None: one file). max_position:
     the context the model was trained on or imported with (config.json's
-    max_position_embeddings). fmt: "fla" for flash-linear-attention's format (the default for
-    the gla / retnet arms; gdn takes either).
+    max_position_embeddings). fmt: "hf", "fla" (flash-linear-attention's) or "remote"
+    (trust_remote_code; remote=True says the same); None: `default_format(cfg, source)`, source
+    being the format the model was imported from (checkpoint.LoadedModel.source_format). A
+    format some layer kind has no form in is refused (check_format) before anything is written.
     """
     if dtype is not None and dtype not in _DTYPE_NAMES:
         raise ValueError(f"export dtype {dtype!r} is unknown; allowed: {', '.join(_DTYPE_NAMES)}")
-    if fmt not in (None, "hf", "fla"):
-        raise ValueError(f"export fmt {fmt!r} is unknown; allowed: hf, fla")
-    fla = fmt == "fla" or (fmt is None and cfg.architecture in ("gla", "retnet"))
-    if remote is None:
-        remote = not fla and cfg.architecture not in NATIVE_ARMS
-    if remote:
+    if fmt not in (None, *FORMATS):
+        raise ValueError(f"export fmt {fmt!r} is unknown; allowed: {', '.join(FORMATS)}")
+    fmt = REMOTE if remote else fmt or default_format(cfg, source)
+    check_format(cfg, fmt)
+    fla = fmt == FLA
+    if fmt == REMOTE:
         from orthros_jax.convert.remote import export_remote
 
         return export_remote(
             directory, cfg, params, tokenizer_file=tokenizer_file, dtype=dtype,
             max_shard_bytes=max_shard_bytes, max_position=max_position,
         )  # fmt: skip
-    qwen35 = cfg.architecture in ("gdn", "hybrid") or cfg.attn_output_gate
+    # Qwen3.5 for the linear-attention layers and attention with Qwen3.5's output gate.
+    qwen35 = any(k.export.hf != "full_attention" for k in kinds_of(cfg)) or cfg.attn_output_gate
     # Both reject two-stream arms (transformers has no output stream).
     make_config, make_tensors = (
         (qwen35_config_from, qwen35_from_params) if qwen35 else (hf_config_from, hf_from_params)
     )
     if fla:
         make_config, make_tensors = fla_config_from, fla_from_params
-    hf_config = make_config(cfg, torch_dtype=dtype or cfg.param_dtype)
+    try:
+        hf_config = make_config(cfg, torch_dtype=dtype or cfg.param_dtype)
+    except ValueError as e:  # name the formats that may fit
+        other = [f for f in FORMATS if f != fmt and fits(cfg, f)]
+        hint = "; ".join(f"--export_format={f}" for f in other)
+        raise ValueError(f"{e}{f' (try {hint})' if hint else ''}") from None
     if max_position:
         hf_config["max_position_embeddings"] = int(max_position)
     check_params(params, cfg)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.convert.common import config_with
 
 ARM_OF = {"gla": "gla", "retnet": "retnet", "gated_deltanet": "gdn"}
 MODEL_TYPE_OF = {"gla": "gla", "retnet": "retnet", "gdn": "gated_deltanet"}
@@ -132,29 +133,29 @@ def config_from_fla(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
         if not math.isclose(dv, round(dv)) or hv < hk or hv % hk:
             raise ValueError(f"fla gated_deltanet: head_dim * expand_v = {dv} must be an integer "
                              f"and num_v_heads={hv} a multiple of num_heads={hk}")  # fmt: skip
-        fields.update(gdn_num_k_heads=hk, gdn_num_v_heads=hv, gdn_k_head_dim=dk,
-                      gdn_v_head_dim=round(dv), gdn_conv_kernel=int(hf.get("conv_size", 4)))  # fmt: skip
+        fields["kinds"] = {"gdn": dict(num_k_heads=hk, num_v_heads=hv, k_head_dim=dk,
+                                       v_head_dim=round(dv), conv_kernel=int(hf.get("conv_size", 4)))}  # fmt: skip
     else:
         gla = mt == "gla"
         p = "gla" if gla else "retention"
         n = int(hf.get("num_heads", 4 if gla else 8))
         kv = int(hf.get("num_kv_heads") or n)
         ek, ev = hf.get("expand_k", 0.5 if gla else 1.0), hf.get("expand_v", 1.0 if gla else 2.0)
-        fields.update({
-            f"{p}_heads": n, f"{p}_kv_heads": kv,
-            f"{p}_k_head_dim": _per_head(d * ek, n, "hidden_size * expand_k"),
-            f"{p}_v_head_dim": _per_head(d * ev, n, "hidden_size * expand_v"),
-            f"{p}_feature_map": hf.get("feature_map"),
-            f"{p}_output_gate": bool(hf.get("use_output_gate", True)),
-            f"{p}_norm_affine": bool(hf.get("elementwise_affine", True)),
-        })  # fmt: skip
+        options: dict[str, Any] = {
+            "heads": n, "kv_heads": kv,
+            "k_head_dim": _per_head(d * ek, n, "hidden_size * expand_k"),
+            "v_head_dim": _per_head(d * ev, n, "hidden_size * expand_v"),
+            "feature_map": hf.get("feature_map"),
+            "output_gate": bool(hf.get("use_output_gate", True)),
+            "norm_affine": bool(hf.get("elementwise_affine", True)),
+        }  # fmt: skip
         if gla:
             cm = hf.get("clamp_min")
-            fields.update(gla_short_conv=bool(hf.get("use_short_conv", False)),
-                          gla_conv_kernel=int(hf.get("conv_size", 4)),
-                          gla_clamp_min=None if cm is None else float(cm))  # fmt: skip
-    fields.update(overrides)
-    return ModelConfig(**fields)
+            options.update(short_conv=bool(hf.get("use_short_conv", False)),
+                           conv_kernel=int(hf.get("conv_size", 4)),
+                           clamp_min=None if cm is None else float(cm))  # fmt: skip
+        fields["kinds"] = {p: options}
+    return config_with(fields, overrides)
 
 
 def fla_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict[str, Any]:
@@ -173,24 +174,22 @@ def fla_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict
         "use_cache": True, "use_l2warp": False, "vocab_size": cfg.vocab_size,
     }  # fmt: skip
     if mt == "gated_deltanet":
-        out.update(num_heads=cfg.gdn_num_k_heads, num_v_heads=cfg.gdn_num_v_heads,
-                   head_dim=cfg.gdn_k_head_dim, expand_v=cfg.gdn_v_head_dim / cfg.gdn_k_head_dim,
-                   conv_size=cfg.gdn_conv_kernel, use_gate=True, use_short_conv=True,
-                   allow_neg_eigval=False, output_gate_activation="swish")  # fmt: skip
+        g = cfg.kinds.gdn
+        out.update(num_heads=g.num_k_heads, num_v_heads=g.num_v_heads, head_dim=g.k_head_dim,
+                   expand_v=g.v_head_dim / g.k_head_dim, conv_size=g.conv_kernel, use_gate=True,
+                   use_short_conv=True, allow_neg_eigval=False,
+                   output_gate_activation="swish")  # fmt: skip
         return out
     p = "gla" if mt == "gla" else "retention"
-    n = getattr(cfg, f"{p}_heads")
+    o = cfg.kinds[p]
     out.update(
-        num_heads=n, num_kv_heads=getattr(cfg, f"{p}_kv_heads"),
-        expand_k=n * getattr(cfg, f"{p}_k_head_dim") / cfg.d_model,
-        expand_v=n * getattr(cfg, f"{p}_v_head_dim") / cfg.d_model,
-        feature_map=getattr(cfg, f"{p}_feature_map"),
-        use_output_gate=getattr(cfg, f"{p}_output_gate"),
-        elementwise_affine=getattr(cfg, f"{p}_norm_affine"),
+        num_heads=o.heads, num_kv_heads=o.kv_heads, expand_k=o.heads * o.k_head_dim / cfg.d_model,
+        expand_v=o.heads * o.v_head_dim / cfg.d_model, feature_map=o.feature_map,
+        use_output_gate=o.output_gate, elementwise_affine=o.norm_affine,
     )  # fmt: skip
     if mt == "gla":
-        out.update(use_short_conv=cfg.gla_short_conv, conv_size=cfg.gla_conv_kernel,
-                   clamp_min=cfg.gla_clamp_min, use_gk=True, use_gv=False)  # fmt: skip
+        out.update(use_short_conv=o.short_conv, conv_size=o.conv_kernel, clamp_min=o.clamp_min,
+                   use_gk=True, use_gv=False)  # fmt: skip
     else:
         out.update(use_short_conv=False, conv_size=4)
     return out
@@ -204,8 +203,9 @@ def check_exportable(cfg: ModelConfig) -> None:
         )
     need = {"norm_zero_centered": False, "scale_offset": False}
     wrong = {k: getattr(cfg, k) for k, v in need.items() if getattr(cfg, k) != v}
-    if cfg.architecture == "gla" and (cfg.gla_gate_rank, cfg.gla_gate_normalizer) != (16, 16):
-        wrong["gla_gate_rank/normalizer"] = (cfg.gla_gate_rank, cfg.gla_gate_normalizer)
+    gla = cfg.kinds.gla
+    if cfg.architecture == "gla" and (gla.gate_rank, gla.gate_normalizer) != (16, 16):
+        wrong["kinds.gla.gate_rank/gate_normalizer"] = (gla.gate_rank, gla.gate_normalizer)
     if wrong:
         raise ValueError(f"an fla export needs {need} and fla's fixed GLA gate (rank 16, "
                          f"normalizer 16); this config has {wrong}")  # fmt: skip
@@ -213,9 +213,9 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 def _norm_name(cfg: ModelConfig, p: str) -> str | None:
     """fla's name of the mixer's per-head norm weight (None: no weight)."""
-    if not getattr(cfg, f"{p}_norm_affine"):
+    if not cfg.kinds[p].norm_affine:
         return None
-    return "g_norm_swish_gate" if getattr(cfg, f"{p}_output_gate") else "g_norm"
+    return "g_norm_swish_gate" if cfg.kinds[p].output_gate else "g_norm"
 
 
 def _layer_map(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], tuple[int, ...]]]:
@@ -224,8 +224,8 @@ def _layer_map(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], tuple[
     [C, 1, Kc] -> [Kc, C] then reshaped; 1-D ones only reshaped)."""
     d = cfg.d_model
     if cfg.architecture == "gdn":
-        hk, hv, dk, dv, kc = (cfg.gdn_num_k_heads, cfg.gdn_num_v_heads, cfg.gdn_k_head_dim,
-                              cfg.gdn_v_head_dim, cfg.gdn_conv_kernel)  # fmt: skip
+        g = cfg.kinds.gdn
+        hk, hv, dk, dv, kc = g.num_k_heads, g.num_v_heads, g.k_head_dim, g.v_head_dim, g.conv_kernel
         return {
             "gdn_wq": ("attn.q_proj.weight", (hk * dk, d), (d, hk, dk)),
             "gdn_wk": ("attn.k_proj.weight", (hk * dk, d), (d, hk, dk)),
@@ -242,28 +242,28 @@ def _layer_map(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], tuple[
             "gdn_out": ("attn.o_proj.weight", (d, hv * dv), (hv, dv, d)),
         }
     p = "gla" if cfg.architecture == "gla" else "retention"
-    n, kv, h, e = (getattr(cfg, f"{p}_{x}") for x in ("heads", "kv_heads", "k_head_dim",
-                                                         "v_head_dim"))  # fmt: skip
+    o = cfg.kinds[p]
+    n, kv, h, e = o.heads, o.kv_heads, o.k_head_dim, o.v_head_dim
     out = {
         f"{p}_wq": ("attn.q_proj.weight", (n * h, d), (d, n, h)),
         f"{p}_wk": ("attn.k_proj.weight", (kv * h, d), (d, kv, h)),
         f"{p}_wv": ("attn.v_proj.weight", (kv * e, d), (d, kv, e)),
         f"{p}_out": ("attn.o_proj.weight", (d, n * e), (n, e, d)),
     }
-    if getattr(cfg, f"{p}_output_gate"):
+    if o.output_gate:
         out[f"{p}_wg"] = ("attn.g_proj.weight", (n * e, d), (d, n, e))
     norm = _norm_name(cfg, p)
     if norm:
         out[f"{p}_norm"] = (f"attn.{norm}.weight", (e,), (e,))
     if p == "gla":
-        r = cfg.gla_gate_rank
+        r = o.gate_rank
         out.update({
             "gla_wgk1": ("attn.gk_proj.0.weight", (r, d), (d, r)),
             "gla_wgk2": ("attn.gk_proj.1.weight", (kv * h, r), (r, kv, h)),
             "gla_bgk": ("attn.gk_proj.1.bias", (kv * h,), (kv, h)),
         })  # fmt: skip
-        if cfg.gla_short_conv:
-            kc = cfg.gla_conv_kernel
+        if o.short_conv:
+            kc = o.conv_kernel
             for x, heads, dim in (("q", n, h), ("k", kv, h), ("v", kv, e)):
                 out[f"gla_conv_{x}"] = (f"attn.{x}_conv1d.weight", (heads * dim, 1, kc),
                                         (kc, heads, dim))  # fmt: skip

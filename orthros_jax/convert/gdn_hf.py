@@ -28,9 +28,19 @@ HF_NAMES: tuple[str, ...] = (
 )
 
 
+# cfg.kinds.gdn's options -> their Qwen3.5 config.json keys (Qwen3.5 and the remote format).
+GDN_CONFIG_KEYS = {
+    "num_k_heads": "linear_num_key_heads",
+    "num_v_heads": "linear_num_value_heads",
+    "k_head_dim": "linear_key_head_dim",
+    "v_head_dim": "linear_value_head_dim",
+    "conv_kernel": "linear_conv_kernel_dim",
+}
+
+
 def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The shape of each HF_NAMES tensor of one layer (torch Linear layout [out, in])."""
-    d, kc = cfg.d_model, cfg.gdn_conv_kernel
+    d, kc = cfg.d_model, cfg.kinds.gdn.conv_kernel
     hk, hv, dk, dv = gdn_dims(cfg)
     conv_dim = 2 * hk * dk + hv * dv
     return {
@@ -61,7 +71,7 @@ def _check_hf(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> None:
             raise ValueError(
                 f"GDN tensor {name} has shape {tuple(tensors[name].shape)}, expected {shape} "
                 f"for the config (D={cfg.d_model}, Hk={hk}, Hv={hv}, dk={dk}, dv={dv}, "
-                f"kernel={cfg.gdn_conv_kernel})"
+                f"kernel={cfg.kinds.gdn.conv_kernel})"
             )
 
 
@@ -95,7 +105,7 @@ def gdn_to_hf(params: dict[str, Any], cfg: ModelConfig) -> dict[str, np.ndarray]
     check_params(p, cfg)
     d = cfg.d_model
     qkv = np.concatenate([p[f"gdn_w{k}"].reshape(d, -1).T for k in "qkv"], axis=0)
-    kc = cfg.gdn_conv_kernel
+    kc = cfg.kinds.gdn.conv_kernel
     conv = np.concatenate([p[f"gdn_conv_{k}"].reshape(kc, -1).T for k in "qkv"], axis=0)
     out = {
         "in_proj_qkv.weight": qkv,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from orthros_jax.arms import TWO_STREAM_FORM
 from orthros_jax.config import ModelConfig
 from orthros_jax.layers.stack import fill_identity_so, kinds_of, so_names
 
@@ -34,7 +35,7 @@ def from_transformer(
       hybrid, gdn_so_out_{scale,offset} [L_gdn, Hk, dk]) (ones / zeros in cfg.param_dtype);
       False gives the paper's "w/o SO" ablation.
     """
-    target = {"transformer": "orthros", "hybrid": "orthros_h"}.get(cfg.architecture)
+    target = TWO_STREAM_FORM.get(cfg.architecture)
     if target is None:
         raise ValueError(
             "from_transformer needs architecture='transformer' (-> orthros) or 'hybrid' "

@@ -17,9 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from orthros_jax.arms import TWO_STREAM_FORM
 from orthros_jax.config import ModelConfig
+from orthros_jax.convert.common import config_with
+from orthros_jax.convert.gdn_hf import GDN_CONFIG_KEYS, gdn_to_hf, hf_tensor_shapes, hf_to_gdn
 from orthros_jax.convert.gdn_hf import HF_NAMES as GDN_HF_NAMES
-from orthros_jax.convert.gdn_hf import gdn_to_hf, hf_tensor_shapes, hf_to_gdn
 from orthros_jax.convert.hf_config import shape_fields
 
 QWEN35, QWEN35_TYPE = "Qwen3_5ForCausalLM", "qwen3_5_text"
@@ -28,7 +30,6 @@ OUR_KIND = {v: k for k, v in HF_KIND.items()}
 # The single-stream arm a kind set imports as, and its two-stream (Orthros) conversion.
 OWN_ARM = {frozenset({"gdn"}): "gdn", frozenset({"gdn", "attention"}): "hybrid",
            frozenset({"attention"}): "transformer"}  # fmt: skip
-TWO_STREAM_OF = {"hybrid": "orthros_h", "transformer": "orthros"}
 _MOE_KEYS = ("num_experts", "num_local_experts", "moe_intermediate_size", "num_experts_per_tok")
 _BLOCK = {
     "attn_norm": "input_layernorm.weight",
@@ -105,7 +106,7 @@ def config_from_qwen35(
         raise ValueError(f"layer_types has {len(types)} entries for {n_layers} layers")
     cycle = layer_cycle(list(types))
     own = OWN_ARM[frozenset(cycle)]
-    allowed = (own, TWO_STREAM_OF[own]) if own in TWO_STREAM_OF else (own,)
+    allowed = (own, TWO_STREAM_FORM[own]) if own in TWO_STREAM_FORM else (own,)
     architecture = architecture or own
     if architecture not in allowed:
         raise ValueError(
@@ -133,14 +134,15 @@ def config_from_qwen35(
         layer_types=cycle,
         window=window,
         architecture=architecture,
-        gdn_num_k_heads=int(hf.get("linear_num_key_heads", 16)),
-        gdn_num_v_heads=int(hf.get("linear_num_value_heads", 32)),
-        gdn_k_head_dim=int(hf.get("linear_key_head_dim", 128)),
-        gdn_v_head_dim=int(hf.get("linear_value_head_dim", 128)),
-        gdn_conv_kernel=int(hf.get("linear_conv_kernel_dim", 4)),
-    )
-    fields.update(overrides)
-    return ModelConfig(**fields)
+        kinds={"gdn": dict(
+            num_k_heads=int(hf.get("linear_num_key_heads", 16)),
+            num_v_heads=int(hf.get("linear_num_value_heads", 32)),
+            k_head_dim=int(hf.get("linear_key_head_dim", 128)),
+            v_head_dim=int(hf.get("linear_value_head_dim", 128)),
+            conv_kernel=int(hf.get("linear_conv_kernel_dim", 4)),
+        )},
+    )  # fmt: skip
+    return config_with(fields, overrides)
 
 
 def qwen35_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict[str, Any]:
@@ -157,11 +159,7 @@ def qwen35_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> d
             "partial_rotary_factor": cfg.partial_rotary_factor,
         },
         "layer_types": [OUR_KIND[kind] for kind, _ in cfg.layer_slots()],
-        "linear_conv_kernel_dim": cfg.gdn_conv_kernel,
-        "linear_key_head_dim": cfg.gdn_k_head_dim,
-        "linear_value_head_dim": cfg.gdn_v_head_dim,
-        "linear_num_key_heads": cfg.gdn_num_k_heads,
-        "linear_num_value_heads": cfg.gdn_num_v_heads,
+        **{key: getattr(cfg.kinds.gdn, name) for name, key in GDN_CONFIG_KEYS.items()},
         "max_position_embeddings": 32_768,
         "tie_word_embeddings": cfg.tie_embeddings,
         "attention_bias": False,

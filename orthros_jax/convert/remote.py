@@ -16,21 +16,30 @@ transformers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.convert.common import check_params, clear_weights, copy_tokenizer
+from orthros_jax.convert.common import (
+    check_format,
+    check_params,
+    clear_weights,
+    config_with,
+    copy_tokenizer,
+)
+from orthros_jax.convert.gdn_hf import GDN_CONFIG_KEYS, gdn_to_hf, hf_to_gdn
 from orthros_jax.convert.gdn_hf import HF_NAMES as GDN_HF_NAMES
-from orthros_jax.convert.gdn_hf import gdn_to_hf, hf_to_gdn
 from orthros_jax.convert.hf_config import CONFIG_JSON, read_hf_config
 from orthros_jax.convert.hf_weights import SafetensorsCheckpoint, write_safetensors
 from orthros_jax.convert.qwen35 import _BLOCK  # the shared block's HF names (norms, MLP)
+from orthros_jax.layers.kind import REMOTE, LayerKind
+from orthros_jax.layers.registry import KINDS
 
 REMOTE_DIR = os.path.join(os.path.dirname(__file__), "hf_remote")
 REMOTE_FILES = ("configuration_orthros.py", "modeling_orthros.py", "gdn_orthros.py")
@@ -39,8 +48,6 @@ AUTO_MAP = {
     "AutoConfig": "configuration_orthros.OrthrosConfig",
     "AutoModelForCausalLM": "modeling_orthros.OrthrosForCausalLM",
 }
-HF_LAYER_TYPE = {"attention": "full_attention", "gdn": "linear_attention"}
-OUR_KIND = {v: k for k, v in HF_LAYER_TYPE.items()}
 # ModelConfig field -> config.json key (the rest keep their names).
 _RENAMED = {
     "vocab_size": "vocab_size",
@@ -53,11 +60,6 @@ _RENAMED = {
     "norm_eps": "rms_norm_eps",
     "tie_embeddings": "tie_word_embeddings",
     "init_std": "initializer_range",
-    "gdn_num_k_heads": "linear_num_key_heads",
-    "gdn_num_v_heads": "linear_num_value_heads",
-    "gdn_k_head_dim": "linear_key_head_dim",
-    "gdn_v_head_dim": "linear_value_head_dim",
-    "gdn_conv_kernel": "linear_conv_kernel_dim",
 }
 _SAME = (
     "architecture", "window", "scale_offset", "rope_theta", "rope_type", "rope_factor",
@@ -78,6 +80,41 @@ _ATTN = {
 }
 _GDN_SO = {"gdn_so_out_scale": "linear_attn.so_out_scale",
            "gdn_so_out_offset": "linear_attn.so_out_offset"}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCodec:
+    """One layer type of modeling_orthros.py (a kind's Export.remote names it): `names`, our
+    per-layer parameter -> its tensor under model.layers.{i}. (the shared block's come from
+    _BLOCK); `options`, the kind's option -> its config.json key; the rest of the kind's
+    parameters (a mixer whose tensors are fused) go through to_hf / from_hf, tensors
+    {prefix}{hf_names}."""
+
+    names: Mapping[str, str]
+    options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    prefix: str = ""
+    hf_names: tuple[str, ...] = ()
+    to_hf: Callable[[Params, ModelConfig], dict[str, np.ndarray]] | None = None
+    from_hf: Callable[[Mapping[str, np.ndarray], ModelConfig], Params] | None = None
+
+
+CODECS = {
+    "full_attention": LayerCodec(_ATTN),
+    "linear_attention": LayerCodec(_GDN_SO, GDN_CONFIG_KEYS, "linear_attn.", GDN_HF_NAMES,
+                                   gdn_to_hf, hf_to_gdn),
+}  # fmt: skip
+
+
+def _codec(kind: LayerKind) -> LayerCodec:
+    if kind.export.remote not in CODECS:
+        raise ValueError(f"layer kind {kind.name!r} has no trust_remote_code form")
+    return CODECS[kind.export.remote]
+
+
+def _remote_kinds() -> list[LayerKind]:
+    return [k for k in KINDS.values() if k.export.remote in CODECS]
+
+
 # Projections whose first axis is the input (D or F): torch Linear stores [out, in].
 _IN_MAJOR = ("wq", "wk", "wv", "wq_gate", "w_gate", "w_up", "w_down")
 Params = dict[str, Any]
@@ -88,11 +125,16 @@ def remote_config(
 ) -> dict[str, Any]:
     """config.json of cfg for modeling_orthros (max_position: the context the model was trained
     on or imported with; default 2048 when unknown)."""
+    check_format(cfg, REMOTE)
     hf: dict[str, Any] = {"architectures": [HF_CLASS], "model_type": MODEL_TYPE,
                           "auto_map": dict(AUTO_MAP)}  # fmt: skip
     hf.update({key: getattr(cfg, name) for name, key in _RENAMED.items()})
     hf.update({name: getattr(cfg, name) for name in _SAME})
-    hf["layer_types"] = [HF_LAYER_TYPE[kind] for kind, _ in cfg.layer_slots()]
+    for kind in _remote_kinds():  # every kind's options (the config class has them all)
+        hf.update(
+            {key: getattr(cfg.kinds[kind.name], n) for n, key in _codec(kind).options.items()}
+        )
+    hf["layer_types"] = [KINDS[kind].export.remote for kind, _ in cfg.layer_slots()]
     hf["max_position_embeddings"] = int(max_position or 2048)
     hf["torch_dtype"] = torch_dtype or cfg.param_dtype
     hf["use_cache"] = True
@@ -105,12 +147,19 @@ def config_from_remote(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
         raise ValueError(f"config.json model_type {hf.get('model_type')!r} is not {MODEL_TYPE!r}")
     fields = {name: hf[key] for name, key in _RENAMED.items() if key in hf}
     fields.update({name: hf[name] for name in _SAME if name in hf})
-    kinds = [OUR_KIND[t] for t in hf["layer_types"]]
+    fields["kinds"] = {
+        k.name: {n: hf[key] for n, key in _codec(k).options.items() if key in hf}
+        for k in _remote_kinds()
+    }
+    ours = {k.export.remote: k.name for k in _remote_kinds()}
+    unknown = sorted(set(hf["layer_types"]) - set(ours))
+    if unknown:
+        raise ValueError(f"config.json layer_types {unknown} are unknown; known: {sorted(ours)}")
+    kinds = [ours[t] for t in hf["layer_types"]]
     cycle = next(kinds[:p] for p in range(1, len(kinds) + 1)
                  if len(kinds) % p == 0 and kinds == kinds[:p] * (len(kinds) // p))  # fmt: skip
     fields["layer_types"] = tuple(cycle)
-    fields.update(overrides)
-    return ModelConfig(**fields)
+    return config_with(fields, overrides)
 
 
 def _to_hf(name: str, a: np.ndarray) -> np.ndarray:
@@ -125,9 +174,9 @@ def _to_ours(name: str, a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return (a.T if name in _IN_MAJOR or name == "wo" else a).reshape(shape)
 
 
-def _layer_names(kind: str, shapes: Mapping[str, Any]) -> dict[str, str]:
-    """our per-layer name -> HF name under model.layers.{i}. (GDN mixer tensors excluded)."""
-    table = {**_BLOCK, **(_ATTN if kind == "attention" else _GDN_SO)}
+def _layer_names(kind: LayerKind, shapes: Mapping[str, Any]) -> dict[str, str]:
+    """our per-layer name -> HF name under model.layers.{i}. (a codec's to_hf ones excluded)."""
+    table = {**_BLOCK, **_codec(kind).names}
     return {name: table[name] for name in shapes if name in table}
 
 
@@ -135,8 +184,7 @@ def remote_from_params(
     params: Params, cfg: ModelConfig, dtype: Any = None
 ) -> dict[str, np.ndarray]:
     """HF-named tensors (numpy) of any arm's params."""
-    from orthros_jax.layers.stack import KINDS
-
+    check_format(cfg, REMOTE)
     cast = (lambda a: np.ascontiguousarray(a)) if dtype is None else (
         lambda a: np.ascontiguousarray(a).astype(np.dtype(dtype)))  # fmt: skip
     out = {"model.embed_tokens.weight": cast(np.asarray(params["embedding"]))}
@@ -144,12 +192,14 @@ def remote_from_params(
         k = KINDS[kind]
         p = {name: np.asarray(a[li]) for name, a in params[k.params_key].items()}
         pre = f"model.layers.{i}."
-        for name, hf_name in _layer_names(kind, k.param_shapes(cfg)).items():
+        names = _layer_names(k, k.params(cfg))
+        for name, hf_name in names.items():
             out[pre + hf_name] = cast(_to_hf(name, p[name]))
-        if kind == "gdn":
-            mixer = {n: v for n, v in p.items() if n.startswith("gdn_") and n not in _GDN_SO}
-            for name, value in gdn_to_hf(mixer, cfg).items():
-                out[f"{pre}linear_attn.{name}"] = cast(value)
+        codec = _codec(k)
+        if codec.to_hf is not None:
+            mixer = {n: v for n, v in p.items() if n not in names}
+            for name, value in codec.to_hf(mixer, cfg).items():
+                out[f"{pre}{codec.prefix}{name}"] = cast(value)
     out["model.norm.weight"] = cast(np.asarray(params["final_norm"]))
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = cast(np.asarray(params["lm_head"]).T)
@@ -159,8 +209,7 @@ def remote_from_params(
 def params_from_remote(tensors: Mapping[str, Any], cfg: ModelConfig) -> Params:
     """Params (numpy, cfg.param_dtype) from HF-named tensors; inverse of remote_from_params.
     ValueError naming a missing tensor or a shape that does not fit cfg."""
-    from orthros_jax.layers.stack import KINDS
-
+    check_format(cfg, REMOTE)
     dtype = np.dtype(cfg.param_dtype)
 
     def get(name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
@@ -175,14 +224,15 @@ def params_from_remote(tensors: Mapping[str, Any], cfg: ModelConfig) -> Params:
     params: Params = {"embedding": get("model.embed_tokens.weight", (v, d)).astype(dtype)}
     for i, (kind, li) in enumerate(cfg.layer_slots()):
         k = KINDS[kind]
-        shapes = {n: s for n, (s, _) in k.param_shapes(cfg).items()}
+        shapes = {n: d.shape for n, d in k.params(cfg).items()}
         stack = params.setdefault(k.params_key, {})
         pre = f"model.layers.{i}."
         values = {name: _to_ours(name, get(pre + hf, shapes[name]), shapes[name])
-                  for name, hf in _layer_names(kind, shapes).items()}  # fmt: skip
-        if kind == "gdn":
-            sub = {n: get(f"{pre}linear_attn.{n}") for n in GDN_HF_NAMES}
-            values.update(hf_to_gdn(sub, cfg))
+                  for name, hf in _layer_names(k, shapes).items()}  # fmt: skip
+        codec = _codec(k)
+        if codec.from_hf is not None:
+            sub = {n: get(f"{pre}{codec.prefix}{n}") for n in codec.hf_names}
+            values.update(codec.from_hf(sub, cfg))
         for name, value in values.items():
             if name not in stack:
                 stack[name] = np.empty((cfg.layers_of(kind), *shapes[name]), dtype)
@@ -203,7 +253,9 @@ def export_remote(
     max_shard_bytes: int | None = 5 * 2**30,
     max_position: int | None = None,
 ) -> list[str]:
-    """Writes a trust_remote_code HF directory for any arm; returns the files written."""
+    """Writes a trust_remote_code HF directory for any arm whose kinds have a remote form;
+    returns the files written."""
+    check_format(cfg, REMOTE)
     check_params(params, cfg)
     hf = remote_config(cfg, torch_dtype=dtype or cfg.param_dtype, max_position=max_position)
     tensors = remote_from_params(params, cfg, dtype)

@@ -16,29 +16,12 @@ from typing import Any
 
 import numpy as np
 
-ARM_LABELS = {
-    "transformer": "Transformer",
-    "swa": "SWA",
-    "orthros": "Orthros",
-    "orthros_noso": "Orthros w/o SO",
-    "gdn": "GDN",
-    "hybrid": "Linear Hybrid",
-    "orthros_h": "Orthros-H",
-    "gla": "GLA",
-    "retnet": "RetNet",
-}
+from orthros_jax.arms import ARMS
+from orthros_jax.arms import label as arm_label
+
 EXPERIMENTS = ("recall", "lm", "convert")
-COLORS = {
-    "transformer": "C0",
-    "swa": "C7",
-    "orthros": "C3",
-    "orthros_noso": "C1",
-    "gdn": "C2",
-    "hybrid": "C4",
-    "orthros_h": "C5",
-    "gla": "C6",
-    "retnet": "C8",
-}
+# Each arm's matplotlib colour (orthros_jax/arms.py: labels, colours and order live there).
+COLORS = {name: arm.colour for name, arm in ARMS.items()}
 
 
 def aggregate(runs: Sequence[Mapping[str, Any]], key: str) -> dict[str, float]:
@@ -63,7 +46,7 @@ def _pm(mean: float, std: float, digits: int = 3) -> str:
 
 
 def label(arm: str) -> str:
-    return ARM_LABELS.get(arm, arm)
+    return arm_label(arm)
 
 
 def stage_label(stage: str) -> str:
@@ -73,7 +56,7 @@ def stage_label(stage: str) -> str:
 
 def arms_in_order(arms: Mapping[str, Any]) -> list[str]:
     """Arm names in the canonical order (results.json is written with sorted keys)."""
-    order = list(ARM_LABELS)
+    order = list(ARMS)
     return sorted(arms, key=lambda a: order.index(a) if a in order else len(order))
 
 

@@ -8,7 +8,7 @@ every key; swa: one stream, the window. The cache state is the head-major K/V of
 k, v [layers, B, K, S, H], written in place at the layer index (no stack slicing).
 
 Per-layer parameters (the stack adds a leading layers axis): the shared block
-(kind.block_param_shapes) and wq [D, N, H], wk/wv [D, K, H], wo [N, H, D];
+(kind.block_params) and wq [D, N, H], wk/wv [D, K, H], wo [N, H, D];
 q_norm/k_norm [H] (qk_norm); wq_gate [D, N, H] (attn_output_gate);
 so_{base,out}_{scale,offset} [N, H] (orthros with scale_offset).
 """
@@ -29,40 +29,45 @@ from orthros_jax.layers.kind import (
     DECODE,
     READ,
     SEQUENCE,
+    Export,
     Kind,
+    ParamDecl,
     Params,
-    ParamSpec,
     StepContext,
     Stream,
     Work,
-    block_param_shapes,
-    default_init,
+    block_params,
     ffn_residual,
     finish_streams,
+    gain,
+    matrix,
     norm,
+    residual_std,
+    scale_offsets,
 )
 
 
-def param_shapes(cfg: ModelConfig) -> dict[str, ParamSpec]:
-    """Shape and logical axes of every per-layer parameter (without the leading layers axis)."""
-    d, n, k, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    shapes: dict[str, ParamSpec] = block_param_shapes(cfg)
-    shapes.update(
-        wq=((d, n, h), (EMBED, HEADS, HEAD_DIM)),
-        wk=((d, k, h), (EMBED, KV_HEADS, HEAD_DIM)),
-        wv=((d, k, h), (EMBED, KV_HEADS, HEAD_DIM)),
-        wo=((n, h, d), (HEADS, HEAD_DIM, EMBED)),
+def params(cfg: ModelConfig) -> dict[str, ParamDecl]:
+    """Every per-layer parameter (without the leading layers axis): projections normal(init_std)
+    (wo depth-scaled) and decayed; q/k norms and the scale-offsets not decayed."""
+    d, n, k, h, std = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.init_std
+    decls: dict[str, ParamDecl] = block_params(cfg)
+    decls.update(
+        wq=matrix((d, n, h), (EMBED, HEADS, HEAD_DIM), std),
+        wk=matrix((d, k, h), (EMBED, KV_HEADS, HEAD_DIM), std),
+        wv=matrix((d, k, h), (EMBED, KV_HEADS, HEAD_DIM), std),
+        wo=matrix((n, h, d), (HEADS, HEAD_DIM, EMBED), residual_std(cfg)),
     )
     if cfg.attn_output_gate:
-        shapes["wq_gate"] = ((d, n, h), (EMBED, HEADS, HEAD_DIM))
+        decls["wq_gate"] = matrix((d, n, h), (EMBED, HEADS, HEAD_DIM), std)
     if cfg.qk_norm:
-        shapes["q_norm"] = ((h,), (HEAD_DIM,))
-        shapes["k_norm"] = ((h,), (HEAD_DIM,))
+        decls["q_norm"] = gain((h,), (HEAD_DIM,), cfg)
+        decls["k_norm"] = gain((h,), (HEAD_DIM,), cfg)
     if cfg.two_streams and cfg.scale_offset:
         for stream in ("base", "out"):
-            shapes[f"so_{stream}_scale"] = ((n, h), (HEADS, HEAD_DIM))
-            shapes[f"so_{stream}_offset"] = ((n, h), (HEADS, HEAD_DIM))
-    return shapes
+            names = (f"so_{stream}_scale", f"so_{stream}_offset")
+            decls.update(scale_offsets(names, (n, h), (HEADS, HEAD_DIM)))
+    return decls
 
 
 def layer_kv(
@@ -204,11 +209,13 @@ def flops(cfg: ModelConfig, work: Work) -> int:
 KIND = Kind(
     name="attention",
     params_key="layers",
-    param_shapes=param_shapes,
-    init_for=default_init,
+    params=params,
     init_state=init_state,
     state_axes=state_axes,
     step=step,
     flops=flops,
-    splits_over_slots=True,
-)
+    recurrent=False,
+    # Llama / Qwen3 / Qwen3.5's full attention; modeling_orthros.py's too (with the SO).
+    export=Export(hf="full_attention", remote="full_attention",
+                  note="fla's hybrid attention layers are not mapped"),
+)  # fmt: skip

@@ -1,7 +1,7 @@
 """The gated DeltaNet layer kind: one step for every mode (see kind.py).
 
-A GDN layer is the shared block (pre-norms + SwiGLU FFN, layer_kind.block_param_shapes) around
-the Qwen3.5 GDN mixer of gdn.py. Single-stream arms (gdn, hybrid) run it on the one stream. In
+A GDN layer is the shared block (pre-norms + SwiGLU FFN, kind.block_params) around
+the Qwen3.5 GDN mixer of gdn_mixer.py. Single-stream arms (gdn, hybrid) run it on the one stream. In
 Orthros-H (orthros_h) the base stream runs the mixer and carries the state; each output copy
 computes its own cross query (SiLU, no conv, its own SO [Hk, dk] before the L2 norm, from its
 own normed hidden state) and reads the base state after its token, o' = q' S_t; the gate z, the
@@ -9,8 +9,8 @@ gated norm, out_proj and the FFN are shared. The base query has no SO, so a Qwen
 is the Orthros-H model with identity cross SO.
 
 Per-layer parameters (the stack adds a leading layers axis, under "gdn_layers"): the shared
-block, gdn.gdn_param_shapes, and gdn_so_out_scale / gdn_so_out_offset [Hk, dk] (orthros_h with
-scale_offset). The cache state is gdn.GDNState with every field stacked over the GDN layers
+block, gdn_mixer.gdn_params, and gdn_so_out_scale / gdn_so_out_offset [Hk, dk] (orthros_h with
+scale_offset). The cache state is gdn_mixer.GDNState with every field stacked over the GDN layers
 (KVCache.states['gdn']): conv windows [layers, B, Kc-1, heads, dim], recurrent [layers, B, Hv, dk, dv].
 
 Modes: sequence (chunked rule; the state restarts where segment_ids change or positions do not
@@ -24,57 +24,76 @@ reads_last_token=False and prefill runs such a last layer in full.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
 from orthros_jax.axes import BATCH, GDN_K_HEADS, GDN_V_HEADS, HEAD_DIM, LAYERS
 from orthros_jax.config import ModelConfig
-from orthros_jax.layers import gdn_mixer as gdn
+from orthros_jax.layers import gdn_mixer
 from orthros_jax.layers.kind import (
     CHUNK,
     DECODE,
     READ,
     SEQUENCE,
-    Initializer,
+    Export,
     Kind,
+    ParamDecl,
     Params,
-    ParamSpec,
     StepContext,
     Stream,
     Work,
-    block_param_shapes,
-    default_init,
+    block_params,
     ffn_residual,
     finish_streams,
     layer_of,
     norm,
+    scale_offsets,
     with_layer,
 )
+from orthros_jax.options import Options, check_positive_int, option
 
 SO_NAMES = ("gdn_so_out_scale", "gdn_so_out_offset")
 
 
-def param_shapes(cfg: ModelConfig) -> dict[str, ParamSpec]:
-    """Shape and logical axes of every per-layer parameter (without the leading layers axis)."""
-    shapes: dict[str, ParamSpec] = block_param_shapes(cfg)
-    shapes.update(gdn.gdn_param_shapes(cfg))
+@dataclasses.dataclass(frozen=True)
+class GDNOptions(Options):
+    """Gated DeltaNet layers (Qwen3.5's linear_* fields), cfg.kinds.gdn: key / value heads and
+    their head dims, the causal conv kernel, and the chunk of the chunked delta rule."""
+
+    kind: ClassVar[str] = "gdn"
+    legacy_prefix: ClassVar[str | None] = "gdn"
+    num_k_heads: int = option(2, check_positive_int)
+    num_v_heads: int = option(4, check_positive_int)
+    k_head_dim: int = option(32, check_positive_int)
+    v_head_dim: int = option(32, check_positive_int)
+    conv_kernel: int = option(4, check_positive_int)
+    chunk: int = option(64, check_positive_int, runtime=True)
+
+    def validate(self) -> None:
+        if self.num_v_heads % self.num_k_heads:
+            raise ValueError(
+                f"{self.where('num_v_heads')}={self.num_v_heads} must be a multiple of "
+                f"num_k_heads={self.num_k_heads} (each key head serves Hv/Hk consecutive value "
+                "heads)"
+            )
+
+
+def params(cfg: ModelConfig) -> dict[str, ParamDecl]:
+    """Every per-layer parameter (without the leading layers axis): the shared block, the
+    mixer's (gdn_mixer.gdn_params) and the cross query's SO (orthros_h with scale_offset)."""
+    decls: dict[str, ParamDecl] = block_params(cfg) | gdn_mixer.gdn_params(cfg)
     if cfg.two_streams and cfg.scale_offset:
-        so = ((cfg.gdn_num_k_heads, cfg.gdn_k_head_dim), (GDN_K_HEADS, HEAD_DIM))
-        shapes.update(dict.fromkeys(SO_NAMES, so))
-    return shapes
+        o = cfg.kinds.gdn
+        decls.update(
+            scale_offsets(SO_NAMES, (o.num_k_heads, o.k_head_dim), (GDN_K_HEADS, HEAD_DIM))
+        )
+    return decls
 
 
-def init_for(name: str, cfg: ModelConfig) -> Initializer:
-    """The mixer's parameters as Qwen3.5 initialises them (gdn.gdn_init: its norm is a plain
-    scale w even when the model's norms are zero-centred), the rest as every kind's."""
-    if name in gdn.gdn_param_shapes(cfg):
-        return gdn.gdn_init(name, cfg)
-    return default_init(name, cfg)
-
-
-def _cross_so(p: Params, cfg: ModelConfig) -> gdn.CrossSO | None:
+def _cross_so(p: Params, cfg: ModelConfig) -> gdn_mixer.CrossSO | None:
     if cfg.two_streams and cfg.scale_offset:
         return p[SO_NAMES[0]], p[SO_NAMES[1]]
     return None
@@ -92,14 +111,14 @@ def _sequence(
     gated norm and out_proj run over T tokens instead of T_out."""
     h = norm(p, base.x, "attn_norm", cfg)
     if out is None:
-        y, _, _ = gdn.gdn_mix(p, h, cfg, reset_BL=ctx.reset)
+        y, _, _ = gdn_mixer.gdn_mix(p, h, cfg, reset_BL=ctx.reset)
         return y, None
     h_out = norm(p, out.x, "attn_norm", cfg).astype(h.dtype)
     idx = ctx.out_index
     if idx is not None:
         rows = jnp.arange(idx.shape[0], dtype=jnp.int32)[:, None]
         h_out = jnp.zeros_like(h).at[rows, idx].set(h_out)
-    y, cross_y, _ = gdn.gdn_mix(
+    y, cross_y, _ = gdn_mixer.gdn_mix(
         p, h, cfg, reset_BL=ctx.reset, cross_h_BLD=h_out, cross_so=_cross_so(p, cfg)
     )
     if idx is not None:
@@ -129,7 +148,7 @@ def step(
             raise ValueError("a GDN layer cannot read a base token alone (reads_last_token)")
         h_out = norm(p, out.x, "attn_norm", cfg)
         st = layer_of(state, li)
-        cross_y = gdn.gdn_read(p, h_out, cfg, state=st, cross_so=_cross_so(p, cfg))
+        cross_y = gdn_mixer.gdn_read(p, h_out, cfg, state=st, cross_so=_cross_so(p, cfg))
     else:
         assert base is not None
         h = norm(p, base.x, "attn_norm", cfg)
@@ -137,12 +156,14 @@ def step(
         if ctx.mode == CHUNK:
             if out is not None:
                 raise ValueError("prefill chunks run the base stream only")
-            y, _, new = gdn.gdn_mix(p, h, cfg, state=st, valid_BL=ctx.valid, reset_BL=ctx.reset)
+            y, _, new = gdn_mixer.gdn_mix(
+                p, h, cfg, state=st, valid_BL=ctx.valid, reset_BL=ctx.reset
+            )
         elif ctx.mode == DECODE:
             assert ctx.valid is not None
             cross_h = None if out is None else norm(p, out.x, "attn_norm", cfg)
             # the stacked state, updated in place at li (no copy of the stack per layer)
-            y, cross_y, state = gdn.gdn_decode(
+            y, cross_y, state = gdn_mixer.gdn_decode(
                 p, h, cfg, state=state, layer=li, active_B=ctx.valid[:, 0], cross_h_B1D=cross_h,
                 cross_so=_cross_so(p, cfg),
             )  # fmt: skip
@@ -160,18 +181,18 @@ def step(
 
 def init_state(
     cfg: ModelConfig, n_layers: int, batch: int, max_len: int, dtype: Any
-) -> gdn.GDNState:
-    """gdn.init_gdn_state (conv windows in dtype, recurrent float32) with every field stacked
+) -> gdn_mixer.GDNState:
+    """gdn_mixer.init_gdn_state (conv windows in dtype, recurrent float32) with every field stacked
     on a leading [layers] axis; max_len is unused (the state does not grow with the sequence)."""
-    one = jax.eval_shape(lambda: gdn.init_gdn_state(cfg, batch, dtype))
+    one = jax.eval_shape(lambda: gdn_mixer.init_gdn_state(cfg, batch, dtype))
     return jax.tree.map(lambda a: jnp.zeros((n_layers, *a.shape), a.dtype), one)
 
 
-def state_axes(cfg: ModelConfig) -> gdn.GDNState:
+def state_axes(cfg: ModelConfig) -> gdn_mixer.GDNState:
     """Logical axes of the stacked state: conv windows over batch and heads, the recurrent
     state over batch and value heads."""
     k_conv = (LAYERS, BATCH, None, GDN_K_HEADS, HEAD_DIM)
-    return gdn.GDNState(
+    return gdn_mixer.GDNState(
         conv_q=k_conv,
         conv_k=k_conv,
         conv_v=(LAYERS, BATCH, None, GDN_V_HEADS, HEAD_DIM),
@@ -179,22 +200,12 @@ def state_axes(cfg: ModelConfig) -> gdn.GDNState:
     )
 
 
-def validate(cfg: ModelConfig) -> None:
-    """The GDN fields of a config that uses GDN layers."""
-    if cfg.gdn_num_v_heads % cfg.gdn_num_k_heads:
-        raise ValueError(
-            f"ModelConfig.gdn_num_v_heads={cfg.gdn_num_v_heads} must be a multiple of "
-            f"gdn_num_k_heads={cfg.gdn_num_k_heads} (each key head serves Hv/Hk consecutive "
-            "value heads)"
-        )
-
-
 def per_token_flops(cfg: ModelConfig) -> dict[str, int]:
     """FLOPs one token spends in one GDN layer, by part: what carries the state (k/v/beta/decay
     projections, their conv, the rank-1 update with its k^T S read) and what reads it (q
     projection and conv, the gate z, q^T S, out_proj, FFN)."""
-    d, kc = cfg.d_model, cfg.gdn_conv_kernel
-    hk, hv, dk, dv = gdn.gdn_dims(cfg)
+    d, kc = cfg.d_model, cfg.kinds.gdn.conv_kernel
+    hk, hv, dk, dv = gdn_mixer.gdn_dims(cfg)
     return {
         "state": 2 * d * (hk * dk + hv * dv + 2 * hv) + 2 * kc * (hk * dk + hv * dv)
         + 4 * hv * dk * dv,
@@ -214,12 +225,15 @@ def flops(cfg: ModelConfig, work: Work) -> int:
 KIND = Kind(
     name="gdn",
     params_key="gdn_layers",
-    param_shapes=param_shapes,
-    init_for=init_for,
+    params=params,
     init_state=init_state,
     state_axes=state_axes,
     step=step,
     flops=flops,
-    validate=validate,
+    recurrent=True,
+    options=GDNOptions,
+    # Qwen3.5's linear attention (transformers; modeling_orthros.py's gdn_orthros.py with the
+    # cross query), fla's GatedDeltaNet.
+    export=Export(hf="linear_attention", remote="linear_attention", fla="gated_deltanet"),
     reads_last_token=False,
 )

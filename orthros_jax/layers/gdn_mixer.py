@@ -41,6 +41,7 @@ from orthros_jax.kernels.delta_rule import (
     delta_step_stacked,
     l2_normalize,
 )
+from orthros_jax.layers.kind import ParamDecl, matrix, residual_std, vector
 
 Params = dict[str, Any]
 CrossSO = tuple[jax.Array, jax.Array]
@@ -48,56 +49,46 @@ CrossSO = tuple[jax.Array, jax.Array]
 
 def gdn_dims(cfg: ModelConfig) -> tuple[int, int, int, int]:
     """(Hk, Hv, dk, dv): key heads, value heads, key head dim, value head dim."""
-    return cfg.gdn_num_k_heads, cfg.gdn_num_v_heads, cfg.gdn_k_head_dim, cfg.gdn_v_head_dim
+    o = cfg.kinds.gdn
+    return o.num_k_heads, o.num_v_heads, o.k_head_dim, o.v_head_dim
 
 
-def gdn_param_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
-    """Shape and logical axes of every per-layer GDN parameter (without a layers axis)."""
-    d, kc = cfg.d_model, cfg.gdn_conv_kernel
+def init_a_log(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+    """A_log = log(A), A ~ U(0.01, 16) (transformers' Qwen3.5 init)."""
+    return jnp.log(jax.random.uniform(key, shape, jnp.float32, 0.01, 16.0)).astype(dtype)
+
+
+def gdn_params(cfg: ModelConfig) -> dict[str, ParamDecl]:
+    """Every per-layer GDN mixer parameter (without a layers axis), as transformers' Qwen3.5
+    initialises it: projections and conv ~ N(0, init_std) (gdn_out depth-scaled like every
+    kind's output projection), A = exp(A_log) ~ U(0.01, 16), dt_bias = 1, the norm weight 1
+    (a plain scale w even when the model's norms are zero-centred). The projections are
+    weight-decayed; the conv taps, dt_bias, A_log and the norm are not."""
+    d, kc, std = cfg.d_model, cfg.kinds.gdn.conv_kernel, cfg.init_std
     hk, hv, dk, dv = gdn_dims(cfg)
+    ones, conv = jax.nn.initializers.ones, jax.nn.initializers.normal(std)
     return {
-        "gdn_wq": ((d, hk, dk), (EMBED, GDN_K_HEADS, HEAD_DIM)),
-        "gdn_wk": ((d, hk, dk), (EMBED, GDN_K_HEADS, HEAD_DIM)),
-        "gdn_wv": ((d, hv, dv), (EMBED, GDN_V_HEADS, HEAD_DIM)),
-        "gdn_wz": ((d, hv, dv), (EMBED, GDN_V_HEADS, HEAD_DIM)),
-        "gdn_wb": ((d, hv), (EMBED, GDN_V_HEADS)),
-        "gdn_wa": ((d, hv), (EMBED, GDN_V_HEADS)),
-        "gdn_conv_q": ((kc, hk, dk), (CONV_KERNEL, GDN_K_HEADS, HEAD_DIM)),
-        "gdn_conv_k": ((kc, hk, dk), (CONV_KERNEL, GDN_K_HEADS, HEAD_DIM)),
-        "gdn_conv_v": ((kc, hv, dv), (CONV_KERNEL, GDN_V_HEADS, HEAD_DIM)),
-        "gdn_dt_bias": ((hv,), (GDN_V_HEADS,)),
-        "gdn_a_log": ((hv,), (GDN_V_HEADS,)),
-        "gdn_norm": ((dv,), (HEAD_DIM,)),
-        "gdn_out": ((hv, dv, d), (GDN_V_HEADS, HEAD_DIM, EMBED)),
+        "gdn_wq": matrix((d, hk, dk), (EMBED, GDN_K_HEADS, HEAD_DIM), std),
+        "gdn_wk": matrix((d, hk, dk), (EMBED, GDN_K_HEADS, HEAD_DIM), std),
+        "gdn_wv": matrix((d, hv, dv), (EMBED, GDN_V_HEADS, HEAD_DIM), std),
+        "gdn_wz": matrix((d, hv, dv), (EMBED, GDN_V_HEADS, HEAD_DIM), std),
+        "gdn_wb": matrix((d, hv), (EMBED, GDN_V_HEADS), std),
+        "gdn_wa": matrix((d, hv), (EMBED, GDN_V_HEADS), std),
+        "gdn_conv_q": vector((kc, hk, dk), (CONV_KERNEL, GDN_K_HEADS, HEAD_DIM), conv),
+        "gdn_conv_k": vector((kc, hk, dk), (CONV_KERNEL, GDN_K_HEADS, HEAD_DIM), conv),
+        "gdn_conv_v": vector((kc, hv, dv), (CONV_KERNEL, GDN_V_HEADS, HEAD_DIM), conv),
+        "gdn_dt_bias": vector((hv,), (GDN_V_HEADS,), ones),
+        "gdn_a_log": vector((hv,), (GDN_V_HEADS,), init_a_log),
+        "gdn_norm": vector((dv,), (HEAD_DIM,), ones),
+        "gdn_out": matrix((hv, dv, d), (GDN_V_HEADS, HEAD_DIM, EMBED), residual_std(cfg)),
     }
 
 
-def gdn_init(name: str, cfg: ModelConfig) -> Callable[..., jax.Array]:
-    """Flax-style initializer (key, shape, dtype) for parameter `name`, as transformers'
-    Qwen3.5 initialises it: A = exp(A_log) ~ U(0.01, 16), dt_bias = 1, norm weight = 1,
-    projections and conv ~ N(0, init_std); gdn_out is depth-scaled like the model's wo."""
-    if name not in gdn_param_shapes(cfg):
-        raise ValueError(f"unknown GDN parameter {name!r}; known: {sorted(gdn_param_shapes(cfg))}")
-    if name in ("gdn_dt_bias", "gdn_norm"):
-        return jax.nn.initializers.ones
-    if name == "gdn_a_log":
-
-        def init_a_log(
-            key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32
-        ) -> jax.Array:
-            return jnp.log(jax.random.uniform(key, shape, jnp.float32, 0.01, 16.0)).astype(dtype)
-
-        return init_a_log
-    std = cfg.init_std
-    if name == "gdn_out":  # residual output, GPT-2 depth scaling as layers/attention.py's wo
-        std = std / (2 * cfg.n_layers) ** 0.5
-    return jax.nn.initializers.normal(std)
-
-
 def check_params(p: Params, cfg: ModelConfig) -> None:
-    """ValueError unless p holds every GDN parameter at its gdn_param_shapes shape (one layer,
-    no layers axis; other entries are ignored)."""
-    for name, (shape, _) in gdn_param_shapes(cfg).items():
+    """ValueError unless p holds every GDN parameter at its gdn_params shape (one layer, no
+    layers axis; other entries are ignored)."""
+    for name, decl in gdn_params(cfg).items():
+        shape = decl.shape
         if name not in p or tuple(p[name].shape) != shape:
             got = tuple(p[name].shape) if name in p else "missing"
             raise ValueError(f"GDN parameter {name}: got {got}, expected shape {shape}")
@@ -119,7 +110,7 @@ class GDNState(flax.struct.PyTreeNode):
 
 def gdn_state_shapes(cfg: ModelConfig, batch: int) -> dict[str, tuple[int, ...]]:
     """The shape of each GDNState field for a batch."""
-    j = cfg.gdn_conv_kernel - 1
+    j = cfg.kinds.gdn.conv_kernel - 1
     hk, hv, dk, dv = gdn_dims(cfg)
     return {
         "conv_q": (batch, j, hk, dk),
@@ -165,7 +156,7 @@ def _check_inputs(
     if cross_so is not None:
         if cross_h is None:
             raise ValueError("cross_so was given without cross_h (it scales the cross query)")
-        want = (cfg.gdn_num_k_heads, cfg.gdn_k_head_dim)
+        want = (cfg.kinds.gdn.num_k_heads, cfg.kinds.gdn.k_head_dim)
         if len(cross_so) != 2 or any(tuple(x.shape) != want for x in cross_so):
             got = [getattr(x, "shape", x) for x in cross_so]
             raise ValueError(f"cross_so must be (scale, offset), each of shape {want}; got {got}")
@@ -185,12 +176,12 @@ def _proj(h: jax.Array, w: jax.Array) -> jax.Array:
 
 def _to_value_heads(x: jax.Array, cfg: ModelConfig) -> jax.Array:
     """[..., Hk, dk] -> [..., Hv, dk]: value head j reads key head j // (Hv/Hk)."""
-    return jnp.repeat(x, cfg.gdn_num_v_heads // cfg.gdn_num_k_heads, axis=-2)
+    return jnp.repeat(x, cfg.kinds.gdn.num_v_heads // cfg.kinds.gdn.num_k_heads, axis=-2)
 
 
 def _query(q: jax.Array, cfg: ModelConfig) -> jax.Array:
     """Raw query [..., Hk, dk] -> L2-normalised, scaled by dk^-1/2, value heads, float32."""
-    q = l2_normalize(q.astype(jnp.float32)) * cfg.gdn_k_head_dim**-0.5
+    q = l2_normalize(q.astype(jnp.float32)) * cfg.kinds.gdn.k_head_dim**-0.5
     return _to_value_heads(q, cfg)
 
 
@@ -309,7 +300,7 @@ def gdn_mix(
 
     def rule(queries: tuple[jax.Array, ...], k: jax.Array, v: jax.Array, beta: jax.Array,
              g: jax.Array, s: jax.Array) -> tuple[tuple[jax.Array, ...], jax.Array]:  # fmt: skip
-        return chunked_delta_rule(queries, k, v, beta, g, reset, s, cfg.gdn_chunk)
+        return chunked_delta_rule(queries, k, v, beta, g, reset, s, cfg.kinds.gdn.chunk)
 
     return _mix(p, h_BLD, cross_h_BLD, valid, cfg, state, conv, rule, cross_so, cross_silu)
 

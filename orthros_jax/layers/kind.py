@@ -1,7 +1,9 @@
 """What every layer kind shares: streams, the step context, the kind interface, the FFN half.
 
-A **layer kind** (attention, gdn, gla, retention: layers/registry.py) owns its parameter shapes with logical axes,
-its per-layer state in the cache, and one `step` that every mode drives:
+A **layer kind** (attention, gated DeltaNet, GLA, retention: layers/registry.py) declares each
+parameter (shape, logical axes, weight decay, init: `ParamDecl`), whether it is recurrent, its
+options (a section of ModelConfig.kinds, options.Options), its FLOPs, its export names
+(`Export`), its per-layer state in the cache, and one `step` that every mode drives:
   sequence  the full-sequence forward (PT/SFT): no cache; keys are the sequence itself.
   chunk     one prefill chunk: reads the state the earlier chunks left and writes its own.
   decode    one token per row: writes the token's state and reads the history.
@@ -9,7 +11,7 @@ its per-layer state in the cache, and one `step` that every mode drives:
             last prompt token at the last layer): nothing is written.
 The drivers (model.py: training forward; inference/drivers.py: chunked prefill and decode;
 the benchmark floor as an attention implementation) and the layer loop (stack.py) are
-written once over this interface.
+written once over this interface; the recurrent kinds share one step (layers/recurrent.py).
 
 Shapes: B batch, T/L tokens, C chunk, S cache slots, D d_model, W window.
 """
@@ -22,6 +24,7 @@ import math
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -29,6 +32,7 @@ import jax.numpy as jnp
 from orthros_jax.axes import EMBED, MLP
 from orthros_jax.config import ModelConfig
 from orthros_jax.layers import primitives as nnl
+from orthros_jax.options import Options
 
 Params = dict[str, Any]
 
@@ -83,8 +87,71 @@ class StepContext(flax.struct.PyTreeNode):
     default_positions: bool = flax.struct.field(pytree_node=False, default=False)
 
 
-ParamSpec = tuple[tuple[int, ...], tuple[str | None, ...]]  # (shape, logical axes)
 Initializer = Callable[..., jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamDecl:
+    """One per-layer parameter (without the stack's leading layers axis): its shape, logical
+    axes, whether AdamW decays it (training/optimizer.py's mask reads this) and its
+    initializer (key, shape, dtype) -> array."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str | None, ...]
+    decay: bool
+    init: Initializer
+
+
+def matrix(shape: tuple[int, ...], axes: tuple[str | None, ...], std: float) -> ParamDecl:
+    """A projection: normal(std), weight-decayed."""
+    return ParamDecl(shape, axes, True, nn.initializers.normal(std))
+
+
+def vector(shape: tuple[int, ...], axes: tuple[str | None, ...], init: Initializer) -> ParamDecl:
+    """A gain, bias, offset, conv tap or other non-matrix parameter: not weight-decayed."""
+    return ParamDecl(shape, axes, False, init)
+
+
+def gain(shape: tuple[int, ...], axes: tuple[str | None, ...], cfg: ModelConfig) -> ParamDecl:
+    """A norm weight of the model's convention: 1 (0 when zero-centred), not decayed."""
+    init = nn.initializers.zeros if cfg.norm_zero_centered else nn.initializers.ones
+    return vector(shape, axes, init)
+
+
+def scale_offsets(names: tuple[str, str], shape: tuple[int, ...],
+                  axes: tuple[str | None, ...]) -> dict[str, ParamDecl]:  # fmt: skip
+    """A query scale-offset (scale 1, offset 0): per-head affine gains, not decayed (decay
+    would pull the scale towards 0, not towards the identity)."""
+    scale, offset = names
+    return {scale: vector(shape, axes, nn.initializers.ones),
+            offset: vector(shape, axes, nn.initializers.zeros)}  # fmt: skip
+
+
+# The export formats: transformers' own classes, flash-linear-attention's, trust_remote_code.
+HF, FLA, REMOTE = "hf", "fla", "remote"
+FORMATS = (HF, FLA, REMOTE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Export:
+    """How a kind's layers leave the library, per format (convert/ maps each name to its
+    tensors): hf, the layer type in transformers' configs (Llama / Qwen3: "full_attention";
+    Qwen3.5: "full_attention" / "linear_attention"); remote, the layer type in
+    modeling_orthros.py's config.json; fla, the fla model_type of a pure stack of the kind.
+    None: the format has no such layer, and an export to it is refused, saying `note`."""
+
+    hf: str | None = None
+    remote: str | None = None
+    fla: str | None = None
+    note: str = ""
+
+    def name(self, fmt: str) -> str | None:
+        if fmt not in FORMATS:
+            raise ValueError(f"export format {fmt!r} is unknown; allowed: {', '.join(FORMATS)}")
+        return getattr(self, fmt)
+
+    def formats(self) -> tuple[str, ...]:
+        return tuple(f for f in FORMATS if getattr(self, f) is not None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,15 +207,25 @@ class LayerKind(Protocol):
         ...
 
     @property
-    def splits_over_slots(self) -> bool:
-        """Is its cache state K/V over slots (so sequence parallelism may split it)?"""
+    def recurrent(self) -> bool:
+        """Is its cache state a recurrent state (fixed size, not K/V over slots)? A hybrid's
+        recurrent layers may be of any recurrent kind; sequence parallelism splits only the
+        others' K/V over slots."""
         ...
+
+    @property
+    def options(self) -> type[Options] | None:
+        """Its section of ModelConfig.kinds (None: it has no options of its own)."""
+        ...
+
+    @property
+    def export(self) -> Export: ...
 
     def num_params(self, cfg: ModelConfig) -> int: ...
 
-    def param_shapes(self, cfg: ModelConfig) -> dict[str, ParamSpec]: ...
-
-    def init_for(self, name: str, cfg: ModelConfig) -> Initializer: ...
+    def params(self, cfg: ModelConfig) -> dict[str, ParamDecl]:
+        """Every per-layer parameter under cfg, in creation order (the stack's init keys)."""
+        ...
 
     def init_state(self, cfg: ModelConfig, n_layers: int, batch: int, max_len: int,
                    dtype: Any) -> Any: ...  # fmt: skip
@@ -174,30 +251,32 @@ class Kind:
 
     name: str
     params_key: str
-    param_shapes: Callable[[ModelConfig], dict[str, ParamSpec]]
-    init_for: Callable[[str, ModelConfig], Initializer]
+    params: Callable[[ModelConfig], dict[str, ParamDecl]]
     init_state: Callable[[ModelConfig, int, int, int, Any], Any]  # (cfg, layers, B, S, dtype)
     state_axes: Callable[[ModelConfig], Any]  # logical axes of the state (pytree like it)
     step: StepFn
     flops: Callable[[ModelConfig, Work], int]
+    recurrent: bool
+    export: Export
     validate: Callable[[ModelConfig], None] = no_checks
+    options: type[Options] | None = None
     reads_last_token: bool = True
-    splits_over_slots: bool = False
 
     def num_params(self, cfg: ModelConfig) -> int:
         """Parameters of one layer of this kind under cfg."""
-        return sum(math.prod(shape) for shape, _ in self.param_shapes(cfg).values())
+        return sum(math.prod(d.shape) for d in self.params(cfg).values())
 
 
-def block_param_shapes(cfg: ModelConfig) -> dict[str, ParamSpec]:
-    """The parts of a layer every kind shares: the two pre-norms and the SwiGLU FFN."""
+def block_params(cfg: ModelConfig) -> dict[str, ParamDecl]:
+    """The parts of a layer every kind shares: the two pre-norms and the SwiGLU FFN (its
+    output depth-scaled, residual_std)."""
     d, f = cfg.d_model, cfg.d_ff
     return {
-        "attn_norm": ((d,), (EMBED,)),
-        "mlp_norm": ((d,), (EMBED,)),
-        "w_gate": ((d, f), (EMBED, MLP)),
-        "w_up": ((d, f), (EMBED, MLP)),
-        "w_down": ((f, d), (MLP, EMBED)),
+        "attn_norm": gain((d,), (EMBED,), cfg),
+        "mlp_norm": gain((d,), (EMBED,), cfg),
+        "w_gate": matrix((d, f), (EMBED, MLP), cfg.init_std),
+        "w_up": matrix((d, f), (EMBED, MLP), cfg.init_std),
+        "w_down": matrix((f, d), (MLP, EMBED), residual_std(cfg)),
     }
 
 
@@ -216,23 +295,6 @@ def ffn_residual(p: Params, x: jax.Array, mixed: jax.Array, cfg: ModelConfig) ->
 def residual_std(cfg: ModelConfig) -> float:
     """Init std of a residual branch's output projection: init_std / sqrt(2 * layers) (GPT-2)."""
     return cfg.init_std / (2 * cfg.n_layers) ** 0.5
-
-
-def default_init(name: str, cfg: ModelConfig) -> Initializer:
-    """Norm scales 1 (0 when zero-centred), SO offsets 0, other weights normal(init_std); the
-    residual-branch outputs scaled by 1/sqrt(2 * layers) (GPT-2)."""
-    import flax.linen as nn
-
-    if name.endswith("norm"):
-        return nn.initializers.zeros if cfg.norm_zero_centered else nn.initializers.ones
-    if name.endswith("_scale"):
-        return nn.initializers.ones
-    if name.endswith("_offset"):
-        return nn.initializers.zeros
-    std = cfg.init_std
-    if name in ("wo", "w_down"):
-        std = residual_std(cfg)
-    return nn.initializers.normal(std)
 
 
 def finish_streams(

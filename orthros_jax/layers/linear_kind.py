@@ -30,44 +30,24 @@ from orthros_jax.layers.kind import (
     DECODE,
     READ,
     SEQUENCE,
-    Initializer,
+    Export,
     Kind,
+    ParamDecl,
     Params,
-    ParamSpec,
     StepContext,
     Stream,
     Work,
-    block_param_shapes,
+    block_params,
     ffn_residual,
     finish_streams,
     layer_of,
     norm,
+    scale_offsets,
     with_layer,
 )
-from orthros_jax.layers.linear_mixer import FEATURE_MAP
+from orthros_jax.options import Options
 
-Shapes = dict[str, ParamSpec]
-# (cfg, prefix) -> the kind's own extra checks / per-token FLOPs of its decay gate and conv
-Extra = Callable[[ModelConfig], None]
-
-
-def validate_fields(cfg: ModelConfig, prefix: str) -> None:
-    """ValueError naming the field for the {prefix}_* fields every linear-attention kind has."""
-    for field in ("heads", "kv_heads", "k_head_dim", "v_head_dim", "chunk"):
-        value = getattr(cfg, f"{prefix}_{field}")
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"ModelConfig.{prefix}_{field} must be a positive int, got {value!r}")
-    heads, kv = getattr(cfg, f"{prefix}_heads"), getattr(cfg, f"{prefix}_kv_heads")
-    if heads % kv:
-        raise ValueError(
-            f"ModelConfig.{prefix}_heads={heads} must be a multiple of {prefix}_kv_heads={kv} "
-            "(each kv head serves heads/kv consecutive heads)"
-        )
-    fm = getattr(cfg, f"{prefix}_feature_map")
-    if fm not in FEATURE_MAP:
-        raise ValueError(
-            f"ModelConfig.{prefix}_feature_map={fm!r} is unsupported; allowed: {list(FEATURE_MAP)}"
-        )
+Decls = dict[str, ParamDecl]
 
 
 def per_token_flops(cfg: ModelConfig, spec: lm.Spec, gate: int) -> dict[str, int]:
@@ -92,25 +72,20 @@ def make(
     name: str,
     spec_of: Callable[[ModelConfig], lm.Spec],
     decay_of: Callable[[ModelConfig], lm.DecayFn],
-    mixer_shapes: Callable[[ModelConfig], Shapes],
-    mixer_init: Callable[[str, ModelConfig], Callable[..., jax.Array]],
-    validate_more: Extra,
+    mixer_params: Callable[[ModelConfig], Decls],
+    options: type[Options],
     gate_flops: Callable[[ModelConfig], int],
+    export: Export,
 ) -> Kind:
-    """The layer kind `name` (parameters under f"{name}_layers", config fields f"{name}_*")
-    of a linear-attention mixer; validate_more: the kind's own field checks; gate_flops: FLOPs
-    per token of its decay gate."""
+    """The layer kind `name` (parameters under f"{name}_layers", options cfg.kinds.<name>)
+    of a linear-attention mixer; gate_flops: FLOPs per token of its decay gate."""
 
-    def param_shapes(cfg: ModelConfig) -> Shapes:
-        shapes = block_param_shapes(cfg) | mixer_shapes(cfg)
+    def params(cfg: ModelConfig) -> Decls:
+        decls = block_params(cfg) | mixer_params(cfg)
         if cfg.two_streams and cfg.scale_offset:
             spec = spec_of(cfg)
-            so = ((spec.heads, spec.k_dim), (HEADS, HEAD_DIM))
-            shapes.update(dict.fromkeys(so_names(spec), so))
-        return shapes
-
-    def init_for(pname: str, cfg: ModelConfig) -> Initializer:
-        return mixer_init(pname, cfg)
+            decls.update(scale_offsets(so_names(spec), (spec.heads, spec.k_dim), (HEADS, HEAD_DIM)))
+        return decls
 
     def cross_so(p: Params, cfg: ModelConfig) -> lm.CrossSO | None:
         if cfg.two_streams and cfg.scale_offset:
@@ -195,10 +170,6 @@ def make(
                          for heads in (HEADS, KV_HEADS, KV_HEADS))  # fmt: skip
         return lm.LinearState(recurrent=(LAYERS, BATCH, HEADS, None, None), conv=conv)
 
-    def validate(cfg: ModelConfig) -> None:
-        validate_fields(cfg, name)
-        validate_more(cfg)
-
     def flops(cfg: ModelConfig, work: Work) -> int:
         """The recurrent form's FLOPs (not the chunked form's extra intra-chunk work): the
         state update of every new token, a query + read + FFN per base output and per output
@@ -209,12 +180,13 @@ def make(
     return Kind(
         name=name,
         params_key=f"{name}_layers",
-        param_shapes=param_shapes,
-        init_for=init_for,
+        params=params,
         init_state=init_state,
         state_axes=state_axes,
         step=step,
         flops=flops,
-        validate=validate,
+        recurrent=True,
+        options=options,
+        export=export,
         reads_last_token=False,
     )

@@ -31,13 +31,15 @@ import jax
 import jax.numpy as jnp
 
 from orthros_jax.axes import EMBED, HEAD_DIM, HEADS, KV_HEADS
+from orthros_jax.config import ModelConfig
 from orthros_jax.kernels.delta_rule import causal_conv, conv_step
 from orthros_jax.kernels.linear_attention import (
     chunked_linear_attention,
     linear_attention_step,
     linear_attention_step_stacked,
 )
-from orthros_jax.layers.kind import ParamSpec
+from orthros_jax.layers.kind import ParamDecl, matrix, residual_std, vector
+from orthros_jax.options import Options, check_positive_int, choice, option
 
 Params = dict[str, Any]
 CrossSO = tuple[jax.Array, jax.Array]
@@ -50,6 +52,29 @@ FEATURE_MAP: dict[str | None, Callable[[jax.Array], jax.Array]] = {
 }
 # (p, h_BLD float32-able) -> log decay [B, L, K, H] (per key dim) or [N] (fixed per head)
 DecayFn = Callable[[Params, jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearOptions(Options):
+    """The options every linear-attention kind has (cfg.kinds.<kind>): heads, kv heads
+    (repeated to the heads), key / value head dims, the feature map on q / k, the swish output
+    gate, the norm's weight (fla's elementwise_affine) and the kernel's chunk."""
+
+    heads: int = option(4, check_positive_int)
+    kv_heads: int = option(4, check_positive_int)
+    k_head_dim: int = option(16, check_positive_int)
+    v_head_dim: int = option(32, check_positive_int)
+    feature_map: str | None = option(None, choice(*FEATURE_MAP))
+    output_gate: bool = option(True)
+    norm_affine: bool = option(True)
+    chunk: int = option(64, check_positive_int, runtime=True)
+
+    def validate(self) -> None:
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"{self.where('heads')}={self.heads} must be a multiple of "
+                f"kv_heads={self.kv_heads} (each kv head serves heads/kv consecutive heads)"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,25 +99,29 @@ class Spec:
         return self.heads // self.kv_heads
 
 
-def param_shapes(spec: Spec, d: int) -> dict[str, ParamSpec]:
-    """The mixer parameters every spec has (without a layers axis), with logical axes."""
-    n, k, h, e, pre = spec.heads, spec.kv_heads, spec.k_dim, spec.v_dim, spec.prefix
-    shapes: dict[str, ParamSpec] = {
-        f"{pre}_wq": ((d, n, h), (EMBED, HEADS, HEAD_DIM)),
-        f"{pre}_wk": ((d, k, h), (EMBED, KV_HEADS, HEAD_DIM)),
-        f"{pre}_wv": ((d, k, e), (EMBED, KV_HEADS, HEAD_DIM)),
-        f"{pre}_out": ((n, e, d), (HEADS, HEAD_DIM, EMBED)),
+def params(spec: Spec, cfg: ModelConfig) -> dict[str, ParamDecl]:
+    """The mixer parameters every spec has (without a layers axis), as fla initialises them:
+    projections and conv ~ N(0, init_std) ({prefix}_out depth-scaled like every kind's output
+    projection), the norm 1. The projections are weight-decayed; the conv taps and the norm
+    are not."""
+    n, k, h, e, pre, d = spec.heads, spec.kv_heads, spec.k_dim, spec.v_dim, spec.prefix, cfg.d_model
+    std = cfg.init_std
+    decls: dict[str, ParamDecl] = {
+        f"{pre}_wq": matrix((d, n, h), (EMBED, HEADS, HEAD_DIM), std),
+        f"{pre}_wk": matrix((d, k, h), (EMBED, KV_HEADS, HEAD_DIM), std),
+        f"{pre}_wv": matrix((d, k, e), (EMBED, KV_HEADS, HEAD_DIM), std),
+        f"{pre}_out": matrix((n, e, d), (HEADS, HEAD_DIM, EMBED), residual_std(cfg)),
     }
     if spec.output_gate:
-        shapes[f"{pre}_wg"] = ((d, n, e), (EMBED, HEADS, HEAD_DIM))
+        decls[f"{pre}_wg"] = matrix((d, n, e), (EMBED, HEADS, HEAD_DIM), std)
     if spec.norm_affine:
-        shapes[f"{pre}_norm"] = ((e,), (HEAD_DIM,))
+        decls[f"{pre}_norm"] = vector((e,), (HEAD_DIM,), jax.nn.initializers.ones)
     if spec.conv_kernel:
-        kc = spec.conv_kernel
-        shapes[f"{pre}_conv_q"] = ((kc, n, h), (None, HEADS, HEAD_DIM))
-        shapes[f"{pre}_conv_k"] = ((kc, k, h), (None, KV_HEADS, HEAD_DIM))
-        shapes[f"{pre}_conv_v"] = ((kc, k, e), (None, KV_HEADS, HEAD_DIM))
-    return shapes
+        kc, conv = spec.conv_kernel, jax.nn.initializers.normal(std)
+        decls[f"{pre}_conv_q"] = vector((kc, n, h), (None, HEADS, HEAD_DIM), conv)
+        decls[f"{pre}_conv_k"] = vector((kc, k, h), (None, KV_HEADS, HEAD_DIM), conv)
+        decls[f"{pre}_conv_v"] = vector((kc, k, e), (None, KV_HEADS, HEAD_DIM), conv)
+    return decls
 
 
 @flax.struct.dataclass

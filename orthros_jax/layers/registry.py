@@ -1,6 +1,7 @@
 """The layer kinds by name. Adding a kind = its module in layers/ and one line in KINDS
-(docs/adding_a_layer_kind.md); config validation, the cache, shardings, FLOP and parameter
-counts and scale-offset discovery all read this table."""
+(docs/adding_a_layer_kind.md); config validation and options sections, the cache, shardings,
+FLOP and parameter counts, the weight-decay mask, export and scale-offset discovery all read
+this table."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ attend.register("splash", splash)
 attend.register("cudnn", cudnn_attention)
 
 for _kind in KINDS.values():
-    config_lib.register_layer_kind(_kind.name, _kind.validate)
+    config_lib.register_layer_kind(
+        _kind.name, _kind.validate, recurrent=_kind.recurrent, options=_kind.options
+    )
 
 
 def kinds_of(cfg: ModelConfig) -> list[LayerKind]:

@@ -4,61 +4,76 @@ multiscale_retention.py of flash-linear-attention) inside the shared block.
 The mixer is layers/linear_mixer.py without a conv, with rotary on q and k (rotate-half over
 the whole key head dim, base 10000, at each token's position) and a fixed decay per head,
 gamma_n = 1 - 2^(-5-n). Per-layer parameters (under "retention_layers"): the shared block,
-linear_mixer.param_shapes(spec) (retention_wq, retention_wk, retention_wv, retention_out; retention_wg with the output gate,
+linear_mixer.params(spec) (retention_wq, retention_wk, retention_wv, retention_out; retention_wg with the output gate,
 retention_norm with norm_affine), and retention_so_out_scale / retention_so_out_offset [N, H] (orthros_h with
 scale_offset).
 """
 
 from __future__ import annotations
 
-import jax
+import dataclasses
+from typing import ClassVar
+
 import jax.numpy as jnp
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.layers import linear_kind
 from orthros_jax.layers import linear_mixer as lm
-from orthros_jax.layers.kind import Initializer, ParamSpec, default_init, residual_std
+from orthros_jax.layers.kind import Export, ParamDecl
+from orthros_jax.options import check_positive_int, option
+
+
+@dataclasses.dataclass(frozen=True)
+class RetentionOptions(lm.LinearOptions):
+    """cfg.kinds.retention: the shared linear-attention options (no decay gate, no conv; fla's
+    RetNet defaults of 8 heads). Rotary rotates pairs: an even key head dim."""
+
+    kind: ClassVar[str] = "retention"
+    legacy_prefix: ClassVar[str | None] = "retention"
+    heads: int = option(8, check_positive_int)
+    kv_heads: int = option(8, check_positive_int)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.k_head_dim % 2:
+            raise ValueError(
+                f"{self.where('k_head_dim')}={self.k_head_dim} must be even (rotary pairs)"
+            )
 
 
 def spec(cfg: ModelConfig) -> lm.Spec:
-    """The retention mixer's spec from cfg's retention_* fields."""
+    """The retention mixer's spec from cfg.kinds.retention."""
+    o = cfg.kinds.retention
     return lm.Spec(
-        prefix="retention", heads=cfg.retention_heads, kv_heads=cfg.retention_kv_heads, k_dim=cfg.retention_k_head_dim,
-        v_dim=cfg.retention_v_head_dim, feature_map=cfg.retention_feature_map,
-        output_gate=cfg.retention_output_gate, norm_affine=cfg.retention_norm_affine, chunk=cfg.retention_chunk,
-        rotary=True, norm_eps=cfg.norm_eps,
-    )  # fmt: skip
+        prefix="retention",
+        heads=o.heads,
+        kv_heads=o.kv_heads,
+        k_dim=o.k_head_dim,
+        v_dim=o.v_head_dim,
+        feature_map=o.feature_map,
+        output_gate=o.output_gate,
+        norm_affine=o.norm_affine,
+        chunk=o.chunk,
+        rotary=True,
+        norm_eps=cfg.norm_eps,
+    )
 
 
-def mixer_param_shapes(cfg: ModelConfig) -> dict[str, ParamSpec]:
-    """Every per-layer retention mixer parameter (no layers axis, no SO), with logical axes."""
-    return lm.param_shapes(spec(cfg), cfg.d_model)
+def mixer_params(cfg: ModelConfig) -> dict[str, ParamDecl]:
+    """Every per-layer retention mixer parameter (no layers axis, no SO): linear_mixer.params."""
+    return lm.params(spec(cfg), cfg)
 
 
 def decay_fn(cfg: ModelConfig) -> lm.DecayFn:
     """The fixed log decays [N]: log(1 - 2^(-5-n))."""
-    log_gamma = jnp.log1p(-(2.0 ** (-5.0 - jnp.arange(cfg.retention_heads, dtype=jnp.float32))))
+    log_gamma = jnp.log1p(
+        -(2.0 ** (-5.0 - jnp.arange(cfg.kinds.retention.heads, dtype=jnp.float32)))
+    )
     return lambda p, h: log_gamma
 
 
-def init_for(name: str, cfg: ModelConfig) -> Initializer:
-    """fla's init: projections ~ N(0, init_std), the norm 1; retention_out depth-scaled."""
-    if name == "retention_norm":
-        return jax.nn.initializers.ones
-    if name == "retention_out":
-        return jax.nn.initializers.normal(residual_std(cfg))
-    return default_init(name, cfg)
-
-
-def validate(cfg: ModelConfig) -> None:
-    """Rotary rotates pairs: an even key head dim."""
-    if cfg.retention_k_head_dim % 2:
-        raise ValueError(
-            f"ModelConfig.retention_k_head_dim={cfg.retention_k_head_dim} must be even (rotary "
-            "pairs)"
-        )
-
-
+# fla's MultiScaleRetention; neither transformers nor modeling_orthros.py has a retention layer.
+EXPORT = Export(fla="retnet", note="retention layers export only as fla's format, a pure stack")
 KIND = linear_kind.make(
-    "retention", spec, decay_fn, mixer_param_shapes, init_for, validate, lambda cfg: 0
+    "retention", spec, decay_fn, mixer_params, RetentionOptions, lambda cfg: 0, EXPORT
 )

@@ -30,10 +30,10 @@ __all__ = ["KINDS", "KindStack", "fill_identity_so", "kinds_of", "layer_loop", "
 
 
 def so_names(kind: LayerKind, cfg: ModelConfig) -> tuple[str, ...]:
-    """The kind's scale-offset parameters under cfg: the names its param_shapes has only with
+    """The kind's scale-offset parameters under cfg: the names its params has only with
     scale_offset (none for a single-stream arm or scale_offset=False)."""
-    plain = kind.param_shapes(cfg.replace(scale_offset=False))
-    return tuple(name for name in kind.param_shapes(cfg) if name not in plain)
+    plain = kind.params(cfg.replace(scale_offset=False))
+    return tuple(name for name in kind.params(cfg) if name not in plain)
 
 
 def fill_identity_so(params: Params, cfg: ModelConfig) -> tuple[Params, list[str]]:
@@ -46,11 +46,11 @@ def fill_identity_so(params: Params, cfg: ModelConfig) -> tuple[Params, list[str
     for kind in kinds_of(cfg):
         if kind.params_key not in params:
             continue
-        stack, shapes = dict(params[kind.params_key]), kind.param_shapes(cfg)
+        stack, decls = dict(params[kind.params_key]), kind.params(cfg)
         for name in so_names(kind, cfg):
             if name not in stack:
                 fill = np.ones if name.endswith("_scale") else np.zeros
-                shape = (cfg.layers_of(kind.name), *shapes[name][0])
+                shape = (cfg.layers_of(kind.name), *decls[name].shape)
                 stack[name] = fill(shape, np.dtype(cfg.param_dtype))
                 added.append(f"{kind.params_key}/{name}")
         out[kind.params_key] = stack
@@ -68,9 +68,9 @@ class KindStack(nn.Module):
         cfg, kind = self.cfg, KINDS[self.kind_name]
         n = cfg.layers_of(kind.name)
         out = {}
-        for name, (shape, axes) in kind.param_shapes(cfg).items():
-            init = nn.with_logical_partitioning(kind.init_for(name, cfg), (LAYERS, *axes))
-            out[name] = self.param(name, init, (n, *shape), cfg.jnp_param_dtype)
+        for name, d in kind.params(cfg).items():
+            init = nn.with_logical_partitioning(d.init, (LAYERS, *d.axes))
+            out[name] = self.param(name, init, (n, *d.shape), cfg.jnp_param_dtype)
         return out
 
 

@@ -9,7 +9,7 @@ positions, window slots and masks stay global slot ids. A shard writes only its 
 (every slot of the layer, which a chunk's global queries read); without `gathered`, global keys
 and decode's window are `split`: this shard's share, attended split-K by `SequenceAttention`
 and merged across shards by log-sum-exp. Only kinds whose state is K/V over slots
-(LayerKind.splits_over_slots; a (k, v) pair of [layers, B, K, S, H] stacks) run this way.
+(the kinds that are not LayerKind.recurrent; a (k, v) pair of [layers, B, K, S, H] stacks) run this way.
 
 Shapes: B batch (per shard), L base tokens, S (= Ls) slots per shard, W window.
 """
@@ -51,7 +51,7 @@ def check_mesh(cfg: ModelConfig, batch_size: int, max_len: int, mesh: Mesh) -> N
     if seq == 1:
         return
     collectives.check_sequence_split(max_len, seq, "cache length (max_len)")
-    other = [k.name for k in kinds_of(cfg) if not k.splits_over_slots]
+    other = [k.name for k in kinds_of(cfg) if k.recurrent]
     if other:
         raise ValueError(
             f"sequence parallelism (mesh axis 'sequence' = {seq}) needs layer kinds whose cache "

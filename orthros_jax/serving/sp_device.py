@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.inference import sequence_parallel as sp_forward
+from orthros_jax.inference import sequence_parallel
 from orthros_jax.inference.cache import KVCache, cache_shardings
 from orthros_jax.inference.decode_loop import decode_loop
 from orthros_jax.inference.sampling import RowSampling, Sampled, sample_rows
@@ -76,10 +76,10 @@ def _prefill_rows(params: Params, cache: KVCache, rows_P: jax.Array, reset_P: ja
     col = jnp.where(jnp.arange(t)[None] < lengths_P[:, None], col, sub.max_len)
     grid = jnp.zeros((p, sub.max_len), jnp.int32)
     grid = grid.at[jnp.arange(p)[:, None], col].set(tokens_PT.astype(jnp.int32), mode="drop")
-    _, rows = sp_forward.specs(cfg, mesh, p, sub.max_len)
+    _, rows = sequence_parallel.specs(cfg, mesh, p, sub.max_len)
     grid = jax.lax.with_sharding_constraint(grid, NamedSharding(mesh, P(rows, SEQ)))
     # Padding rows (id >= B) have 0 tokens: they write nothing, and are never scattered back.
-    logits, sub = sp_forward.prefill(params, sub, grid, lengths_P, cfg=cfg, mesh=mesh)
+    logits, sub = sequence_parallel.prefill(params, sub, grid, lengths_P, cfg=cfg, mesh=mesh)
     cache = _constrain(cfg, scatter_rows(cfg, cache, rows_P, sub), mesh)
     return sample_rows(logits, sampling), cache
 
@@ -87,7 +87,7 @@ def _prefill_rows(params: Params, cache: KVCache, rows_P: jax.Array, reset_P: ja
 def _decode_rows(params: Params, cache: KVCache, tokens_B: jax.Array, budget_B: jax.Array,
                  stops_BN: jax.Array, sampling: RowSampling, *, cfg: ModelConfig, steps: int,
                  mesh: Mesh) -> tuple[Sampled, jax.Array, KVCache]:  # fmt: skip
-    decode = functools.partial(sp_forward.decode, cfg=cfg, mesh=mesh)
+    decode = functools.partial(sequence_parallel.decode, cfg=cfg, mesh=mesh)
     out = decode_loop(
         decode,
         params,

@@ -91,26 +91,19 @@ def _is_checkpointable(it: Any) -> bool:
     return isinstance(it, grain.DatasetIterator | grain.DataLoaderIterator)
 
 
-# ModelConfig fields that change how the model runs, not the function its weights compute:
-# a resumed run may change them (model.json then records the new value).
-RUNTIME_FIELDS = frozenset({
-    "dtype", "scan_layers", "remat", "attention_block_q", "attention_block_k",
-    "attention_block_local", "prefill_chunk", "attention_impl", "gdn_chunk", "init_std",
-})  # fmt: skip
-
-
 def check_resumed_model(cfg: TrainConfig, workdir: str) -> None:
     """ValueError naming every model field that differs from the workdir's model.json when
-    the workdir holds checkpoints (their weights were trained with model.json's config)."""
+    the workdir holds checkpoints (their weights were trained with model.json's config). The
+    fields that change how the model runs, not the function its weights compute
+    (ModelConfig.runtime_keys), may change; model.json then records the new value."""
     ckpt_dir = os.path.join(workdir, checkpoint.CHECKPOINTS_DIR)
     has_ckpt = os.path.isdir(ckpt_dir) and any(d.isdigit() for d in os.listdir(ckpt_dir))
     if not (has_ckpt and os.path.isfile(os.path.join(workdir, checkpoint.MODEL_JSON))):
         return
     old, _ = checkpoint.read_model_json(workdir)
+    new, runtime = cfg.model.flat(), cfg.model.runtime_keys()
     changed = {
-        k: (v, getattr(cfg.model, k))
-        for k, v in old.to_dict().items()
-        if getattr(cfg.model, k) != v and k not in RUNTIME_FIELDS
+        k: (v, new.get(k)) for k, v in old.flat().items() if new.get(k) != v and k not in runtime
     }
     if changed:
         what = ", ".join(
@@ -182,7 +175,7 @@ def train(
 
     mesh = pmesh.make_mesh(cfg.mesh)
     accum, total_updates = cfg.optimizer.grad_accum_steps, cfg.train.steps
-    tx = make_optimizer(cfg.optimizer, total_updates)
+    tx = make_optimizer(cfg.optimizer, total_updates, cfg.model)
     abstract, params_sh = abstract_state(cfg, tx, mesh)
     state_sh = jax.tree.map(lambda a: a.sharding, abstract)
 

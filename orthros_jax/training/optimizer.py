@@ -1,10 +1,11 @@
 """AdamW + linear warmup + cosine decay + global-norm clipping (+ gradient accumulation), optax.
 
-Weight decay applies to the projection matrices (wq, wk, wv, wo, w_gate, w_up, w_down) and an
-untied lm_head. Excluded: every norm gain, the scale-offset vectors (they are per-head affine
-gains/biases initialised to 1/0 — decaying them would pull the scale towards 0, not towards the
-identity) and the input embedding (decay on a lookup table only shrinks the rows of tokens seen
-in a batch; with tied embeddings the table is also the head and stays undecayed).
+Weight decay applies to the parameters whose declaration says so (kind.ParamDecl.decay:
+model.param_decls, from each layer kind's declarations, the shared block's and the model's own):
+the projection matrices and an untied lm_head. Excluded: every norm gain, the scale-offset
+vectors (per-head affine gains/biases initialised to 1/0: decaying them would pull the scale
+towards 0, not towards the identity), conv taps, biases and decay parameters, and the input
+embedding (decay on a lookup table only shrinks the rows of tokens seen in a batch).
 
 Gradient accumulation uses optax.MultiSteps: each call of the train step takes one micro-batch,
 and the wrapped optimizer updates every `grad_accum_steps` calls with the mean gradient.
@@ -12,20 +13,16 @@ and the wrapped optimizer updates every `grad_accum_steps` calls with the mean g
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from orthros_jax.config import ModelConfig
+from orthros_jax.model import param_decls
 from orthros_jax.training.config import OptimizerConfig
-
-DECAYED = frozenset(
-    {"wq", "wk", "wv", "wo", "wq_gate", "w_gate", "w_up", "w_down", "lm_head"}
-    | {"gdn_wq", "gdn_wk", "gdn_wv", "gdn_wz", "gdn_wb", "gdn_wa", "gdn_out"}
-    | {f"{p}_{w}" for p in ("gla", "retention") for w in ("wq", "wk", "wv", "wg", "out")}
-    | {"gla_wgk1", "gla_wgk2"}
-)
 
 
 def make_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
@@ -43,18 +40,32 @@ def make_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
     return lambda count: base(count + 1)
 
 
-def weight_decay_mask(params: Any) -> Any:
-    """True for the parameters that get weight decay (see the module docstring)."""
+def weight_decay_mask(model: ModelConfig) -> Callable[[Any], Any]:
+    """params -> the tree of bools, True for the parameters that get weight decay (their
+    declaration's `decay`); a parameter without a declaration is a ValueError naming it."""
+    decls = param_decls(model)
 
-    def decayed(path, _leaf) -> bool:
-        name = getattr(path[-1], "key", None)
-        return name in DECAYED
+    def mask(params: Any) -> Any:
+        def decayed(path: Any, _leaf: Any) -> bool:
+            d: Any = decls
+            for key in path:
+                name = getattr(key, "key", key)
+                if not isinstance(d, dict) or name not in d:
+                    where = "/".join(str(getattr(k, "key", k)) for k in path)
+                    raise ValueError(f"parameter {where} has no declaration (kind.ParamDecl)")
+                d = d[name]
+            return bool(d.decay)
 
-    return jax.tree_util.tree_map_with_path(decayed, params)
+        return jax.tree_util.tree_map_with_path(decayed, params)
+
+    return mask
 
 
-def make_optimizer(cfg: OptimizerConfig, total_steps: int) -> optax.GradientTransformation:
-    """The full update rule; `total_steps` counts optimizer updates (not micro-batches)."""
+def make_optimizer(
+    cfg: OptimizerConfig, total_steps: int, model: ModelConfig
+) -> optax.GradientTransformation:
+    """The full update rule for `model`'s parameters; `total_steps` counts optimizer updates
+    (not micro-batches)."""
     parts = []
     if cfg.grad_clip > 0:
         parts.append(optax.clip_by_global_norm(cfg.grad_clip))
@@ -65,7 +76,7 @@ def make_optimizer(cfg: OptimizerConfig, total_steps: int) -> optax.GradientTran
             b2=cfg.b2,
             eps=cfg.eps,
             weight_decay=cfg.weight_decay,
-            mask=weight_decay_mask,
+            mask=weight_decay_mask(model),
         )
     )
     tx = optax.chain(*parts)

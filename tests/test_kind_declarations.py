@@ -37,6 +37,15 @@ def _variants(case):
     return [config(case)] + [config(case, **v) for v in extra]
 
 
+def test_every_registered_kind_runs_through_the_suite():
+    """No registered kind is left out: each makes at least its pure or two-stream case, and
+    a recurrent kind all three layouts."""
+    made = {k: [lay for kk, lay in cases() if kk == k] for k in KINDS}
+    for kind, layouts in made.items():
+        want = 3 if KINDS[kind].recurrent else 1
+        assert len(layouts) >= want, (kind, layouts)
+
+
 @CASES
 def test_num_params_counts_the_tree(case):
     for cfg in _variants(case):

@@ -193,6 +193,7 @@ def test_export_import_round_trip_or_refusal(case, fmt, tmp_path):
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2), strict=True):
         np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
     toks = np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 11))
+    want = forward(params, toks) if needs else forward(toks)
     again = jax.jit(lambda p, t: OrthrosLM(cfg2).apply({"params": p}, t))(params2, toks)
-    np.testing.assert_allclose(np.asarray(again), np.asarray(forward(params, toks) if needs
-                               else forward(toks)), atol=1e-6, rtol=0)  # fmt: skip
+    # 1e-5: an import keeps the model, not the runtime options (kernel chunks, prefill chunk)
+    np.testing.assert_allclose(np.asarray(again), np.asarray(want), atol=1e-5, rtol=0)

@@ -1,8 +1,6 @@
-"""What many test files share: the tiny model config and parameter-tree helpers.
-
-Test modules import these by name (`from conftest import tiny_config`): pytest puts this
-directory on sys.path, and module-level constants and parametrize lists cannot use fixtures.
-"""
+"""pytest hooks and fixtures only: the Qwen3.5 torch-path import, XLA's optimization switch
+for the CLIs the tests start. What test modules import by name (the tiny config, parameter
+helpers) lives in helpers.py."""
 
 from __future__ import annotations
 
@@ -11,12 +9,9 @@ import importlib.util
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
 
 import jax
 import pytest
-
-from orthros_jax.config import ModelConfig
 
 
 def _qwen35_on_torch_paths() -> None:
@@ -61,31 +56,3 @@ def _xla_optimizations(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
     finally:
         os.environ[_NO_OPT] = before
-
-
-# 2 layers, d_model 32, 4 query / 2 kv heads of 8 (G = 2), SwiGLU 64, window 8: GQA and two
-# streams at a size that compiles in seconds. Tests override what they are about.
-TINY = dict(
-    vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, window=8
-)  # fmt: skip
-
-
-def tiny_config(**changes: Any) -> ModelConfig:
-    """The tests' tiny ModelConfig (TINY) with `changes` applied; the arm defaults to orthros."""
-    return ModelConfig(**(TINY | changes))
-
-
-def single_stream(params: dict[str, Any]) -> dict[str, Any]:
-    """The same shared weights without the scale-offset vectors: the transformer/swa layout."""
-    layers = {k: v for k, v in params["layers"].items() if not k.startswith("so_")}
-    return {**params, "layers": layers}
-
-
-def randomize_so(params: dict[str, Any], seed: int, scale: float) -> dict[str, Any]:
-    """params with scale * N(0, 1) added to every scale-offset vector (one key per vector, in
-    sorted name order from PRNGKey(seed)), so the two streams' queries differ."""
-    layers = dict(params["layers"])
-    for i, name in enumerate(sorted(n for n in layers if n.startswith("so_"))):
-        noise = jax.random.normal(jax.random.PRNGKey(seed + i), layers[name].shape)
-        layers[name] = layers[name] + scale * noise
-    return {**params, "layers": layers}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import jax
-from conftest import tiny_config
+from helpers import tiny_config
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.model import init_params

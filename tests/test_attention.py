@@ -188,7 +188,7 @@ def test_local_attention_never_builds_t_by_t():
 
 
 def test_orthros_prefill_shaped_forward_never_builds_t_by_t():
-    from conftest import tiny_config
+    from helpers import tiny_config
 
     from orthros_jax.model import OrthrosLM, init_params
 

@@ -10,7 +10,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-from conftest import tiny_config
+from helpers import tiny_config
 
 from benchmarks import common as bench
 from benchmarks import report as bench_report

@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from conftest import tiny_config  # noqa: E402
+from helpers import tiny_config  # noqa: E402
 
 from orthros_jax.config import ModelConfig  # noqa: E402
 from orthros_jax.convert import (  # noqa: E402

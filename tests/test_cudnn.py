@@ -12,7 +12,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import tiny_config
+from helpers import tiny_config
 
 from benchmarks.aot import has_gpu_compiler
 from orthros_jax.model import OrthrosLM, init_params

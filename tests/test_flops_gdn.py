@@ -3,7 +3,7 @@ independent of the context, and the Linear Hybrid between the all-GDN and all-at
 
 from __future__ import annotations
 
-from conftest import tiny_config
+from helpers import tiny_config
 
 from orthros_jax.layers import flops
 

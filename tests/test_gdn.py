@@ -1,7 +1,7 @@
 """The gated DeltaNet mixer: chunked form vs the float64 token-by-token reference
-(oracle_gdn.py), state carried across calls and into decode, padding and document resets, the
-Orthros-H cross stream, and parity with transformers' Qwen3_5GatedDeltaNet (torch fallback
-kernels, fp32, CPU)."""
+(oracle_gdn.py) with a carried state, padding and document resets, the Orthros-H cross stream,
+gradients, and parity with transformers' Qwen3_5GatedDeltaNet (torch fallback kernels, fp32,
+CPU). Split calls, decode and packed documents through the model: test_kind_conformance.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import oracle  # noqa: F401  (before oracle_gdn: oracle.py imports it back to register its kind)
 import pytest
-from conftest import tiny_config
+from helpers import tiny_config
 from oracle_gdn import gdn_mix_reference
 
 from orthros_jax.axes import CONV_KERNEL, GDN_K_HEADS, GDN_V_HEADS
@@ -32,7 +32,6 @@ CFG = tiny_config(
     architecture="gdn", d_model=16, kinds=dict(gdn=dict(k_head_dim=8, v_head_dim=6, conv_kernel=4, chunk=8)),
 )  # fmt: skip
 mix = jax.jit(gdn_mix, static_argnums=(2,), static_argnames=("cross_silu",))
-decode = jax.jit(gdn_decode, static_argnums=(2,), static_argnames=("cross_silu",))
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 
 
@@ -117,53 +116,7 @@ def test_chunked_matches_reference(cross: bool, so: bool, cross_silu: bool, with
     assert_state_close(new_state, ref_state, **TOL)
 
 
-def test_split_calls_and_decode_equal_one_call():
-    """[0:13] + [13:26] chunked, and [0:13] chunked + 13 decode steps, equal one call on [0:26]
-    with the state carried (chunk 8: the split is not on a chunk boundary, so the second call's
-    chunks are misaligned with the first's); padding in a row (across the split) and an
-    inactive decode row leave its state untouched."""
-    b, seq = 2, 26
-    rng = np.random.default_rng(4)
-    p = random_params(CFG, 5)
-    h = rng.normal(size=(b, seq, CFG.d_model)).astype(np.float32)
-    cross_h = rng.normal(size=h.shape).astype(np.float32)
-    so = random_so(CFG, 6)
-    valid = np.ones((b, seq), bool)
-    valid[1, 10:15] = False  # a hole that straddles the first split
-    valid[1, 20] = False  # an inactive decode step
-    empty = init_gdn_state(CFG, b)
-
-    def call(lo: int, hi: int, state: GDNState):
-        sl = slice(lo, hi)
-        return mix(
-            p, h[:, sl], CFG, state=state, valid_BL=valid[:, sl], cross_h_BLD=cross_h[:, sl],
-            cross_so=so,
-        )  # fmt: skip
-
-    y, cy, full_state = call(0, seq, empty)
-    y_a, cy_a, state = call(0, 13, empty)
-    y_b, cy_b, state = call(13, seq, state)
-    np.testing.assert_allclose(np.concatenate([y_a, y_b], 1), np.asarray(y), **TOL)
-    np.testing.assert_allclose(np.concatenate([cy_a, cy_b], 1), np.asarray(cy), **TOL)
-    assert_state_close(state, full_state, **TOL)
-
-    state = call(0, 13, empty)[2]  # every chunked call here has length 13 or 26: two compiles
-    for t in range(13, seq):
-        y_t, cy_t, state = decode(
-            p,
-            h[:, t : t + 1],
-            CFG,
-            state=state,
-            active_B=valid[:, t],
-            cross_h_B1D=cross_h[:, t : t + 1],
-            cross_so=so,
-        )
-        np.testing.assert_allclose(np.asarray(y_t), np.asarray(y)[:, t : t + 1], **TOL)
-        np.testing.assert_allclose(np.asarray(cy_t), np.asarray(cy)[:, t : t + 1], **TOL)
-    assert_state_close(state, full_state, **TOL)
-
-
-# The next two tests share one compiled signature: [1, 30] with state, masks, cross stream, SO.
+# The cross-query test's compiled signature: [1, 30] with state, masks, cross stream, SO.
 SEQ = 30
 
 
@@ -176,31 +129,6 @@ def single_row_call(p, h, cross_h, state, valid=None, reset=None):
         p, h, CFG, state=state, valid_BL=valid, reset_BL=reset, cross_h_BLD=cross_h,
         cross_so=identity,
     )  # fmt: skip
-
-
-def test_reset_isolates_packed_documents():
-    """A row packing documents [0:11] and [11:30] (reset at 11, after a stale state) gives, on
-    the second document, what a fresh call on it alone gives (both streams) and ends in the
-    same state; without the reset it does not."""
-    rng = np.random.default_rng(7)
-    p = random_params(CFG, 8)
-    h = rng.normal(size=(1, SEQ, CFG.d_model)).astype(np.float32)
-    cross_h = rng.normal(size=h.shape).astype(np.float32)
-    reset = np.zeros((1, SEQ), bool)
-    reset[0, 11] = True
-    stale = random_state(CFG, 1, 9)  # a previous document's state must be wiped too
-    packed_y, packed_cy, packed_state = single_row_call(p, h, cross_h, stale, reset=reset)
-
-    n = SEQ - 11  # the second document alone, right-padded to the same length
-    alone_valid = np.arange(SEQ)[None] < n
-    shift = lambda x: np.concatenate([x[:, 11:], x[:, :11]], axis=1)
-    alone = single_row_call(p, shift(h), shift(cross_h), init_gdn_state(CFG, 1), alone_valid)
-    alone_y, alone_cy, alone_state = alone
-    np.testing.assert_allclose(np.asarray(packed_y)[:, 11:], np.asarray(alone_y)[:, :n], **TOL)
-    np.testing.assert_allclose(np.asarray(packed_cy)[:, 11:], np.asarray(alone_cy)[:, :n], **TOL)
-    assert_state_close(packed_state, alone_state, **TOL)
-    mixed_y, _, _ = single_row_call(p, h, cross_h, stale)
-    assert np.abs(np.asarray(mixed_y)[:, 11:] - np.asarray(alone_y)[:, :n]).max() > 1e-2
 
 
 def test_cross_query_equals_base_query_when_conv_is_identity():

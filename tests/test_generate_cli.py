@@ -8,7 +8,7 @@ import sys
 
 import jax
 import pytest
-from conftest import tiny_config
+from helpers import tiny_config
 
 from orthros_jax import checkpoint, inference
 from orthros_jax.data.tokenizers import ByteTokenizer

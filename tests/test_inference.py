@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import randomize_so, single_stream, tiny_config
+from helpers import randomize_so, single_stream, tiny_config
 
 from orthros_jax import inference as inf
 from orthros_jax.config import ModelConfig

@@ -1,8 +1,7 @@
 """The GLA and retention mixers (layers/linear_mixer.py with layers/gla.py, layers/retention.py)
 vs fla's layers written from the equations in float64 (oracle_linear.py): GQA, short conv,
-clamp, feature maps, no output gate / no norm weight; any split into prefill calls plus
-recurrent decode steps equals one call; padding leaves the state alone; resets restart it;
-the Orthros-H cross stream and its read."""
+clamp, feature maps, no output gate / no norm weight; the Orthros-H cross stream and its read.
+Split prefill calls, decode and packed documents through the model: test_kind_conformance.py."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from helpers import tiny_config
 from oracle_linear import gla_mixer, retention_mixer
 
 from orthros_jax.layers import gla, retention
@@ -70,49 +69,6 @@ def test_mixer_matches_float64_oracle(name):
     y, _, _ = run(cfg, mod, p, h)
     want = np.stack([oracle(name, cfg, p, h[b]) for b in range(B)])
     np.testing.assert_allclose(np.asarray(y), want, **TOL)
-
-
-@pytest.mark.parametrize("name", ["gla_gqa_conv_clamp", "retention_gqa"])
-def test_split_prefill_and_decode_equal_one_call(name):
-    """Uneven prefill calls, row 1 with padding inside its chunk (which moves nothing), then
-    decode steps with row 0 inactive for one step: the one-call outputs and state."""
-    cfg, mod, p, h = setup(name, seed=1)
-    pos_all = jnp.broadcast_to(jnp.arange(L), (B, L))
-    y_all, _, s_all = run(cfg, mod, p, h)
-    state, ys = None, []
-    for lo, hi in ((0, 5), (5, 16)):
-        pad = np.zeros((B, 3, cfg.d_model), np.float32)
-        hc = np.concatenate([h[:, lo:hi], pad], axis=1)  # three padding tokens at the end
-        valid = np.concatenate([np.ones((B, hi - lo), bool), np.zeros((B, 3), bool)], axis=1)
-        pos = np.concatenate([np.asarray(pos_all[:, lo:hi]), np.zeros((B, 3), int)], axis=1)
-        y, _, state = run(cfg, mod, p, hc, state=state, positions=pos, valid_BL=valid)
-        ys.append(np.asarray(y)[:, : hi - lo])
-        np.testing.assert_array_equal(np.asarray(y)[:, hi - lo :], 0)
-    for t in range(16, L):
-        y, _, state = run(cfg, mod, p, h[:, t : t + 1], state=state, positions=pos_all[:, t : t + 1],
-                          valid_BL=np.ones((B, 1), bool), decode=True)  # fmt: skip
-        ys.append(np.asarray(y))
-    np.testing.assert_allclose(np.concatenate(ys, 1), np.asarray(y_all), **TOL)
-    for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(s_all), strict=True):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), **TOL)
-    # an inactive decode row keeps its whole state
-    _, _, kept = run(cfg, mod, p, h[:, :1], state=state, positions=pos_all[:, :1],
-                     valid_BL=np.asarray([[False], [True]]), decode=True)  # fmt: skip
-    for got, want in zip(jax.tree.leaves(kept), jax.tree.leaves(state), strict=True):
-        np.testing.assert_array_equal(np.asarray(got)[0], np.asarray(want)[0])
-
-
-@pytest.mark.parametrize("name", ["gla_gqa_conv_clamp", "retention_gqa"])
-def test_reset_restarts_the_document(name):
-    """A reset at token 9 (positions restarting there): tokens 9.. equal the mixer run on
-    them alone."""
-    cfg, mod, p, h = setup(name, seed=2)
-    reset = np.zeros((B, L), bool)
-    reset[:, 9] = True
-    pos = np.concatenate([np.arange(9), np.arange(L - 9)])[None].repeat(B, 0)
-    y, _, _ = run(cfg, mod, p, h, positions=pos, reset_BL=reset)
-    alone, _, _ = run(cfg, mod, p, h[:, 9:])
-    np.testing.assert_allclose(np.asarray(y)[:, 9:], np.asarray(alone), **TOL)
 
 
 @pytest.mark.parametrize("name", ["gla_relu_plain", "retention_gqa"])

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import randomize_so, single_stream, tiny_config
+from helpers import randomize_so, single_stream, tiny_config
 
 from orthros_jax.layers.attention import layer_kv, step
 from orthros_jax.layers.kind import SEQUENCE, StepContext

@@ -26,7 +26,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import single_stream, tiny_config
+from helpers import single_stream, tiny_config
 
 SLOTS, WINDOW, CHUNK = 64, 12, 6
 ARMS = ("orthros", "transformer", "swa")

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import randomize_so, tiny_config
+from helpers import randomize_so, tiny_config
 
 from orthros_jax import inference as inf
 from orthros_jax.kernels.reference import reference_attention
@@ -160,7 +160,7 @@ _MESH_CHILD = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
 sys.path.insert(0, "tests")
-from conftest import tiny_config
+from helpers import tiny_config
 from orthros_jax import inference as inf
 from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel import sharding

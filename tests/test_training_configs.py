@@ -9,7 +9,7 @@ import os
 
 import ml_collections
 import pytest
-from conftest import tiny_config
+from helpers import tiny_config
 from training_helpers import REPO, TINY_FLAGS, run_train
 
 from orthros_jax import checkpoint, configlib

@@ -8,7 +8,7 @@ import sys
 
 import grain
 import numpy as np
-from conftest import tiny_config
+from helpers import tiny_config
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.training import LoopConfig, MeshConfig, OptimizerConfig, TrainConfig
@@ -17,7 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tiny_model(**changes) -> ModelConfig:
-    """The tests' tiny config (conftest.TINY: window 8 < T, a real two-stream Orthros) with
+    """The tests' tiny config (helpers.TINY: window 8 < T, a real two-stream Orthros) with
     16-token attention blocks."""
     return tiny_config(**({"attention_block_q": 16, "attention_block_k": 16} | changes))
 

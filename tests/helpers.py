@@ -1,0 +1,40 @@
+"""What many test files share: the tiny model config and parameter-tree helpers.
+
+Test modules import these by name (`from helpers import tiny_config`): pytest puts this
+directory on sys.path, and module-level constants and parametrize lists cannot use fixtures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from orthros_jax.config import ModelConfig
+
+# 2 layers, d_model 32, 4 query / 2 kv heads of 8 (G = 2), SwiGLU 64, window 8: GQA and two
+# streams at a size that compiles in seconds. Tests override what they are about.
+TINY = dict(
+    vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, window=8
+)  # fmt: skip
+
+
+def tiny_config(**changes: Any) -> ModelConfig:
+    """The tests' tiny ModelConfig (TINY) with `changes` applied; the arm defaults to orthros."""
+    return ModelConfig(**(TINY | changes))
+
+
+def single_stream(params: dict[str, Any]) -> dict[str, Any]:
+    """The same shared weights without the scale-offset vectors: the transformer/swa layout."""
+    layers = {k: v for k, v in params["layers"].items() if not k.startswith("so_")}
+    return {**params, "layers": layers}
+
+
+def randomize_so(params: dict[str, Any], seed: int, scale: float) -> dict[str, Any]:
+    """params with scale * N(0, 1) added to every scale-offset vector (one key per vector, in
+    sorted name order from PRNGKey(seed)), so the two streams' queries differ."""
+    layers = dict(params["layers"])
+    for i, name in enumerate(sorted(n for n in layers if n.startswith("so_"))):
+        noise = jax.random.normal(jax.random.PRNGKey(seed + i), layers[name].shape)
+        layers[name] = layers[name] + scale * noise
+    return {**params, "layers": layers}

@@ -61,7 +61,8 @@ def options(cfg: ModelConfig) -> mm.Options:
     if o is None:
         return mm.Options()
     if isinstance(o, dict):  # a config read back from JSON
-        return mm.Options(**{k: tuple(v) if isinstance(v, list) else v for k, v in o.items()})
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in o.items()}
+        return mm.Options(**values)
     return o
 
 

@@ -21,17 +21,21 @@ from orthros_jax.convert import export_hf, load_hf
 from orthros_jax.convert.mamba2_hf import config_from_mamba2
 from orthros_jax.layers import kind as kind_lib
 from orthros_jax.layers import mamba2
-from orthros_jax.layers.mamba2_mixer import Options, check_options
+from orthros_jax.layers.mamba2_mixer import Mamba2Options
 from orthros_jax.model import OrthrosLM, init_params
 
-OPTIONS = Options(heads=4, head_dim=6, state=5, groups=2, conv_kernel=3, chunk=4, use_bias=True)
+OPTIONS = Mamba2Options(
+    heads=4, head_dim=6, state=5, groups=2, conv_kernel=3, chunk=4, use_bias=True
+)
 
 
-def _cfg(architecture: str, layer_types: tuple[str, ...], o: Options = OPTIONS) -> ModelConfig:
+def _cfg(
+    architecture: str, layer_types: tuple[str, ...], o: Mamba2Options = OPTIONS
+) -> ModelConfig:
     return ModelConfig(
         vocab_size=37, d_model=16, n_layers=len(layer_types), n_heads=2, n_kv_heads=1,
         head_dim=8, d_ff=24, window=4, architecture=architecture, layer_types=layer_types,
-        mamba2=o, init_std=0.2, attention_block_q=8, attention_block_k=8,
+        kinds={"mamba2": o}, init_std=0.2, attention_block_q=8, attention_block_k=8,
     )  # fmt: skip
 
 
@@ -39,7 +43,8 @@ def _layer_params(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
     """One layer's parameters, every one random (norms and SO off their identity)."""
     rng = np.random.default_rng(seed)
     p = {}
-    for name, (shape, _) in mamba2.param_shapes(cfg).items():
+    for name, decl in mamba2.params(cfg).items():
+        shape = decl.shape
         p[name] = rng.normal(size=shape) * (0.1 if name.endswith(("norm", "_scale")) else 0.3)
         if name.endswith(("norm", "_scale", "mamba2_d")):
             p[name] += 1.0
@@ -174,12 +179,12 @@ def test_only_a_pure_stack_without_ffn_exports_as_mamba2(tmp_path):
 )
 def test_option_checks_name_the_field(change, match):
     with pytest.raises(ValueError, match=match):
-        check_options(dataclasses.replace(OPTIONS, **change))
-    with pytest.raises(ValueError, match=match):
-        _cfg("mamba2", ("mamba2",), dataclasses.replace(OPTIONS, **change))
+        dataclasses.replace(OPTIONS, **change)
+    with pytest.raises(ValueError, match=match):  # through the config, as model.json gives it
+        ModelConfig(architecture="mamba2", kinds={"mamba2": OPTIONS.to_dict() | change})
 
 
 def test_no_ffn_block_has_only_its_pre_norm():
     cfg = _cfg("mamba2", ("mamba2",), dataclasses.replace(OPTIONS, ffn=False))
-    names = set(mamba2.param_shapes(cfg))
+    names = set(mamba2.params(cfg))
     assert "attn_norm" in names and not names & {"mlp_norm", "w_gate", "w_up", "w_down"}

@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.convert.common import config_with
 from orthros_jax.layers import mamba2
-from orthros_jax.layers.mamba2_mixer import Options
+from orthros_jax.layers.mamba2_mixer import Mamba2Options
 
 MAMBA2, MAMBA2_TYPE = "Mamba2ForCausalLM", "mamba2"
 _KEYS = {
@@ -59,7 +60,8 @@ def _float(x: Any) -> float:
 
 
 def config_from_mamba2(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
-    """ModelConfig of the pure mamba2 arm for a Mamba2Config dict (overrides: other fields)."""
+    """ModelConfig of the pure mamba2 arm for a Mamba2Config dict (overrides: other fields;
+    kinds={"mamba2": {...}} changes only the options it names)."""
     unknown = sorted(set(hf) - _KEYS)
     if unknown:
         raise ValueError(f"Mamba2 config.json has keys we do not know: {unknown}")
@@ -73,7 +75,7 @@ def config_from_mamba2(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
             f"head_dim ({heads} * {head_dim})"
         )
     limit = [_float(x) for x in hf.get("time_step_limit", (0.0, math.inf))]
-    options = Options(
+    options = Mamba2Options(
         heads=heads, head_dim=head_dim, state=int(hf.get("state_size", 128)),
         groups=int(hf.get("n_groups", 8)), conv_kernel=int(hf.get("conv_kernel", 4)),
         use_bias=bool(hf.get("use_bias", False)), conv_bias=bool(hf.get("use_conv_bias", True)),
@@ -82,6 +84,9 @@ def config_from_mamba2(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
         dt_floor=float(hf.get("time_step_floor", 1e-4)),
     )  # fmt: skip
     fields: dict[str, Any] = dict(
+        architecture="mamba2",
+        layer_types=("mamba2",),
+        kinds={"mamba2": options},
         vocab_size=int(hf.get("vocab_size", 32768)),
         d_model=d,
         n_layers=int(hf.get("num_hidden_layers", 64)),
@@ -89,8 +94,7 @@ def config_from_mamba2(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         init_std=float(hf.get("initializer_range", 0.1)),
     )
-    fields.update(overrides)
-    return mamba2.pure_config(options, **fields)
+    return config_with(fields, overrides)
 
 
 def mamba2_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict[str, Any]:
@@ -131,13 +135,13 @@ def mamba2_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> d
     }
 
 
-def _in_rows(o: Options) -> dict[str, tuple[int, ...]]:
+def _in_rows(o: Mamba2Options) -> dict[str, tuple[int, ...]]:
     """in_proj's row blocks, in order, with our per-layer shape (after [D])."""
     n, e, g, s = o.heads, o.head_dim, o.groups, o.state
     return {"z": (n, e), "x": (n, e), "b": (g, s), "c": (g, s), "dt": (n,)}
 
 
-def layer_tensor_shapes(o: Options, d: int) -> dict[str, tuple[int, ...]]:
+def layer_tensor_shapes(o: Mamba2Options, d: int) -> dict[str, tuple[int, ...]]:
     """HF shapes of one layer's tensors (names under backbone.layers.i.)."""
     inner, conv = o.heads * o.head_dim, o.heads * o.head_dim + 2 * o.groups * o.state
     rows = sum(math.prod(s) for s in _in_rows(o).values())
@@ -152,7 +156,7 @@ def layer_tensor_shapes(o: Options, d: int) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def layer_from_hf(t: Mapping[str, np.ndarray], o: Options, d: int) -> dict[str, np.ndarray]:
+def layer_from_hf(t: Mapping[str, np.ndarray], o: Mamba2Options, d: int) -> dict[str, np.ndarray]:
     """Our per-layer parameters from one layer's HF tensors (names as layer_tensor_shapes)."""
     rows = _in_rows(o)
     p: dict[str, np.ndarray] = {"attn_norm": t["norm.weight"]}
@@ -181,7 +185,7 @@ def layer_from_hf(t: Mapping[str, np.ndarray], o: Options, d: int) -> dict[str, 
     return p
 
 
-def layer_to_hf(p: Mapping[str, np.ndarray], o: Options, d: int) -> dict[str, np.ndarray]:
+def layer_to_hf(p: Mapping[str, np.ndarray], o: Mamba2Options, d: int) -> dict[str, np.ndarray]:
     """One layer's HF tensors from our per-layer parameters (inverse of layer_from_hf)."""
     rows = _in_rows(o)
     flat = lambda a: np.asarray(a).reshape(a.shape[0], -1)

@@ -1,5 +1,5 @@
 """The Mamba-2 layer kind ("mamba2"): the SSD mixer of layers/mamba2_mixer.py (transformers'
-Mamba2Mixer) in our block, with its options (mamba2_mixer.Options) as the config's section.
+Mamba2Mixer) in our block, its options cfg.kinds.mamba2 (mamba2_mixer.Mamba2Options).
 
 Block: with options.ffn (the default) the shared one (pre-norms + SwiGLU FFN, as every kind,
 so a hybrid cycle's layers are alike); without it x + mixer(rmsnorm(x)), a transformers
@@ -16,8 +16,12 @@ read (orthros_h's output stream after prefill). reads_last_token=False: the stat
 token.
 
 Per-layer parameters (under "mamba2_layers", stacked over the kind's layers): the block's,
-mamba2_mixer.mixer_shapes, and mamba2_so_out_scale / mamba2_so_out_offset [G, Ns] (orthros_h
+mamba2_mixer.mixer_params, and mamba2_so_out_scale / mamba2_so_out_offset [G, Ns] (orthros_h
 with scale_offset). Cache state: mamba2_mixer.Mamba2State with every field stacked.
+
+Export: transformers' Mamba2ForCausalLM for a pure stack without FFN (convert/mamba2_hf.py:
+a whole model class, not a layer type of the formats kind.Export names); no other format has a
+Mamba-2 layer.
 """
 
 from __future__ import annotations
@@ -35,54 +39,44 @@ from orthros_jax.layers.kind import (
     DECODE,
     READ,
     SEQUENCE,
-    Initializer,
+    Export,
     Kind,
+    ParamDecl,
     Params,
-    ParamSpec,
     StepContext,
     Stream,
     Work,
-    block_param_shapes,
-    default_init,
+    block_params,
     ffn_residual,
     finish_streams,
     layer_of,
     norm,
     residual_std,
+    scale_offsets,
     with_layer,
 )
 
 SO_NAMES = ("mamba2_so_out_scale", "mamba2_so_out_offset")
 
 
-def options(cfg: ModelConfig) -> mm.Options:
-    """The kind's options in cfg (its defaults when unset)."""
-    o = cfg.mamba2
-    if o is None:
-        return mm.Options()
-    if isinstance(o, dict):  # a config read back from JSON
-        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in o.items()}
-        return mm.Options(**values)
+def options(cfg: ModelConfig) -> mm.Mamba2Options:
+    """The kind's options section of cfg."""
+    o = cfg.kinds.mamba2
+    assert isinstance(o, mm.Mamba2Options)
     return o
 
 
-def param_shapes(cfg: ModelConfig) -> dict[str, ParamSpec]:
-    """Shape and logical axes of every per-layer parameter (without the leading layers axis)."""
+def params(cfg: ModelConfig) -> dict[str, ParamDecl]:
+    """Every per-layer parameter (without the leading layers axis): the block's (all of it with
+    the FFN, else its pre-norm), the mixer's and the cross query's SO (orthros_h with
+    scale_offset)."""
     o = options(cfg)
-    block = block_param_shapes(cfg)
-    shapes = dict(block) if o.ffn else {"attn_norm": block["attn_norm"]}
-    shapes.update(mm.mixer_shapes(o, cfg.d_model))
+    block = block_params(cfg)
+    decls = dict(block) if o.ffn else {"attn_norm": block["attn_norm"]}
+    decls.update(mm.mixer_params(o, cfg.d_model, cfg.init_std, residual_std(cfg)))
     if cfg.two_streams and cfg.scale_offset:
-        shapes.update(dict.fromkeys(SO_NAMES, mm.so_shape(o)))
-    return shapes
-
-
-def init_for(name: str, cfg: ModelConfig) -> Initializer:
-    """The mixer's parameters as transformers' Mamba2 initialises them (mamba2_mixer.mixer_init),
-    the block's and the SO as every kind's."""
-    if name.startswith(mm.P) and name not in SO_NAMES:
-        return mm.mixer_init(name, options(cfg), cfg.init_std, residual_std(cfg))
-    return default_init(name, cfg)
+        decls.update(scale_offsets(SO_NAMES, *mm.so_shape(o)))
+    return decls
 
 
 def _cross_so(p: Params, cfg: ModelConfig) -> mm.CrossSO | None:
@@ -182,10 +176,6 @@ def state_axes(cfg: ModelConfig) -> mm.Mamba2State:
     )
 
 
-def validate(cfg: ModelConfig) -> None:
-    mm.check_options(options(cfg))
-
-
 def flops(cfg: ModelConfig, work: Work) -> int:
     """The recurrent form's FLOPs (not the chunked form's intra-chunk work): per new token the
     x / B / dt projections, their conv and the state update; per base output and output copy
@@ -200,12 +190,7 @@ def flops(cfg: ModelConfig, work: Work) -> int:
     return work.tokens * state + outputs * read + work.copies * 2 * d * inner
 
 
-def pure_config(o: mm.Options, **fields: Any) -> ModelConfig:
-    """The config of a pure mamba2 stack with options o (fields: the other ModelConfig ones)."""
-    return ModelConfig(architecture="mamba2", layer_types=("mamba2",), mamba2=o, **fields)
-
-
-def check_exportable(cfg: ModelConfig) -> mm.Options:
+def check_exportable(cfg: ModelConfig) -> mm.Mamba2Options:
     """cfg's options if it is a transformers Mamba2 (a pure mamba2 stack without FFN), else a
     ValueError saying what differs."""
     o = options(cfg)
@@ -223,12 +208,16 @@ def check_exportable(cfg: ModelConfig) -> mm.Options:
 KIND = Kind(
     name="mamba2",
     params_key="mamba2_layers",
-    param_shapes=param_shapes,
-    init_for=init_for,
+    params=params,
     init_state=init_state,
     state_axes=state_axes,
     step=step,
     flops=flops,
-    validate=validate,
+    recurrent=True,
+    options=mm.Mamba2Options,
+    export=Export(
+        note="Mamba-2 layers export only as transformers' Mamba2ForCausalLM, a pure mamba2 "
+        "stack without FFN"
+    ),
     reads_last_token=False,
 )

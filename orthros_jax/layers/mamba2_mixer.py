@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -53,6 +54,8 @@ from orthros_jax.kernels.linear_attention import (
     linear_attention_step,
     linear_attention_step_stacked,
 )
+from orthros_jax.layers.kind import Initializer, ParamDecl, matrix, vector
+from orthros_jax.options import Options, check_positive, check_positive_int, option
 
 Params = dict[str, Any]
 CrossSO = tuple[jax.Array, jax.Array]
@@ -60,8 +63,8 @@ P = "mamba2_"  # every parameter's prefix
 
 
 @dataclasses.dataclass(frozen=True)
-class Options:
-    """The mamba2 kind's options (transformers' Mamba2Config names in brackets).
+class Mamba2Options(Options):
+    """cfg.kinds.mamba2 (transformers' Mamba2Config names in brackets).
 
     heads [num_heads], head_dim [head_dim] (heads * head_dim = HF's expand * hidden_size),
     state [state_size], groups [n_groups] (B and C per group; divides heads), conv_kernel
@@ -71,103 +74,98 @@ class Options:
     [time_step_limit], dt_min / dt_max / dt_floor [time_step_min / max / floor]: dt_bias init.
     """
 
-    heads: int = 4
-    head_dim: int = 32
-    state: int = 16
-    groups: int = 1
-    conv_kernel: int = 4
-    chunk: int = 64
-    use_bias: bool = False
-    conv_bias: bool = True
-    ffn: bool = True
-    dt_limit: tuple[float, float] = (0.0, math.inf)
-    dt_min: float = 0.001
-    dt_max: float = 0.1
-    dt_floor: float = 1e-4
+    kind: ClassVar[str] = "mamba2"
+    heads: int = option(4, check_positive_int)
+    head_dim: int = option(32, check_positive_int)
+    state: int = option(16, check_positive_int)
+    groups: int = option(1, check_positive_int)
+    conv_kernel: int = option(4, check_positive_int)
+    chunk: int = option(64, check_positive_int, runtime=True)
+    use_bias: bool = option(False)
+    conv_bias: bool = option(True)
+    ffn: bool = option(True)
+    dt_limit: tuple[float, float] = option((0.0, math.inf))
+    dt_min: float = option(0.001, check_positive, runtime=True)
+    dt_max: float = option(0.1, check_positive, runtime=True)
+    dt_floor: float = option(1e-4, check_positive, runtime=True)
+
+    def __post_init__(self) -> None:
+        # model.json and ml_collections give the limit back as a list
+        object.__setattr__(self, "dt_limit", tuple(float(x) for x in self.dt_limit))
+        super().__post_init__()
+
+    def validate(self) -> None:
+        if self.heads % self.groups:
+            raise ValueError(
+                f"{self.where('heads')}={self.heads} must be a multiple of groups={self.groups} "
+                "(each group's B and C serve heads/groups consecutive heads)"
+            )
+        if len(self.dt_limit) != 2 or not 0.0 <= self.dt_limit[0] < self.dt_limit[1]:
+            raise ValueError(
+                f"{self.where('dt_limit')}={self.dt_limit!r} must be (min, max) with 0 <= min < max"
+            )
+        if self.dt_min > self.dt_max:
+            raise ValueError(
+                f"{self.where('dt_min')}={self.dt_min} must be <= dt_max={self.dt_max}"
+            )
 
     @property
     def per_group(self) -> int:
         return self.heads // self.groups
 
 
-def check_options(o: Options, where: str = "ModelConfig.mamba2") -> None:
-    """ValueError naming the field of the first option that does not fit."""
-    for name in ("heads", "head_dim", "state", "groups", "conv_kernel", "chunk"):
-        value = getattr(o, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{where}.{name} must be a positive int, got {value!r}")
-    if o.heads % o.groups:
-        raise ValueError(
-            f"{where}.heads={o.heads} must be a multiple of groups={o.groups} (each group's B "
-            "and C serve heads/groups consecutive heads)"
-        )
-    lo, hi = o.dt_limit
-    if not 0.0 <= lo < hi:
-        raise ValueError(f"{where}.dt_limit={o.dt_limit!r} must be (min, max) with 0 <= min < max")
-    if not 0.0 < o.dt_min <= o.dt_max or not o.dt_floor > 0:
-        raise ValueError(
-            f"{where}.dt_min={o.dt_min}, dt_max={o.dt_max}, dt_floor={o.dt_floor}: need "
-            "0 < dt_min <= dt_max and dt_floor > 0"
-        )
-
-
 # ------------------------------------------------------------------ parameters
 
 
-def mixer_shapes(o: Options, d: int) -> dict[str, tuple[tuple[int, ...], tuple[Any, ...]]]:
-    """Shape and logical axes of every per-layer mixer parameter (no layers axis, no SO)."""
+def _a_log(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+    """transformers' A = 1 .. Nh per layer: a_log = log A."""
+    a = jnp.arange(1, shape[-1] + 1, dtype=jnp.float32)
+    return jnp.broadcast_to(jnp.log(a), shape).astype(dtype)
+
+
+def _dt_bias(o: Mamba2Options) -> Initializer:
+    """softplus^-1(dt), dt log-uniform in [dt_min, dt_max], floored at dt_floor."""
+
+    def init(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+        lo, hi = math.log(o.dt_min), math.log(o.dt_max)
+        dt = jnp.maximum(jnp.exp(jax.random.uniform(key, shape, jnp.float32, lo, hi)), o.dt_floor)
+        return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
+
+    return init
+
+
+def mixer_params(o: Mamba2Options, d: int, std: float, out_std: float) -> dict[str, ParamDecl]:
+    """Every per-layer mixer parameter (no layers axis, no SO), as transformers' Mamba2
+    initialises them: projections ~ N(0, std) and weight-decayed (out_proj ~ N(0, out_std),
+    depth-scaled like every kind's); conv taps ~ N(0, std), biases 0, A = 1..Nh, D = 1, the
+    gated norm 1 (a plain scale), dt_bias (_dt_bias): none of them decayed."""
     n, e, g, s, kc = o.heads, o.head_dim, o.groups, o.state, o.conv_kernel
     heads, grouped = ((n, e), (HEADS, HEAD_DIM)), ((g, s), (KV_HEADS, HEAD_DIM))
     parts = {"z": heads, "x": heads, "b": grouped, "c": grouped, "dt": ((n,), (HEADS,))}
-    shapes: dict[str, tuple[tuple[int, ...], tuple[Any, ...]]] = {}
+    zeros, ones, normal = nn.initializers.zeros, nn.initializers.ones, nn.initializers.normal
+    decls: dict[str, ParamDecl] = {}
     for name, (shape, axes) in parts.items():
-        shapes[f"{P}w{name}"] = ((d, *shape), (EMBED, *axes))
+        decls[f"{P}w{name}"] = matrix((d, *shape), (EMBED, *axes), std)
         if o.use_bias:
-            shapes[f"{P}b{name}"] = (shape, axes)
+            decls[f"{P}b{name}"] = vector(shape, axes, zeros)
     for name in "xbc":
         shape, axes = parts[name]
-        shapes[f"{P}conv_{name}"] = ((kc, *shape), (None, *axes))
+        decls[f"{P}conv_{name}"] = vector((kc, *shape), (None, *axes), normal(std))
         if o.conv_bias:
-            shapes[f"{P}conv_{name}_bias"] = (shape, axes)
-    for name in ("dt_bias", "a_log", "d"):
-        shapes[P + name] = ((n,), (HEADS,))
-    shapes[f"{P}norm"] = heads
-    shapes[f"{P}out"] = ((n, e, d), (HEADS, HEAD_DIM, EMBED))
+            decls[f"{P}conv_{name}_bias"] = vector(shape, axes, zeros)
+    decls[f"{P}dt_bias"] = vector((n,), (HEADS,), _dt_bias(o))
+    decls[f"{P}a_log"] = vector((n,), (HEADS,), _a_log)
+    decls[f"{P}d"] = vector((n,), (HEADS,), ones)
+    decls[f"{P}norm"] = vector(*heads, ones)
+    decls[f"{P}out"] = matrix((n, e, d), (HEADS, HEAD_DIM, EMBED), out_std)
     if o.use_bias:
-        shapes[f"{P}out_bias"] = ((d,), (EMBED,))
-    return shapes
+        decls[f"{P}out_bias"] = vector((d,), (EMBED,), zeros)
+    return decls
 
 
-def so_shape(o: Options) -> tuple[tuple[int, ...], tuple[Any, ...]]:
+def so_shape(o: Mamba2Options) -> tuple[tuple[int, ...], tuple[Any, ...]]:
     """The cross query's scale-offset [G, Ns] (orthros_h with scale_offset)."""
     return (o.groups, o.state), (KV_HEADS, HEAD_DIM)
-
-
-def mixer_init(name: str, o: Options, std: float, out_std: float) -> Any:
-    """transformers' Mamba2 init: A = 1..Nh (a_log = log A), D = 1, dt_bias = softplus^-1(dt)
-    with dt log-uniform in [dt_min, dt_max] (floored), norm 1, biases 0; projections and conv
-    ~ N(0, std); out_proj ~ N(0, out_std) (depth-scaled like every kind's)."""
-    if name == f"{P}a_log":
-
-        def a_log(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
-            a = jnp.arange(1, shape[-1] + 1, dtype=jnp.float32)
-            return jnp.broadcast_to(jnp.log(a), shape).astype(dtype)
-
-        return a_log
-    if name == f"{P}dt_bias":
-
-        def dt_bias(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
-            lo, hi = math.log(o.dt_min), math.log(o.dt_max)
-            dt = jnp.exp(jax.random.uniform(key, shape, jnp.float32, lo, hi))
-            dt = jnp.maximum(dt, o.dt_floor)
-            return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
-
-        return dt_bias
-    if name in (f"{P}d", f"{P}norm"):
-        return jax.nn.initializers.ones
-    if name.endswith("_bias") or name.startswith(f"{P}b"):
-        return jax.nn.initializers.zeros
-    return jax.nn.initializers.normal(out_std if name == f"{P}out" else std)
 
 
 # ------------------------------------------------------------------ state
@@ -183,7 +181,7 @@ class Mamba2State(flax.struct.PyTreeNode):
     recurrent: Any  # [B, Nh, Ns, P] float32
 
 
-def init_state(o: Options, batch: int, dtype: Any) -> Mamba2State:
+def init_state(o: Mamba2Options, batch: int, dtype: Any) -> Mamba2State:
     """An empty (all-zero) state; dtype is the conv windows'."""
     j = o.conv_kernel - 1
     return Mamba2State(
@@ -204,13 +202,15 @@ def _proj(p: Params, h: jax.Array, name: str) -> jax.Array:
     return y if bias is None else y + bias.astype(h.dtype)
 
 
-def _repeat(x: jax.Array, o: Options) -> jax.Array:
+def _repeat(x: jax.Array, o: Mamba2Options) -> jax.Array:
     """[..., G, Ns] -> [..., Nh, Ns] float32 (group g serves heads g*Nh/G .. (g+1)*Nh/G - 1)."""
     x = x.astype(jnp.float32)
     return jnp.repeat(x, o.per_group, axis=-2) if o.per_group > 1 else x
 
 
-def _finish(p: Params, y: jax.Array, z: jax.Array, o: Options, eps: float, dtype: Any) -> jax.Array:
+def _finish(
+    p: Params, y: jax.Array, z: jax.Array, o: Mamba2Options, eps: float, dtype: Any
+) -> jax.Array:
     """Gated grouped RMSNorm then out_proj: y, z [B, L, Nh, P] -> [B, L, D] in dtype (the norm
     runs in float32, as transformers' MambaRMSNormGated)."""
     g = y * jax.nn.silu(z.astype(jnp.float32))
@@ -232,7 +232,7 @@ def _cross(p: Params, h: jax.Array, so: CrossSO | None) -> tuple[jax.Array, ...]
     return c, jax.nn.silu(_proj(p, h, "x").astype(jnp.float32)), _proj(p, h, "z")
 
 
-def _dt(p: Params, h: jax.Array, o: Options) -> jax.Array:
+def _dt(p: Params, h: jax.Array, o: Mamba2Options) -> jax.Array:
     """dt [B, L, Nh] float32: clip(softplus(h Wdt (+ bdt) + dt_bias), *dt_limit)."""
     dt = _proj(p, h, "dt").astype(jnp.float32) + p[f"{P}dt_bias"].astype(jnp.float32)
     return jnp.clip(jax.nn.softplus(dt), *o.dt_limit)
@@ -241,7 +241,7 @@ def _dt(p: Params, h: jax.Array, o: Options) -> jax.Array:
 def mix(
     p: Params,
     h_BLD: jax.Array,
-    o: Options,
+    o: Mamba2Options,
     eps: float,
     *,
     state: Mamba2State,
@@ -325,7 +325,7 @@ def mix(
 def read(
     p: Params,
     cross_h_B1D: jax.Array,
-    o: Options,
+    o: Mamba2Options,
     eps: float,
     *,
     state: Mamba2State,

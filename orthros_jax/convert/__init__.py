@@ -59,8 +59,8 @@ __all__ = [
 def load_hf(hf_dir: str, **overrides: Any) -> tuple[ModelConfig, dict[str, Any]]:
     """(cfg, params) of the checkpoint's own single-stream arm from a HF Llama/Qwen3 directory
     (transformer), a Qwen3.5 one (hybrid; gdn when every layer is linear attention), a
-    transformers Mamba2 one (mamba2) or an
-    flash-linear-attention one (model_type gla / retnet / gated_deltanet: arms gla / retnet / gdn).
+    transformers Mamba2 one (mamba2, without FFN) or an flash-linear-attention one (model_type
+    gla / retnet / gated_deltanet: arms gla / retnet / gdn).
 
     overrides: extra ModelConfig fields (e.g. param_dtype='bfloat16', window, prefill_chunk);
     the architecture stays the checkpoint's — convert with `from_transformer`. Config and

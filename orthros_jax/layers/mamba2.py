@@ -197,7 +197,7 @@ def check_exportable(cfg: ModelConfig) -> mm.Mamba2Options:
     if set(cfg.layer_types) != {"mamba2"} or cfg.two_streams or o.ffn:
         raise ValueError(
             "a transformers Mamba2ForCausalLM export needs a pure mamba2 stack without FFN "
-            f"(layer_types ('mamba2',), mamba2.ffn=False, one stream); got layer_types "
+            "(layer_types ('mamba2',), kinds.mamba2.ffn=False, one stream); got layer_types "
             f"{cfg.layer_types}, architecture {cfg.architecture!r}, ffn={o.ffn}"
         )
     if cfg.norm_zero_centered:

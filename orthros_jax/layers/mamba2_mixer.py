@@ -1,5 +1,7 @@
-"""The Mamba-2 layer kind ("mamba2"): the SSD mixer of transformers' Mamba2Mixer (the
-`torch_forward` path) in our block, on kernels/linear_attention.py.
+"""The Mamba-2 SSD token mixer (transformers' Mamba2Mixer, its `torch_forward` path) as pure
+functions over one layer's parameter dict, with an optional Orthros-H cross stream, on
+kernels/linear_attention.py; its options and parameter declarations. The kind (block, modes,
+config section) is layers/mamba2.py.
 
 SSD is gated linear attention with a scalar decay per head: from the normed layer input
 h [B, L, D] (Nh heads of head dim P, G groups of state dim Ns, Kc conv taps),
@@ -10,9 +12,7 @@ h [B, L, D] (Nh heads of head dim P, G groups of state dim Ns, Kc conv taps),
     S_t = exp(dt_t A) S_{t-1} + b_t^T (dt_t x_t)  per head [Ns, P];  y_t = c_t S_t + D x_t
     y = Wo (RMSNorm over each group of Nh/G heads (y * silu(z)) * w_norm) (+ out_proj bias)
 i.e. the kernel's q = c, k = b (both repeated from their group to its Nh/G heads, torch's
-repeat_interleave), v = x * dt, g = dt * A, scale 1. With `ffn` the block is the shared one
-(pre-norms + SwiGLU FFN, as every kind); without (a transformers Mamba2 checkpoint: its blocks
-have no MLP) it is x + mixer(rmsnorm(x)) and has no mlp_norm / w_gate / w_up / w_down.
+repeat_interleave), v = x * dt, g = dt * A, scale 1.
 
 Orthros-H (orthros_h): the base stream runs the mixer and carries the state; each output copy
 at base token t reads the state *after* t with its own c' (the rule of the GDN cross query,
@@ -23,17 +23,10 @@ from the state is the base's, the rest is the copy's own (the base x_t could not
 read mode: the conv window after t lacks the oldest of t's taps). Norm, Wo and the FFN are
 shared.
 
-Modes (as the other recurrent kinds'): sequence (chunked kernel; state and conv restart at
-packed-document starts, ctx.reset), chunk (a prefill chunk: state and conv windows in from the
-cache and out to it; padding, ctx.valid False, moves neither), decode (the recurrent step on
-the stacked state in place; inactive rows keep theirs), read (orthros_h's output stream after
-prefill: each copy reads the final state). The state needs every token, so a single-stream arm
-cannot run its last prompt token alone (reads_last_token=False).
-
-Cache state (Mamba2State, every field stacked over the kind's layers): conv windows, the last
-Kc-1 valid pre-conv inputs, [layers, B, Kc-1, Nh, P] and [layers, B, Kc-1, G, Ns] (x, b, c;
-activation dtype) and the SSM state [layers, B, Nh, Ns, P] float32 (transformers' is
-[B, Nh, P, Ns]).
+Padding (valid False) moves neither the state nor the conv windows; a reset (a packed
+document's first token) zeroes both before the token. One layer's state (Mamba2State): conv
+windows, the last Kc-1 valid pre-conv inputs, [B, Kc-1, Nh, P] and [B, Kc-1, G, Ns] (x, b, c;
+activation dtype) and the SSM state [B, Nh, Ns, P] float32 (transformers' is [B, Nh, P, Ns]).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ Per-layer parameters (under "mamba2_layers", stacked over the kind's layers): th
 mamba2_mixer.mixer_params, and mamba2_so_out_scale / mamba2_so_out_offset [G, Ns] (orthros_h
 with scale_offset). Cache state: mamba2_mixer.Mamba2State with every field stacked.
 
-Export: transformers' Mamba2ForCausalLM for a pure stack without FFN (convert/mamba2_hf.py:
-a whole model class, not a layer type of the formats kind.Export names); no other format has a
-Mamba-2 layer.
+Export: hf = transformers' Mamba2ForCausalLM, for a pure stack without FFN (convert/mamba2_hf.py:
+a whole model class, not a layer type, so convert/export.py's WHOLE_MODELS maps the name); no
+fla or trust_remote_code form.
 """
 
 from __future__ import annotations
@@ -215,9 +215,12 @@ KIND = Kind(
     flops=flops,
     recurrent=True,
     options=mm.Mamba2Options,
+    # transformers' Mamba2ForCausalLM, a whole model class (convert/mamba2_hf.py), not a
+    # layer type; it takes only a pure stack without FFN (check_exportable says so).
     export=Export(
+        hf="Mamba2ForCausalLM",
         note="Mamba-2 layers export only as transformers' Mamba2ForCausalLM, a pure mamba2 "
-        "stack without FFN"
+        "stack without FFN",
     ),
     reads_last_token=False,
 )

@@ -5,7 +5,7 @@
 
 Arms (the config argument): transformer | swa | orthros | orthros_noso (scale_offset=False) |
 gla | retnet (fla's linear baselines: the token mixer replaced, its heads at fla's proportions
-for this width). All arms share data, optimizer, budget and the block (width, layers, FFN);
+for this width) | mamba2 (Mamba-2's SSD at its proportions). All arms share data, optimizer, budget and the block (width, layers, FFN);
 only the token mixer (model.architecture, scale_offset and the mixer's own dims) differs. T=128 with window 16, so the base stream sees 1/8 of the context.
 Sized for 2 CPU cores: 12 runs (4 arms x 3 seeds) in ~10-15 minutes.
 """
@@ -21,6 +21,9 @@ ARMS = {
     # RetNet: expand_k 1, expand_v 2): GLA 2 heads of 16 (keys) / 32 (values), RetNet 4 heads.
     "gla": dict(architecture="gla", scale_offset=False, kinds=dict(gla=dict(heads=2, kv_heads=2, k_head_dim=16, v_head_dim=32))),
     "retnet": dict(architecture="retnet", scale_offset=False, kinds=dict(retention=dict(heads=4, kv_heads=4, k_head_dim=16, v_head_dim=32))),
+    # Mamba-2 at its proportions (expand 2, head_dim 64), in the shared block (with the FFN);
+    # state 16 per head: 2 x 64 x 16 = 2048 state entries, RetNet's 4 x 16 x 32.
+    "mamba2": dict(architecture="mamba2", scale_offset=False, kinds=dict(mamba2=dict(heads=2, head_dim=64, state=16))),
 }  # fmt: skip
 
 

@@ -43,6 +43,8 @@ def get_config(arm: str = "orthros") -> ml_collections.ConfigDict:
     for p in ("gla", "retention"):  # fla's baselines: their heads doubled with the width
         if f"{p}_k_head_dim" in c.model:
             c.model.update({f"{p}_k_head_dim": 32, f"{p}_v_head_dim": 64})
+    if "mamba2" in c.model.get("kinds", {}):  # Mamba-2: expand 2 at the doubled width
+        c.model.kinds.mamba2.heads = 4
     c.data = section(
         MQARConfig(
             vocab_size=32,

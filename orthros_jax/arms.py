@@ -72,6 +72,8 @@ ARMS: dict[str, Arm] = {
     # Table 1's other linear baselines (fla's GLA and RetNet), pure stacks.
     "gla": Arm("GLA", "C6", ("gla",), runs=_ATTN),
     "retnet": Arm("RetNet", "C8", ("retention",), runs=_ATTN),
+    # Mamba-2's SSD (layers/mamba2.py), a pure stack.
+    "mamba2": Arm("Mamba-2", "C9", ("mamba2",), runs=_ATTN),
 }  # fmt: skip
 # The model architectures: the arms that are not variants.
 ARCHITECTURES: dict[str, Arm] = {n: a for n, a in ARMS.items() if a.variant_of is None}

@@ -29,6 +29,7 @@ from orthros_jax.convert.hf_weights import (
     params_from_hf,
     write_safetensors,
 )
+from orthros_jax.convert.mamba2_hf import config_from_mamba2, is_mamba2, params_from_mamba2
 from orthros_jax.convert.orthros import from_transformer
 from orthros_jax.convert.qwen35 import config_from_qwen35, is_qwen35, params_from_qwen35
 
@@ -57,20 +58,24 @@ __all__ = [
 
 def load_hf(hf_dir: str, **overrides: Any) -> tuple[ModelConfig, dict[str, Any]]:
     """(cfg, params) of the checkpoint's own single-stream arm from a HF Llama/Qwen3 directory
-    (transformer), a Qwen3.5 one (hybrid; gdn when every layer is linear attention) or an
-    flash-linear-attention one (model_type gla / retnet / gated_deltanet: arms gla / retnet / gdn).
+    (transformer), a Qwen3.5 one (hybrid; gdn when every layer is linear attention), a
+    transformers Mamba2 one (mamba2, without FFN) or an flash-linear-attention one (model_type
+    gla / retnet / gated_deltanet: arms gla / retnet / gdn).
 
     overrides: extra ModelConfig fields (e.g. param_dtype='bfloat16', window, prefill_chunk);
     the architecture stays the checkpoint's — convert with `from_transformer`. Config and
     tensor names/shapes are validated before any weight is read.
     """
-    own = (None, "transformer", "hybrid", "gdn", "gla", "retnet")
+    own = (None, "transformer", "hybrid", "gdn", "gla", "retnet", "mamba2")
     if overrides.pop("architecture", None) not in own:
         raise ValueError("load_hf returns the checkpoint's arm; use from_transformer for Orthros")
     hf = read_hf_config(hf_dir)
     if is_fla(hf):
         cfg = config_from_fla(hf, **overrides)
         return cfg, params_from_fla(SafetensorsCheckpoint(hf_dir), cfg)
+    if is_mamba2(hf):
+        cfg = config_from_mamba2(hf, **overrides)
+        return cfg, params_from_mamba2(SafetensorsCheckpoint(hf_dir), cfg)
     if is_qwen35(hf):
         cfg = config_from_qwen35(hf, **overrides)
         return cfg, params_from_qwen35(SafetensorsCheckpoint(hf_dir), cfg)

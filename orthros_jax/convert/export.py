@@ -31,12 +31,15 @@ from orthros_jax.convert.common import (  # noqa: F401 (check_params, expected_p
 from orthros_jax.convert.fla import fla_config_from, fla_from_params
 from orthros_jax.convert.hf_config import CONFIG_JSON, hf_config_from
 from orthros_jax.convert.hf_weights import hf_from_params, write_safetensors
+from orthros_jax.convert.mamba2_hf import MAMBA2, mamba2_config_from, mamba2_from_params
 from orthros_jax.convert.qwen35 import qwen35_config_from, qwen35_from_params
 from orthros_jax.layers.kind import FLA, FORMATS, REMOTE
 from orthros_jax.layers.registry import kinds_of
 
 Params = dict[str, Any]
 _DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+# Kinds whose transformers form is a whole model class (their Export.hf), not a layer type.
+WHOLE_MODELS = {MAMBA2: (mamba2_config_from, mamba2_from_params)}
 
 
 def export_hf(
@@ -84,8 +87,11 @@ def export_hf(
     make_config, make_tensors = (
         (qwen35_config_from, qwen35_from_params) if qwen35 else (hf_config_from, hf_from_params)
     )
+    whole = [k.export.hf for k in kinds_of(cfg) if k.export.hf in WHOLE_MODELS]
     if fla:
         make_config, make_tensors = fla_config_from, fla_from_params
+    elif whole:  # e.g. Mamba2ForCausalLM (which refuses anything but a pure stack of its kind)
+        make_config, make_tensors = WHOLE_MODELS[whole[0]]
     try:
         hf_config = make_config(cfg, torch_dtype=dtype or cfg.param_dtype)
     except ValueError as e:  # name the formats that may fit

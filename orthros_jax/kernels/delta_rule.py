@@ -29,8 +29,10 @@ def causal_conv(
     hist_BJC: jax.Array,
     valid_BL: jax.Array,
     doc_BL: jax.Array,
+    bias_C: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Depthwise causal conv + SiLU that skips padding and never crosses documents.
+    """Depthwise causal conv (+ bias_C [C] before the activation, Mamba-2's conv1d bias) +
+    SiLU that skips padding and never crosses documents.
 
     Token t (valid) sees the K-1 previous *valid* inputs of its own document (doc_BL equal),
     reaching into hist_BJC (the previous call's last J = K-1 valid inputs, document 0) when t is
@@ -60,6 +62,8 @@ def causal_conv(
         src = ext[:, j - lag : j - lag + seq].astype(jnp.float32)
         same = (ext_doc[:, j - lag : j - lag + seq] == tgt_doc)[..., None]
         acc = acc + jnp.where(same, src * w32[k - 1 - lag], 0.0)
+    if bias_C is not None:
+        acc = acc + bias_C.astype(jnp.float32)
     y_compact = jax.nn.silu(acc).astype(x_BLC.dtype)
     y = jnp.take_along_axis(y_compact, jnp.maximum(rank_BL, 0)[..., None], axis=1)
     y = jnp.where(valid_BL[..., None], y, 0)
@@ -73,12 +77,19 @@ def causal_conv(
 
 
 def conv_step(
-    x_BC: jax.Array, w_KC: jax.Array, hist_BJC: jax.Array, active_B: jax.Array
+    x_BC: jax.Array,
+    w_KC: jax.Array,
+    hist_BJC: jax.Array,
+    active_B: jax.Array,
+    bias_C: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """One token of causal_conv: y_BC = silu(sum_k w[k] window[k]) over the window (history,
-    token); the history shifts only for active rows. Returns (y_BC, new history [B, J, C])."""
+    """One token of causal_conv: y_BC = silu(sum_k w[k] window[k] (+ bias_C)) over the window
+    (history, token); the history shifts only for active rows. Returns (y_BC, new history
+    [B, J, C])."""
     window = jnp.concatenate([hist_BJC.astype(x_BC.dtype), x_BC[:, None]], axis=1)
     acc = jnp.einsum("bkc,kc->bc", window.astype(jnp.float32), w_KC.astype(jnp.float32))
+    if bias_C is not None:
+        acc = acc + bias_C.astype(jnp.float32)
     new_hist = jnp.where(active_B[:, None, None], window[:, 1:].astype(hist_BJC.dtype), hist_BJC)
     return jax.nn.silu(acc).astype(x_BC.dtype), new_hist
 

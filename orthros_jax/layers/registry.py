@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from orthros_jax import config as config_lib
 from orthros_jax.config import ModelConfig
-from orthros_jax.layers import attend, attention, gdn, gla, retention
+from orthros_jax.layers import attend, attention, gdn, gla, mamba2, retention
 from orthros_jax.layers.cudnn import cudnn_attention
 from orthros_jax.layers.kind import LayerKind
 from orthros_jax.layers.splash import splash
@@ -17,6 +17,7 @@ KINDS: dict[str, LayerKind] = {  # each module's KIND (a kind.Kind) is a LayerKi
     gdn.KIND.name: gdn.KIND,
     gla.KIND.name: gla.KIND,
     retention.KIND.name: retention.KIND,
+    mamba2.KIND.name: mamba2.KIND,
 }
 
 # The accelerator implementations of attention (they import the seam, so they register here).

@@ -3,8 +3,8 @@
 Shapes: B slots (cache rows), P rows prefilled in one call (a bucket <= B), T prompt tokens
 of each of them this call (a bucket), S cache slots per row, V vocab.
 
-    prefill_rows(params, cache, rows, reset, tokens, lengths, sampling) -> (Sampled, cache)
-    decode_rows(params, cache, tokens, budget, stops, sampling, steps=K) -> (Sampled [K, B], fed [K, B], cache)
+    prefill_rows(params, cache, hist, rows, reset, tokens, lengths, sampling, pen) -> (Sampled, cache, hist)
+    decode_rows(params, cache, hist, tokens, budget, stops, sampling, pen, steps=K) -> (Sampled [K, B], fed [K, B], cache, hist)
 
 prefill_rows gathers rows [P] of the cache (every leaf along the axis its kind's `state_axes`
 names BATCH, lengths along 0), resets those with reset=True to an empty row (length 0 and
@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from orthros_jax.axes import BATCH
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import drivers as fwd
+from orthros_jax.inference import logit_processing as lp
 from orthros_jax.inference.cache import KVCache, kind_states
 from orthros_jax.layers.kind import Params
 from orthros_jax.layers.registry import KINDS
@@ -84,44 +85,62 @@ def reset_rows(cfg: ModelConfig, cache: KVCache, reset_B: jax.Array) -> KVCache:
     return cache.replace(states=states, lengths=jnp.where(reset_B, 0, cache.lengths))
 
 
-def _prefill_rows(params: Params, cache: KVCache, rows_P: jax.Array, reset_P: jax.Array,
-                  tokens_PT: jax.Array, lengths_P: jax.Array, sampling: RowSampling, *,
-                  cfg: ModelConfig) -> tuple[Sampled, KVCache]:  # fmt: skip
+def sample_prefilled(logits_PV: jax.Array, hist: lp.History, rows_P: jax.Array,
+                     reset_P: jax.Array, tokens_PT: jax.Array, lengths_P: jax.Array,
+                     sampling: RowSampling, pen: lp.Penalties) -> tuple[Sampled, lp.History]:  # fmt: skip
+    """The first tokens of prefilled rows [P] under their penalties; hist with the chunk's
+    prompt tokens recorded (reset rows emptied first)."""
+    sub = lp.record_prompt(lp.gather(hist, rows_P), tokens_PT, lengths_P, reset_P)
+    out = sample_rows(lp.apply(logits_PV, sub, pen, sampling.step), sampling)
+    return out, lp.scatter(hist, rows_P, sub)
+
+
+def _prefill_rows(params: Params, cache: KVCache, hist: lp.History, rows_P: jax.Array,
+                  reset_P: jax.Array, tokens_PT: jax.Array, lengths_P: jax.Array,
+                  sampling: RowSampling, pen: lp.Penalties, *,
+                  cfg: ModelConfig) -> tuple[Sampled, KVCache, lp.History]:  # fmt: skip
     sub = reset_rows(cfg, gather_rows(cfg, cache, rows_P), reset_P)
     logits, sub = fwd.prefill(params, sub, tokens_PT, lengths_P, cfg=cfg)
-    return sample_rows(logits, sampling), scatter_rows(cfg, cache, rows_P, sub)
+    out, hist = sample_prefilled(logits, hist, rows_P, reset_P, tokens_PT, lengths_P, sampling, pen)
+    return out, scatter_rows(cfg, cache, rows_P, sub), hist
 
 
-def _decode_rows(params: Params, cache: KVCache, tokens_B: jax.Array, budget_B: jax.Array,
-                 stops_BN: jax.Array, sampling: RowSampling, *, cfg: ModelConfig,
-                 steps: int) -> tuple[Sampled, jax.Array, KVCache]:  # fmt: skip
+def _decode_rows(params: Params, cache: KVCache, hist: lp.History, tokens_B: jax.Array,
+                 budget_B: jax.Array, stops_BN: jax.Array, sampling: RowSampling,
+                 pen: lp.Penalties, *, cfg: ModelConfig,
+                 steps: int) -> tuple[Sampled, jax.Array, KVCache, lp.History]:  # fmt: skip
     decode = functools.partial(fwd.decode, cfg=cfg)
-    return decode_loop(decode, params, cache, tokens_B, budget_B, stops_BN, sampling, steps)
+    return decode_loop(decode, params, cache, hist, tokens_B, budget_B, stops_BN, sampling, pen,
+                       steps)  # fmt: skip
 
 
 def decode_loop(decode: Callable[..., tuple[jax.Array, KVCache]], params: Params,
-                cache: KVCache, tokens_B: jax.Array, budget_B: jax.Array, stops_BN: jax.Array,
-                sampling: RowSampling, steps: int) -> tuple[Sampled, jax.Array, KVCache]:  # fmt: skip
+                cache: KVCache, hist: lp.History, tokens_B: jax.Array, budget_B: jax.Array,
+                stops_BN: jax.Array, sampling: RowSampling, pen: lp.Penalties,
+                steps: int) -> tuple[Sampled, jax.Array, KVCache, lp.History]:  # fmt: skip
     """decode_rows' K-step scan (traced inside a jit) over one decode(params, cache, tokens [B],
     active [B]) -> (logits [B, V], cache): the single-program driver's or sequence_parallel's."""
 
     def one(carry: tuple, _: None) -> tuple[tuple, tuple[Sampled, jax.Array]]:
-        cache, tok, left, count = carry
+        cache, hist, tok, left, count = carry
         fed = left > 0
         logits, cache = decode(params, cache, tok, fed)
-        out = sample_rows(logits, sampling.replace(step=count))
+        hist = lp.record_output(hist, tok, fed)  # the fed token is the row's latest output
+        out = sample_rows(lp.apply(logits, hist, pen, count), sampling.replace(step=count))
         stopped = (out.tokens[:, None] == stops_BN).any(axis=-1)
         left = jnp.where(fed & ~stopped, left - 1, 0)
-        carry = (cache, jnp.where(fed, out.tokens, tok), left, count + fed.astype(count.dtype))
-        return carry, (out, fed)
+        tok = jnp.where(fed, out.tokens, tok)
+        return (cache, hist, tok, left, count + fed.astype(count.dtype)), (out, fed)
 
-    carry: tuple = (cache, tokens_B, budget_B, sampling.step)
-    (cache, *_), (outs, fed) = jax.lax.scan(one, carry, None, length=steps)
-    return outs, fed, cache
+    carry: tuple = (cache, hist, tokens_B, budget_B, sampling.step)
+    (cache, hist, *_), (outs, fed) = jax.lax.scan(one, carry, None, length=steps)
+    return outs, fed, cache, hist
 
 
-prefill_rows = jax.jit(_prefill_rows, static_argnames=("cfg",), donate_argnames=("cache",))
-decode_rows = jax.jit(_decode_rows, static_argnames=("cfg", "steps"), donate_argnames=("cache",))
+prefill_rows = jax.jit(_prefill_rows, static_argnames=("cfg",), donate_argnames=("cache", "hist"))
+decode_rows = jax.jit(
+    _decode_rows, static_argnames=("cfg", "steps"), donate_argnames=("cache", "hist")
+)
 
 
 def compile_count() -> int:

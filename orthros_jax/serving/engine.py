@@ -39,15 +39,15 @@ from jax.sharding import Mesh
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import init_cache
-from orthros_jax.serving import buckets, device, sp_device
+from orthros_jax.inference import logit_processing as lp
+from orthros_jax.serving import buckets, device, row_inputs, sp_device
 from orthros_jax.serving.events import Event, Request, Slot
 from orthros_jax.serving.metrics import Metrics
 from orthros_jax.serving.requests import MAX_STOP_IDS, RequestError, SamplingParams
-from orthros_jax.serving.rowsample import RowSampling, Sampled
+from orthros_jax.serving.rowsample import Sampled
 from orthros_jax.serving.text import TextStream
 
 log = logging.getLogger(__name__)
-STOP_WIDTH = MAX_STOP_IDS + 1  # a slot's stop ids on device: its stop_token_ids and end-of-text
 
 
 class Engine:
@@ -93,6 +93,7 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.params = jax.device_put(params, sp_device.replicated(mesh))
         self.cache = init_cache(cfg, max_batch, max_len, mesh=mesh)
+        self.hist = self._history()
         self.slots: list[Slot | None] = [None] * max_batch
         self.queue: collections.deque[Request] = collections.deque()
         self._cond = threading.Condition()
@@ -196,17 +197,19 @@ class Engine:
         b = self.max_batch
         for p in self.prefill_batches:
             for t in self.prefill_lengths:
-                zeros = np.zeros((p,), np.int32)
-                _, self.cache = self._dev.prefill_rows(
-                    self.params, self.cache, np.full((p,), b, np.int32), np.zeros((p,), bool),
-                    np.zeros((p, t), np.int32), zeros, self._sampling([None] * p), cfg=self.cfg,
+                zeros, idle = np.zeros((p,), np.int32), [None] * p
+                _, self.cache, self.hist = self._dev.prefill_rows(
+                    self.params, self.cache, self.hist, np.full((p,), b, np.int32),
+                    np.zeros((p,), bool), np.zeros((p, t), np.int32), zeros,
+                    row_inputs.sampling(idle), row_inputs.penalties(idle), cfg=self.cfg,
                 )  # fmt: skip
-        zeros = np.zeros((b,), np.int32)
-        _, _, self.cache = self._dev.decode_rows(
-            self.params, self.cache, zeros, zeros, np.full((b, STOP_WIDTH), -1, np.int32),
-            self._sampling([None] * b), cfg=self.cfg, steps=self.decode_steps,
+        zeros, idle = np.zeros((b,), np.int32), [None] * b
+        _, _, self.cache, self.hist = self._dev.decode_rows(
+            self.params, self.cache, self.hist, zeros, zeros, row_inputs.stops(idle),
+            row_inputs.sampling(idle), row_inputs.penalties(idle), cfg=self.cfg,
+            steps=self.decode_steps,
         )  # fmt: skip
-        jax.block_until_ready(self.cache)
+        jax.block_until_ready((self.cache, self.hist))
 
     def step(self) -> None:
         """One engine step (see the module docstring)."""
@@ -287,17 +290,9 @@ class Engine:
             budget -= n
         return out
 
-    def _sampling(self, slots: list[Slot | None]) -> RowSampling:
-        def col(f: Callable[[Slot], Any], dtype: Any) -> np.ndarray:
-            return np.array([f(s) if s is not None else 0 for s in slots], dtype)
-
-        return RowSampling(
-            temperature=col(lambda s: s.req.params.temperature, np.float32),
-            top_k=col(lambda s: s.req.params.top_k, np.int32),
-            top_p=np.array([s.req.params.top_p if s else 1.0 for s in slots], np.float32),
-            seed=col(lambda s: s.req.seed, np.uint32),
-            step=col(lambda s: s.generated, np.int32),
-        )
+    def _history(self) -> lp.History:
+        hist = lp.init_history(self.max_batch, self.cfg.vocab_size)
+        return jax.device_put(hist, sp_device.replicated(self.mesh))
 
     def _run_prefill(self, chunks: list[tuple[int, int]]) -> Sampled:
         p = buckets.fit(self.prefill_batches, len(chunks))
@@ -310,8 +305,9 @@ class Engine:
             s = self._held(i)
             rows[j], reset[j], lengths[j], slots[j] = i, s.prefilled == 0, n, s
             tokens[j, :n] = s.req.ids[s.prefilled : s.prefilled + n]
-        sampled, self.cache = self._dev.prefill_rows(
-            self.params, self.cache, rows, reset, tokens, lengths, self._sampling(slots), cfg=self.cfg
+        sampled, self.cache, self.hist = self._dev.prefill_rows(
+            self.params, self.cache, self.hist, rows, reset, tokens, lengths,
+            row_inputs.sampling(slots), row_inputs.penalties(slots), cfg=self.cfg,
         )  # fmt: skip
         return sampled
 
@@ -320,16 +316,15 @@ class Engine:
         cache slots left and has not sampled a stop id (stop strings are the host's)."""
         b = self.max_batch
         tokens, budget = np.zeros((b,), np.int32), np.zeros((b,), np.int32)
-        stops = np.full((b, STOP_WIDTH), -1, np.int32)
         slots: list[Slot | None] = [None] * b
         for i in decoding:
             s = self._held(i)
             in_cache = len(s.req.ids) + s.generated - 1  # s.last is not fed yet
             left = min(s.req.params.max_tokens - s.generated, self.max_len - in_cache)
             tokens[i], budget[i], slots[i] = s.last, min(self.decode_steps, left), s
-            stops[i, : len(s.stop_ids)] = sorted(s.stop_ids)
-        sampled, fed, self.cache = self._dev.decode_rows(
-            self.params, self.cache, tokens, budget, stops, self._sampling(slots), cfg=self.cfg,
+        sampled, fed, self.cache, self.hist = self._dev.decode_rows(
+            self.params, self.cache, self.hist, tokens, budget, row_inputs.stops(slots),
+            row_inputs.sampling(slots), row_inputs.penalties(slots), cfg=self.cfg,
             steps=self.decode_steps,
         )  # fmt: skip
         return sampled, fed
@@ -394,6 +389,7 @@ class Engine:
         for i in range(self.max_batch):
             self._finish(i, "error", error=message)
         self.cache = init_cache(self.cfg, self.max_batch, self.max_len, mesh=self.mesh)
+        self.hist = self._history()
 
     def _publish_load(self) -> None:
         self.metrics.set_load(len(self.queue), sum(s is not None for s in self.slots))

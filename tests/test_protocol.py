@@ -211,7 +211,7 @@ def test_penalty_processing_matches_numpy_row_by_row():
     )  # fmt: skip
     got = np.asarray(lp.apply(jnp.asarray(logits), hist, pen, jnp.array([3, 3, 0])))
     for i in range(b):
-        outs = [[1, 2, 3], [1, 5, 3], []][i]
+        outs = [[1, 1, 1], [2, 5, 2], []][i]  # the fed tokens of rows 0 and 1
         counts = np.bincount(outs, minlength=v).astype(np.float64)
         seen = (counts > 0) | np.isin(np.arange(v), prompt[i, : [4, 2, 0][i]])
         r = float(pen.repetition[i])

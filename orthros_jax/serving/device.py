@@ -33,7 +33,7 @@ from orthros_jax.axes import BATCH
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import drivers as fwd
 from orthros_jax.inference import logit_processing as lp
-from orthros_jax.inference.cache import KVCache, kind_states
+from orthros_jax.inference.cache import KVCache, kind_states, kv_cache_dtype, leaf_axes
 from orthros_jax.layers.kind import Params
 from orthros_jax.layers.registry import KINDS
 from orthros_jax.serving.rowsample import RowSampling, Sampled, sample_rows
@@ -47,7 +47,9 @@ def batch_axes(cfg: ModelConfig, cache: KVCache) -> dict[str, Any]:
     """The BATCH axis index of every leaf of cache.states, a pytree like it."""
     return {
         name: jax.tree.map(
-            lambda ax: ax.index(BATCH), KINDS[name].state_axes(cfg), is_leaf=_is_axes
+            lambda ax: ax.index(BATCH),
+            leaf_axes(KINDS[name].state_axes(cfg), cache.states[name]),
+            is_leaf=_is_axes,
         )
         for name in cache.states
     }
@@ -74,7 +76,7 @@ def scatter_rows(cfg: ModelConfig, cache: KVCache, rows_P: jax.Array, sub: KVCac
 
 def reset_rows(cfg: ModelConfig, cache: KVCache, reset_B: jax.Array) -> KVCache:
     """cache with every row where reset is True emptied: length 0, each kind's initial state."""
-    fresh = kind_states(cfg, cache.batch_size, cache.max_len, cfg.jnp_dtype)  # cast to the cache's
+    fresh = kind_states(cfg, cache.batch_size, cache.max_len, cfg.jnp_dtype, kv_cache_dtype(cache))
 
     def pick(a: jax.Array, ax: int, new: jax.Array) -> jax.Array:
         shape = [1] * a.ndim

@@ -59,7 +59,8 @@ class Engine:
     idle engine lets a burst of arrivals gather before its first step (until every slot has a
     request or the time is up), so requests sent together prefill in one call. mesh: a mesh with
     a "sequence" axis > 1 (parallel.mesh.sequence_mesh) splits every row's slots over it, its
-    calls are sp_device.py's (sp_device.check says what it refuses); None: one device."""
+    calls are sp_device.py's (sp_device.check says what it refuses); None: one device.
+    kv_cache_dtype: "int8" / "fp8" keep the cache's K/V quantized (init_cache's)."""
 
     def __init__(self, params: Any, cfg: ModelConfig, *, max_batch: int = 4, max_len: int = 2048,
                  chunk_budget: int | None = None, max_queue: int = 64,
@@ -67,7 +68,8 @@ class Engine:
                  prefill_lengths: tuple[int, ...] | None = None,
                  prefill_batches: tuple[int, ...] | None = None, seed: int = 0,
                  metrics: Metrics | None = None, decode_steps: int = 1,
-                 batch_wait_s: float = 0.0, mesh: Mesh | None = None) -> None:  # fmt: skip
+                 batch_wait_s: float = 0.0, mesh: Mesh | None = None,
+                 kv_cache_dtype: str | None = None) -> None:  # fmt: skip
         chunk_budget = cfg.prefill_chunk if chunk_budget is None else chunk_budget
         for name, v in (("max_batch", max_batch), ("max_len", max_len),
                         ("chunk_budget", chunk_budget), ("max_queue", max_queue),
@@ -92,7 +94,8 @@ class Engine:
         self.eos_id = eos_id
         self.metrics = metrics or Metrics()
         self.params = jax.device_put(params, sp_device.replicated(mesh))
-        self.cache = init_cache(cfg, max_batch, max_len, mesh=mesh)
+        self.kv_cache_dtype = kv_cache_dtype
+        self.cache = self._new_cache()
         self.hist = self._history()
         self.slots: list[Slot | None] = [None] * max_batch
         self.queue: collections.deque[Request] = collections.deque()
@@ -290,6 +293,10 @@ class Engine:
             budget -= n
         return out
 
+    def _new_cache(self) -> Any:
+        return init_cache(self.cfg, self.max_batch, self.max_len, mesh=self.mesh,
+                          kv_cache_dtype=self.kv_cache_dtype)  # fmt: skip
+
     def _history(self) -> lp.History:
         hist = lp.init_history(self.max_batch, self.cfg.vocab_size)
         return jax.device_put(hist, sp_device.replicated(self.mesh))
@@ -388,7 +395,7 @@ class Engine:
         """After a failed device call: every running request fails, the cache restarts."""
         for i in range(self.max_batch):
             self._finish(i, "error", error=message)
-        self.cache = init_cache(self.cfg, self.max_batch, self.max_len, mesh=self.mesh)
+        self.cache = self._new_cache()
         self.hist = self._history()
 
     def _publish_load(self) -> None:

@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import logit_processing as lp
 from orthros_jax.inference import sequence_parallel as sp_forward
-from orthros_jax.inference.cache import KVCache, cache_shardings
+from orthros_jax.inference.cache import KVCache, cache_shardings, kv_cache_dtype
 from orthros_jax.layers.kind import Params
 from orthros_jax.parallel.sequence import SEQ, check_mesh, sequence_size
 from orthros_jax.serving.device import (
@@ -65,7 +65,7 @@ def replicated(mesh: Mesh | None) -> NamedSharding | None:
 
 
 def _constrain(cfg: ModelConfig, cache: KVCache, mesh: Mesh) -> KVCache:
-    sh = cache_shardings(cfg, cache.batch_size, cache.max_len, mesh)
+    sh = cache_shardings(cfg, cache.batch_size, cache.max_len, mesh, kv_cache_dtype(cache))
     return cache.replace(
         states=jax.lax.with_sharding_constraint(cache.states, sh.states),
         lengths=jax.lax.with_sharding_constraint(cache.lengths, sh.lengths),

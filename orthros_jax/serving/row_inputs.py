@@ -56,3 +56,26 @@ def penalties(slots: list[Slot | None]) -> Penalties:
         bias_values=values,
         stops=stops(slots),
     )
+
+
+def prefill_args(p: int, t: int, max_batch: int, chunks: list[tuple[int, Slot, int]]) -> tuple:
+    """device.prefill_rows' (rows, reset, tokens, lengths, sampling, pen) for a [p, t] bucket
+    of chunks (row, slot, prompt tokens this call); other rows are padding (id max_batch)."""
+    rows = np.full((p,), max_batch, np.int32)  # padding rows: never written
+    reset, lengths = np.zeros((p,), bool), np.zeros((p,), np.int32)
+    tokens = np.zeros((p, t), np.int32)
+    slots: list[Slot | None] = [None] * p
+    for j, (i, s, n) in enumerate(chunks):
+        rows[j], reset[j], lengths[j], slots[j] = i, s.prefilled == 0, n, s
+        tokens[j, :n] = s.req.ids[s.prefilled : s.prefilled + n]
+    return rows, reset, tokens, lengths, sampling(slots), penalties(slots)
+
+
+def decode_args(max_batch: int, rows: list[tuple[int, Slot, int]]) -> tuple:
+    """device.decode_rows' (tokens, budget, stops, sampling, pen) for rows (row, slot, steps
+    it may run); the others are idle (budget 0)."""
+    tokens, budget = np.zeros((max_batch,), np.int32), np.zeros((max_batch,), np.int32)
+    slots: list[Slot | None] = [None] * max_batch
+    for i, s, n in rows:
+        tokens[i], budget[i], slots[i] = s.last, n, s
+    return tokens, budget, stops(slots), sampling(slots), penalties(slots)

@@ -29,8 +29,8 @@ class QuantKV(flax.struct.PyTreeNode):
     """A quantized K or V stack: values [layers, B, K, S, H] (int8 / fp8), scale [layers, B, K, S]
     (the full-precision dtype); value * scale is the stored vector."""
 
-    values: jax.Array
-    scale: jax.Array
+    values: Any  # jax.Array (or, in a tree of logical axes / shardings, what stands for it)
+    scale: Any
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -59,6 +59,9 @@ class Engine:
     kv_cache_dtype: "int8" / "fp8" keep the cache's K/V quantized (init_cache's).
     prefix_caching: admit a request with the longest prompt prefix a row holds (prefix.py)."""
 
+    cache: Any  # the KVCache (donated to every call)
+    hist: lp.History  # the penalties' token history, a row per cache row
+
     def __init__(self, params: Any, cfg: ModelConfig, *, max_batch: int = 4, max_len: int = 2048,
                  chunk_budget: int | None = None, max_queue: int = 64,
                  decode_text: Callable[[list[int]], str] | None = None, eos_id: int | None = None,

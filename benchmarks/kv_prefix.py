@@ -182,7 +182,12 @@ def main(argv: list[str]) -> None:
     result["chat"] = {}
     for arch in ("orthros", "transformer"):
         small = ModelConfig(
-            **(dict(base.model) | dict(architecture=arch, n_layers=FLAGS.chat_layers))
+            **(
+                dict(base.model)
+                | dict(
+                    architecture=arch, n_layers=FLAGS.chat_layers, scale_offset=arch == "orthros"
+                )
+            )
         )
         p = jax.jit(init_params, static_argnums=0)(small, jax.random.PRNGKey(0))
         for pc in (False, True):

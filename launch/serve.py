@@ -68,6 +68,16 @@ flags.DEFINE_integer(
     "> 1: split every slot's cache positions over this many devices (sequence parallelism, "
     "parallel.mesh.sequence_mesh; --max_len a multiple of it); 1: one device.",
 )
+flags.DEFINE_string(
+    "kv_cache_dtype",
+    None,
+    "int8 / fp8: keep the cache's K/V quantized (default: the model's dtype).",
+)
+flags.DEFINE_bool(
+    "prefix_caching", True,
+    "Admit a request into the cache row holding its longest prompt prefix and prefill only the "
+    "rest (one device; off with --sequence > 1).",
+)  # fmt: skip
 flags.DEFINE_bool("warmup", True, "Compile every shape before serving.")
 flags.DEFINE_string("log_level", "warning", "uvicorn log level.")
 flags.mark_flags_as_required(["model"])
@@ -93,6 +103,7 @@ def main(argv: list[str]) -> None:
             chunk_budget=FLAGS.chunk_budget, max_queue=FLAGS.max_queue,
             decode_text=tokenizer.decode, eos_id=tokenizer.eos_id, prefill_lengths=lengths,
             decode_steps=FLAGS.decode_steps, batch_wait_s=FLAGS.batch_wait_ms / 1000, mesh=mesh,
+            kv_cache_dtype=FLAGS.kv_cache_dtype, prefix_caching=FLAGS.prefix_caching and mesh is None,
         )  # fmt: skip
     except ValueError as e:
         sys.exit(f"serve.py: {e}")

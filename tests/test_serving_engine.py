@@ -246,9 +246,9 @@ def test_an_idle_engine_gathers_a_burst_into_one_prefill(monkeypatch):
     calls = []
     real = device.prefill_rows
 
-    def spy(params, cache, rows, *args, **kw):
+    def spy(params, cache, hist, rows, *args, **kw):
         calls.append(int((np.asarray(rows) < 3).sum()))  # real rows (ids < max_batch)
-        return real(params, cache, rows, *args, **kw)
+        return real(params, cache, hist, rows, *args, **kw)
 
     monkeypatch.setattr(device, "prefill_rows", spy)
     # 3 slots, chunks of 8: three 2-token prompts fit one call; the wait ends when all slots fill

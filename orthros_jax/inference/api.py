@@ -241,6 +241,7 @@ def generate(
     stop_tokens: Sequence[int] | Sequence[Sequence[int]] = (),
     cache_size: int | None = None,
     mesh: Mesh | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> GenerateOutput:
     """Generates up to max_new_tokens per prompt (a list of B token-id lists, ragged).
 
@@ -251,6 +252,7 @@ def generate(
     up to 128, and to a multiple of the mesh's sequence axis). A row that fills its cache stops
     there with hit_capacity set; nothing wraps. mesh: split the cache over it (init_cache's
     mesh; a "sequence" axis > 1 runs prefill and the decode loop sequence-parallel).
+    kv_cache_dtype: "int8" / "fp8" store the K/V quantized (init_cache's; None: full precision).
     """
     if isinstance(prompts, np.ndarray) and prompts.ndim == 2:
         prompts = list(prompts)
@@ -277,7 +279,7 @@ def generate(
         tokens[i, : len(ids)] = ids
     _check_ids(tokens, cfg, "generate: prompts")
     stops = _stop_table(stop_tokens, len(prompts), cfg)
-    cache = init_cache(cfg, len(prompts), size, mesh=mesh)
+    cache = init_cache(cfg, len(prompts), size, mesh=mesh, kv_cache_dtype=kv_cache_dtype)
     logits, cache = prefill(params, cache, tokens, lens, cfg)
     rng = jax.random.PRNGKey(0) if rng is None else rng
     out, num, hit, logprobs, _ = _generate_jit(

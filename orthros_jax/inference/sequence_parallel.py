@@ -43,7 +43,7 @@ from jax.sharding import PartitionSpec as P
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import drivers as fwd
-from orthros_jax.inference.cache import KVCache, cache_shardings
+from orthros_jax.inference.cache import KVCache, cache_shardings, kv_cache_dtype
 from orthros_jax.layers import stack
 from orthros_jax.layers.cache_view import slot_segments
 from orthros_jax.layers.kind import CHUNK, LayerKind, Params, StepContext, Stream
@@ -67,9 +67,11 @@ def mesh_of(cache: KVCache) -> Mesh | None:
     return None
 
 
-def specs(cfg: ModelConfig, mesh: Mesh, batch: int, max_len: int) -> tuple[KVCache, Any]:
-    """shard_map specs: the cache's (by the rules) and the rows' mesh axes (or None)."""
-    sh = cache_shardings(cfg, batch, max_len, mesh)
+def specs(cfg: ModelConfig, mesh: Mesh, batch: int, max_len: int,
+          kv_dtype: str | None = None) -> tuple[KVCache, Any]:  # fmt: skip
+    """shard_map specs: the cache's (by the rules; kv_dtype: a quantized cache's) and the rows'
+    mesh axes (or None)."""
+    sh = cache_shardings(cfg, batch, max_len, mesh, kv_dtype)
     spec = jax.tree.map(lambda s: s.spec, sh)
     rows = spec.lengths[0] if len(spec.lengths) else None
     return spec, rows
@@ -186,7 +188,7 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
     """Prefill of a cache split over `mesh` (see the module docstring). tokens [B, S]: the
     prompts on the slot grid (`slot_tokens`), split like the cache's slots; lengths [B] >= 1.
     Returns (logits [B, V] at each prompt's last token, the cache split the same way)."""
-    cache_spec, rows = specs(cfg, mesh, cache.batch_size, cache.max_len)
+    cache_spec, rows = specs(cfg, mesh, cache.batch_size, cache.max_len, kv_cache_dtype(cache))
     fn = jax.shard_map(
         functools.partial(_prefill_shard, cfg=cfg, mesh=mesh),
         mesh=mesh,
@@ -205,7 +207,7 @@ def decode(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array,
            cfg: ModelConfig, mesh: Mesh) -> tuple[jax.Array, KVCache]:  # fmt: skip
     """drivers.decode on a cache split over `mesh` (traceable inside jit: generate's
     loop). tokens, active [B] -> (logits [B, V], cache split the same way)."""
-    cache_spec, rows = specs(cfg, mesh, cache.batch_size, cache.max_len)
+    cache_spec, rows = specs(cfg, mesh, cache.batch_size, cache.max_len, kv_cache_dtype(cache))
 
     def shard(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array) -> Any:
         ls = cache.max_len // sequence_size(mesh)

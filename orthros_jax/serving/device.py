@@ -3,8 +3,8 @@
 Shapes: B slots (cache rows), P rows prefilled in one call (a bucket <= B), T prompt tokens
 of each of them this call (a bucket), S cache slots per row, V vocab.
 
-    prefill_rows(params, cache, rows, reset, tokens, lengths, sampling) -> (Sampled, cache)
-    decode_rows(params, cache, tokens, budget, stops, sampling, steps=K) -> (Sampled [K, B], fed [K, B], cache)
+    prefill_rows(params, cache, hist, rows, reset, tokens, lengths, sampling, pen) -> (Sampled, cache, hist)
+    decode_rows(params, cache, hist, tokens, budget, stops, sampling, pen, steps=K) -> (Sampled [K, B], fed [K, B], cache, hist)
 
 prefill_rows gathers rows [P] of the cache (every leaf along the axis its kind's `state_axes`
 names BATCH, lengths along 0), resets those with reset=True to an empty row (length 0 and
@@ -16,10 +16,11 @@ decode_rows runs inference/decode_loop.py (generate's loop: at most K steps, K s
 inference/drivers.decode on every row, each feeding the token the step before sampled: row b
 runs while it has budget[b] steps left and has not sampled one of its stop ids (stops [B, N],
 -1 padded); other rows write nothing (fed[k, b] says which ran). K > 1 trades streaming
-granularity for one host round trip per K tokens (vLLM's multi-step scheduling). Both sample
-per row (inference/sampling.sample_rows; the key of a draw is the row's seed and its token
+granularity for one host round trip per K tokens (vLLM's multi-step scheduling). Both process
+each row's logits (hist / pen: penalties, logit bias, min_tokens; inference/logit_processing.py),
+sample per row (inference/sampling.sample_rows; the key of a draw is the row's seed and its token
 count, so K does not change what is drawn; Sampled.sample_logprob is each token's log-prob
-under the distribution it was drawn from) and donate the cache.
+under the distribution it was drawn from) and donate the cache and the history.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ import jax.numpy as jnp
 from orthros_jax.axes import BATCH
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import drivers as fwd
-from orthros_jax.inference.cache import KVCache, kind_states
+from orthros_jax.inference import logit_processing as lp
+from orthros_jax.inference.cache import KVCache, kind_states, kv_cache_dtype, leaf_axes
 from orthros_jax.inference.decode_loop import decode_loop
 from orthros_jax.inference.sampling import RowSampling, Sampled, sample_rows
 from orthros_jax.layers.kind import Params
@@ -48,7 +50,9 @@ def batch_axes(cfg: ModelConfig, cache: KVCache) -> dict[str, Any]:
     """The BATCH axis index of every leaf of cache.states, a pytree like it."""
     return {
         name: jax.tree.map(
-            lambda ax: ax.index(BATCH), KINDS[name].state_axes(cfg), is_leaf=_is_axes
+            lambda ax: ax.index(BATCH),
+            leaf_axes(KINDS[name].state_axes(cfg), cache.states[name]),
+            is_leaf=_is_axes,
         )
         for name in cache.states
     }
@@ -75,7 +79,7 @@ def scatter_rows(cfg: ModelConfig, cache: KVCache, rows_P: jax.Array, sub: KVCac
 
 def reset_rows(cfg: ModelConfig, cache: KVCache, reset_B: jax.Array) -> KVCache:
     """cache with every row where reset is True emptied: length 0, each kind's initial state."""
-    fresh = kind_states(cfg, cache.batch_size, cache.max_len, cfg.jnp_dtype)  # cast to the cache's
+    fresh = kind_states(cfg, cache.batch_size, cache.max_len, cfg.jnp_dtype, kv_cache_dtype(cache))
 
     def pick(a: jax.Array, ax: int, new: jax.Array) -> jax.Array:
         shape = [1] * a.ndim
@@ -86,34 +90,42 @@ def reset_rows(cfg: ModelConfig, cache: KVCache, reset_B: jax.Array) -> KVCache:
     return cache.replace(states=states, lengths=jnp.where(reset_B, 0, cache.lengths))
 
 
-def _prefill_rows(params: Params, cache: KVCache, rows_P: jax.Array, reset_P: jax.Array,
-                  tokens_PT: jax.Array, lengths_P: jax.Array, sampling: RowSampling, *,
-                  cfg: ModelConfig) -> tuple[Sampled, KVCache]:  # fmt: skip
+def sample_prefilled(logits_PV: jax.Array, hist: lp.History, rows_P: jax.Array,
+                     reset_P: jax.Array, tokens_PT: jax.Array, lengths_P: jax.Array,
+                     sampling: RowSampling, pen: lp.Penalties) -> tuple[Sampled, lp.History]:  # fmt: skip
+    """The first tokens of prefilled rows [P] under their penalties; hist with the chunk's
+    prompt tokens recorded (reset rows emptied first)."""
+    sub = lp.record_prompt(lp.gather(hist, rows_P), tokens_PT, lengths_P, reset_P)
+    out = sample_rows(lp.apply(logits_PV, sub, pen, sampling.step), sampling)
+    return out, lp.scatter(hist, rows_P, sub)
+
+
+def _prefill_rows(params: Params, cache: KVCache, hist: lp.History, rows_P: jax.Array,
+                  reset_P: jax.Array, tokens_PT: jax.Array, lengths_P: jax.Array,
+                  sampling: RowSampling, pen: lp.Penalties, *,
+                  cfg: ModelConfig) -> tuple[Sampled, KVCache, lp.History]:  # fmt: skip
     sub = reset_rows(cfg, gather_rows(cfg, cache, rows_P), reset_P)
     logits, sub = fwd.prefill(params, sub, tokens_PT, lengths_P, cfg=cfg)
-    return sample_rows(logits, sampling), scatter_rows(cfg, cache, rows_P, sub)
+    out, hist = sample_prefilled(logits, hist, rows_P, reset_P, tokens_PT, lengths_P, sampling, pen)
+    return out, scatter_rows(cfg, cache, rows_P, sub), hist
 
 
-def _decode_rows(params: Params, cache: KVCache, tokens_B: jax.Array, budget_B: jax.Array,
-                 stops_BN: jax.Array, sampling: RowSampling, *, cfg: ModelConfig,
-                 steps: int) -> tuple[Sampled, jax.Array, KVCache]:  # fmt: skip
+def _decode_rows(params: Params, cache: KVCache, hist: lp.History, tokens_B: jax.Array,
+                 budget_B: jax.Array, stops_BN: jax.Array, sampling: RowSampling,
+                 pen: lp.Penalties, *, cfg: ModelConfig,
+                 steps: int) -> tuple[Sampled, jax.Array, KVCache, lp.History]:  # fmt: skip
     decode = functools.partial(fwd.decode, cfg=cfg)
     out = decode_loop(
-        decode,
-        params,
-        cache,
-        tokens_B,
-        budget_B,
-        stops_BN,
-        sampling,
-        steps=steps,
-        vocab_size=cfg.vocab_size,
-    )
-    return out.sampled, out.fed, out.cache
+        decode, params, cache, tokens_B, budget_B, stops_BN, sampling, steps=steps,
+        vocab_size=cfg.vocab_size, hist=hist, pen=pen,
+    )  # fmt: skip
+    return out.sampled, out.fed, out.cache, out.hist
 
 
-prefill_rows = jax.jit(_prefill_rows, static_argnames=("cfg",), donate_argnames=("cache",))
-decode_rows = jax.jit(_decode_rows, static_argnames=("cfg", "steps"), donate_argnames=("cache",))
+prefill_rows = jax.jit(_prefill_rows, static_argnames=("cfg",), donate_argnames=("cache", "hist"))
+decode_rows = jax.jit(
+    _decode_rows, static_argnames=("cfg", "steps"), donate_argnames=("cache", "hist")
+)
 
 
 def compile_count() -> int:

@@ -2,25 +2,20 @@
 and a loop that admits, prefills in chunks, decodes and frees.
 
 One engine step (Engine.step):
-  1. frees the slots of cancelled requests (a client that went away) and admits waiting
-     requests into free slots, oldest first;
+  1. frees the slots of cancelled requests and admits waiting ones into free slots, oldest
+     first (with prefix_caching, into the row holding their longest cached prefix: prefix.py);
   2. prefills up to `chunk_budget` prompt tokens over the slots still prefilling, oldest first
-     (one call of device.prefill_rows into those rows only; a new request's row is reset in
-     it), so a long prompt is spread over steps while the others keep decoding;
-  3. runs `decode_steps` decode steps (default 1) for every slot that is generating
-     (device.decode_rows, one call);
+     (one device.prefill_rows call into those rows only; a new request's row is reset in it);
+  3. runs `decode_steps` decode steps for every generating slot (one device.decode_rows call);
   4. reads the sampled tokens back and, per slot, streams the text, applies the stops (stop
-     strings, stop / end-of-text ids, max_tokens, the row's cache capacity) and frees the slot
-     of a finished request at once.
+     strings, stop / end-of-text ids, max_tokens, the row's capacity) and frees finished slots.
 Shapes are bucketed: the prefill takes [P, T] for P in `prefill_batches` and T in
 `prefill_lengths`, the decode [B]; `warmup()` compiles every bucket once, so the steady state
 never compiles (tests/test_serving_engine.py counts it). The cache is donated to every call.
 With mesh= (a sequence-split cache) the two calls are sp_device.py's, chunking included.
-
-A failure while handling one request (its callback, its text) fails that request only; a
-failure of a device call fails the requests in it and restarts the cache. `start()` runs the
-loop on a thread; `shutdown(drain=True)` refuses new requests, finishes the running ones and
-stops.
+A failure while handling one request fails that request only; a failed device call fails the
+requests in it and restarts the cache. `start()` runs the loop on a thread;
+`shutdown(drain=True)` refuses new requests, finishes the running ones and stops.
 """
 
 from __future__ import annotations
@@ -39,15 +34,16 @@ from jax.sharding import Mesh
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import init_cache
-from orthros_jax.inference.sampling import RowSampling, Sampled
-from orthros_jax.serving import buckets, device, sp_device
+from orthros_jax.inference import logit_processing as lp
+from orthros_jax.inference.sampling import Sampled
+from orthros_jax.serving import buckets, device, row_inputs, sp_device
 from orthros_jax.serving.events import Event, Request, Slot
 from orthros_jax.serving.metrics import Metrics
+from orthros_jax.serving.prefix import PrefixIndex
 from orthros_jax.serving.requests import MAX_STOP_IDS, RequestError, SamplingParams
 from orthros_jax.serving.text import TextStream
 
 log = logging.getLogger(__name__)
-STOP_WIDTH = MAX_STOP_IDS + 1  # a slot's stop ids on device: its stop_token_ids and end-of-text
 
 
 class Engine:
@@ -59,7 +55,12 @@ class Engine:
     idle engine lets a burst of arrivals gather before its first step (until every slot has a
     request or the time is up), so requests sent together prefill in one call. mesh: a mesh with
     a "sequence" axis > 1 (parallel.mesh.sequence_mesh) splits every row's slots over it, its
-    calls are sp_device.py's (sp_device.check says what it refuses); None: one device."""
+    calls are sp_device.py's (sp_device.check says what it refuses); None: one device.
+    kv_cache_dtype: "int8" / "fp8" keep the cache's K/V quantized (init_cache's).
+    prefix_caching: admit a request with the longest prompt prefix a row holds (prefix.py)."""
+
+    cache: Any  # the KVCache (donated to every call)
+    hist: lp.History  # the penalties' token history, a row per cache row
 
     def __init__(self, params: Any, cfg: ModelConfig, *, max_batch: int = 4, max_len: int = 2048,
                  chunk_budget: int | None = None, max_queue: int = 64,
@@ -67,7 +68,8 @@ class Engine:
                  prefill_lengths: tuple[int, ...] | None = None,
                  prefill_batches: tuple[int, ...] | None = None, seed: int = 0,
                  metrics: Metrics | None = None, decode_steps: int = 1,
-                 batch_wait_s: float = 0.0, mesh: Mesh | None = None) -> None:  # fmt: skip
+                 batch_wait_s: float = 0.0, mesh: Mesh | None = None,
+                 kv_cache_dtype: str | None = None, prefix_caching: bool = False) -> None:  # fmt: skip
         chunk_budget = cfg.prefill_chunk if chunk_budget is None else chunk_budget
         for name, v in (("max_batch", max_batch), ("max_len", max_len),
                         ("chunk_budget", chunk_budget), ("max_queue", max_queue),
@@ -75,6 +77,8 @@ class Engine:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"Engine: {name} must be a positive int, got {v!r}")
         sp_device.check(cfg, mesh, max_batch, max_len)  # first: a refused mesh compiles nothing
+        if prefix_caching and mesh is not None:
+            raise ValueError("Engine: prefix_caching is for one device (mesh=None)")
         self.cfg, self.max_batch, self.max_len, self.mesh = cfg, max_batch, max_len, mesh
         self._dev: Any = device if mesh is None else sp_device.SequenceParallel(mesh)
         self.decode_steps = decode_steps
@@ -92,7 +96,9 @@ class Engine:
         self.eos_id = eos_id
         self.metrics = metrics or Metrics()
         self.params = jax.device_put(params, sp_device.replicated(mesh))
-        self.cache = init_cache(cfg, max_batch, max_len, mesh=mesh)
+        self.kv_cache_dtype = kv_cache_dtype
+        self._fresh()
+        self.prefix = PrefixIndex(cfg, max_batch) if prefix_caching else None
         self.slots: list[Slot | None] = [None] * max_batch
         self.queue: collections.deque[Request] = collections.deque()
         self._cond = threading.Condition()
@@ -193,20 +199,17 @@ class Engine:
     def warmup(self) -> None:
         """Compiles the decode and every prefill bucket on the live cache with no-op inputs (all
         rows padding / inactive), so serving never compiles."""
-        b = self.max_batch
         for p in self.prefill_batches:
             for t in self.prefill_lengths:
-                zeros = np.zeros((p,), np.int32)
-                _, self.cache = self._dev.prefill_rows(
-                    self.params, self.cache, np.full((p,), b, np.int32), np.zeros((p,), bool),
-                    np.zeros((p, t), np.int32), zeros, self._sampling([None] * p), cfg=self.cfg,
-                )  # fmt: skip
-        zeros = np.zeros((b,), np.int32)
-        _, _, self.cache = self._dev.decode_rows(
-            self.params, self.cache, zeros, zeros, np.full((b, STOP_WIDTH), -1, np.int32),
-            self._sampling([None] * b), cfg=self.cfg, steps=self.decode_steps,
-        )  # fmt: skip
-        jax.block_until_ready(self.cache)
+                args = row_inputs.prefill_args(p, t, self.max_batch, [])
+                _, self.cache, self.hist = self._dev.prefill_rows(
+                    self.params, self.cache, self.hist, *args, cfg=self.cfg
+                )
+        args = row_inputs.decode_args(self.max_batch, [])
+        _, _, self.cache, self.hist = self._dev.decode_rows(
+            self.params, self.cache, self.hist, *args, cfg=self.cfg, steps=self.decode_steps
+        )
+        jax.block_until_ready((self.cache, self.hist))
 
     def step(self) -> None:
         """One engine step (see the module docstring)."""
@@ -231,12 +234,16 @@ class Engine:
         if pre is not None:
             for j, (i, n) in enumerate(chunks):
                 slot = self._held(i)
+                if self.prefix is not None:
+                    self.prefix.append(i, slot.req.ids[slot.prefilled : slot.prefilled + n])
                 slot.prefilled += n
                 if slot.decoding:  # its last chunk: the first token
                     self._guard(i, functools.partial(self._accept, slot, pre, j, now))
         if dec is not None:
             sampled, fed = dec
             owners = {i: self._held(i) for i in decoding}
+            if self.prefix is not None:
+                self.prefix.record_decode({i: s.last for i, s in owners.items()}, sampled, fed)
             for k in range(self.decode_steps):
                 step_k = jax.tree.map(lambda a, k=k: a[k], sampled)
                 for i, slot in owners.items():
@@ -259,14 +266,18 @@ class Engine:
                 self._finish(i, "cancelled")
 
     def _admit(self) -> None:
-        for i in range(self.max_batch):
-            if self.slots[i] is None and self.queue:
-                req = self.queue.popleft()
-                p = req.params
-                stop_ids = set(p.stop_token_ids)
-                if self.eos_id is not None and not p.ignore_eos:
-                    stop_ids.add(self.eos_id)
-                self.slots[i] = Slot(req, TextStream(self.decode_text, p.stop), frozenset(stop_ids))
+        free = [i for i in range(self.max_batch) if self.slots[i] is None]
+        while free and self.queue:
+            req = self.queue.popleft()
+            i, reused = free[0], 0
+            if self.prefix is not None:  # the row, with the longest prefix held copied in
+                i, reused, self.cache, self.hist = self.prefix.admit(
+                    req.ids, free, self.cache, self.hist, self.cfg
+                )
+                self.metrics.prefix(reused)
+            free.remove(i)
+            self.slots[i] = Slot.of(req, TextStream(self.decode_text, req.params.stop),
+                                    self.eos_id, reused)  # fmt: skip
 
     def _held(self, i: int) -> Slot:
         slot = self.slots[i]
@@ -287,50 +298,36 @@ class Engine:
             budget -= n
         return out
 
-    def _sampling(self, slots: list[Slot | None]) -> RowSampling:
-        def col(f: Callable[[Slot], Any], dtype: Any) -> np.ndarray:
-            return np.array([f(s) if s is not None else 0 for s in slots], dtype)
-
-        return RowSampling(
-            temperature=col(lambda s: s.req.params.temperature, np.float32),
-            top_k=col(lambda s: s.req.params.top_k, np.int32),
-            top_p=np.array([s.req.params.top_p if s else 1.0 for s in slots], np.float32),
-            seed=col(lambda s: s.req.seed, np.uint32),
-            step=col(lambda s: s.generated, np.int32),
-        )
+    def _fresh(self) -> None:
+        """An empty cache and penalty history."""
+        self.cache = init_cache(self.cfg, self.max_batch, self.max_len, mesh=self.mesh,
+                                kv_cache_dtype=self.kv_cache_dtype)  # fmt: skip
+        hist = lp.init_history(self.max_batch, self.cfg.vocab_size)
+        self.hist = jax.device_put(hist, sp_device.replicated(self.mesh))
 
     def _run_prefill(self, chunks: list[tuple[int, int]]) -> Sampled:
         p = buckets.fit(self.prefill_batches, len(chunks))
         t = buckets.fit(self.prefill_lengths, max(n for _, n in chunks))
-        rows = np.full((p,), self.max_batch, np.int32)  # padding rows: never written
-        reset, lengths = np.zeros((p,), bool), np.zeros((p,), np.int32)
-        tokens = np.zeros((p, t), np.int32)
-        slots: list[Slot | None] = [None] * p
-        for j, (i, n) in enumerate(chunks):
-            s = self._held(i)
-            rows[j], reset[j], lengths[j], slots[j] = i, s.prefilled == 0, n, s
-            tokens[j, :n] = s.req.ids[s.prefilled : s.prefilled + n]
-        sampled, self.cache = self._dev.prefill_rows(
-            self.params, self.cache, rows, reset, tokens, lengths, self._sampling(slots), cfg=self.cfg
-        )  # fmt: skip
+        args = row_inputs.prefill_args(
+            p, t, self.max_batch, [(i, self._held(i), n) for i, n in chunks]
+        )
+        sampled, self.cache, self.hist = self._dev.prefill_rows(
+            self.params, self.cache, self.hist, *args, cfg=self.cfg
+        )
         return sampled
 
     def _run_decode(self, decoding: list[int]) -> tuple[Sampled, jax.Array]:
         """decode_steps steps for the decoding slots: each runs while it has max_tokens and
         cache slots left and has not sampled a stop id (stop strings are the host's)."""
-        b = self.max_batch
-        tokens, budget = np.zeros((b,), np.int32), np.zeros((b,), np.int32)
-        stops = np.full((b, STOP_WIDTH), -1, np.int32)
-        slots: list[Slot | None] = [None] * b
+        rows = []
         for i in decoding:
             s = self._held(i)
             in_cache = len(s.req.ids) + s.generated - 1  # s.last is not fed yet
             left = min(s.req.params.max_tokens - s.generated, self.max_len - in_cache)
-            tokens[i], budget[i], slots[i] = s.last, min(self.decode_steps, left), s
-            stops[i, : len(s.stop_ids)] = sorted(s.stop_ids)
-        sampled, fed, self.cache = self._dev.decode_rows(
-            self.params, self.cache, tokens, budget, stops, self._sampling(slots), cfg=self.cfg,
-            steps=self.decode_steps,
+            rows.append((i, s, min(self.decode_steps, left)))
+        sampled, fed, self.cache, self.hist = self._dev.decode_rows(
+            self.params, self.cache, self.hist, *row_inputs.decode_args(self.max_batch, rows),
+            cfg=self.cfg, steps=self.decode_steps,
         )  # fmt: skip
         return sampled, fed
 
@@ -393,7 +390,9 @@ class Engine:
         """After a failed device call: every running request fails, the cache restarts."""
         for i in range(self.max_batch):
             self._finish(i, "error", error=message)
-        self.cache = init_cache(self.cfg, self.max_batch, self.max_len, mesh=self.mesh)
+        self._fresh()
+        if self.prefix is not None:
+            self.prefix.clear()
 
     def _publish_load(self) -> None:
         self.metrics.set_load(len(self.queue), sum(s is not None for s in self.slots))

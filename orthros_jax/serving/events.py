@@ -51,6 +51,15 @@ class Slot:
     generated: int = 0
     last: int = 0  # the token to feed next
 
+    @classmethod
+    def of(cls, req: Request, text: TextStream, eos_id: int | None, prefilled: int = 0) -> Slot:
+        """A slot for req: its stop ids (stop_token_ids and eos_id unless ignore_eos), its
+        first `prefilled` prompt tokens already in the row (a reused prefix)."""
+        stop_ids = set(req.params.stop_token_ids)
+        if eos_id is not None and not req.params.ignore_eos:
+            stop_ids.add(eos_id)
+        return cls(req, text, frozenset(stop_ids), prefilled=prefilled)
+
     @property
     def decoding(self) -> bool:
         return self.prefilled == len(self.req.ids)

@@ -53,6 +53,7 @@ class Metrics:
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
         self.ttft = Histogram(TTFT_BUCKETS)
         self.tpot = Histogram(TPOT_BUCKETS)
+        self.prefix_lookups = self.prefix_hits = self.prefix_reused = 0
 
     def set_load(self, queue_depth: int, active_slots: int) -> None:
         with self._lock:
@@ -73,6 +74,13 @@ class Metrics:
                 self.ttft.observe(ttft_s)
             if tpot_s is not None:
                 self.tpot.observe(tpot_s)
+
+    def prefix(self, reused_tokens: int) -> None:
+        """A request admitted with prefix caching on, reusing this many cached prompt tokens."""
+        with self._lock:
+            self.prefix_lookups += 1
+            self.prefix_hits += reused_tokens > 0
+            self.prefix_reused += reused_tokens
 
     def rejected(self, reason: str) -> None:
         with self._lock:
@@ -111,6 +119,18 @@ class Metrics:
             ]
             lines += [
                 f'{p}_requests_total{{outcome="{k}"}} {v}' for k, v in sorted(self.requests.items())
+            ]
+            hit_rate = self.prefix_hits / self.prefix_lookups if self.prefix_lookups else 0.0
+            lines += [
+                f"# HELP {p}_prefix_cache_hit_rate Admitted requests that reused a cached prefix.",
+                f"# TYPE {p}_prefix_cache_hit_rate gauge",
+                f"{p}_prefix_cache_hit_rate {hit_rate}",
+                f"# HELP {p}_prefix_cache_queries_total Requests admitted with prefix caching on.",
+                f"# TYPE {p}_prefix_cache_queries_total counter",
+                f"{p}_prefix_cache_queries_total {self.prefix_lookups}",
+                f"# HELP {p}_prefix_cache_reused_tokens_total Prompt tokens not prefilled: reused.",
+                f"# TYPE {p}_prefix_cache_reused_tokens_total counter",
+                f"{p}_prefix_cache_reused_tokens_total {self.prefix_reused}",
             ]
             lines += [
                 f"# HELP {p}_time_to_first_token_seconds Arrival to first token.",

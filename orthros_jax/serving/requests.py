@@ -1,7 +1,6 @@
-"""What a client asks for, validated: sampling settings, stops, and the prompt as token ids.
-
-Every check raises RequestError naming the offending field (the API answers it with HTTP 400
-and an OpenAI-style error body), before anything reaches the engine.
+"""What the engine takes from a request: its sampling settings (SamplingParams) and its prompt
+as token ids; RequestError, a bad request naming its field (protocol.py builds both from the
+OpenAI request models; the API answers a RequestError with its status and an OpenAI error body).
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from typing import Any
 MAX_STOP_STRINGS = 4  # as the OpenAI API
 MAX_SEED = 2**32 - 1
 MAX_STOP_IDS = 15  # stop_token_ids per request (+ the end-of-text id: the engine's stop table)
+MAX_LOGIT_BIAS = 300  # logit_bias entries per request (as the OpenAI API)
 
 
 class RequestError(ValueError):
@@ -26,7 +26,9 @@ class RequestError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """One request's settings. temperature 0 is greedy; top_k 0 and top_p 1 are off; seed None
-    draws one; logprobs None returns none, n >= 0 the chosen token's and n alternatives."""
+    draws one; logprobs None returns none, n >= 0 the chosen token's and n alternatives.
+    presence / frequency penalty (0: off), repetition_penalty (1: off), logit_bias ((token id,
+    bias), ...) and min_tokens (0: off) are applied on device (inference/logit_processing.py)."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -37,28 +39,15 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     logprobs: int | None = None
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
 
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
-    x = body.get(name)
-    if x is None:
-        return default
-    if isinstance(x, bool) or not isinstance(x, int | float) or not lo <= x <= hi:
-        raise RequestError(f"'{name}' must be a number in [{lo}, {hi}], got {x!r}", name)
-    return float(x)
-
-
-def _int(body: dict, name: str, default: int | None, lo: int, hi: int) -> int | None:
-    x = body.get(name)
-    if x is None:
-        return default
-    if not _is_int(x) or not lo <= x <= hi:
-        raise RequestError(f"'{name}' must be an integer in [{lo}, {hi}], got {x!r}", name)
-    return x
 
 
 def check_utf8(text: str, field: str) -> str:
@@ -68,59 +57,6 @@ def check_utf8(text: str, field: str) -> str:
     except UnicodeEncodeError as e:
         raise RequestError(f"'{field}' is not valid UTF-8 text ({e.reason})", field) from None
     return text
-
-
-def _stops(body: dict) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise RequestError("'stop' must be a non-empty string or a list of them", "stop")
-    if len(stops) > MAX_STOP_STRINGS:
-        raise RequestError(f"'stop' takes at most {MAX_STOP_STRINGS} strings", "stop")
-    return tuple(check_utf8(s, "stop") for s in stops)
-
-
-def sampling_params(body: dict, vocab_size: int, max_len: int, max_logprobs: int) -> SamplingParams:
-    """SamplingParams from an OpenAI request body (completions or chat)."""
-    max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
-    field = "max_tokens" if "max_tokens" in body else "max_completion_tokens"
-    if max_tokens is None:
-        max_tokens = 16
-    if not _is_int(max_tokens) or not 1 <= max_tokens <= max_len:
-        raise RequestError(
-            f"'{field}' must be an integer in [1, {max_len}], got {max_tokens!r}", field
-        )
-    n = body.get("n", 1)
-    if n != 1 or not _is_int(n):
-        raise RequestError(f"'n' must be 1 (one choice per prompt), got {n!r}", "n")
-    ids = body.get("stop_token_ids") or []
-    if (not isinstance(ids, list) or len(ids) > MAX_STOP_IDS
-            or not all(_is_int(i) and 0 <= i < vocab_size for i in ids)):  # fmt: skip
-        raise RequestError(
-            f"'stop_token_ids' must be at most {MAX_STOP_IDS} token ids in [0, {vocab_size})",
-            "stop_token_ids",
-        )
-    logprobs = body.get("logprobs")
-    if isinstance(logprobs, bool):  # chat: logprobs true/false + top_logprobs
-        logprobs = _int(body, "top_logprobs", 0, 0, max_logprobs) if logprobs else None
-    elif logprobs is not None:
-        logprobs = _int(body, "logprobs", None, 0, max_logprobs)
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise RequestError("'ignore_eos' must be a boolean", "ignore_eos")
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
-        top_k=_int(body, "top_k", 0, 0, vocab_size) or 0,
-        seed=_int(body, "seed", None, 0, MAX_SEED),
-        stop=_stops(body),
-        stop_token_ids=tuple(ids),
-        logprobs=logprobs,
-        ignore_eos=ignore_eos,
-    )
 
 
 def prompt_ids(

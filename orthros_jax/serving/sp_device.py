@@ -5,8 +5,8 @@ over that axis (rows over the batch axes, e.g. "data"); inference/sequence_paral
 Shapes as device.py: B slots (cache rows), P rows prefilled in one call, T prompt tokens of each
 this call (the engine's buckets), S cache slots per row, K decode steps per call.
 
-    SequenceParallel(mesh).prefill_rows(params, cache, rows, reset, tokens, lengths, sampling, cfg=)
-    SequenceParallel(mesh).decode_rows(params, cache, tokens, budget, stops, sampling, cfg=, steps=)
+    SequenceParallel(mesh).prefill_rows(params, cache, hist, rows, reset, tokens, lengths, sampling, pen, cfg=)
+    SequenceParallel(mesh).decode_rows(params, cache, hist, tokens, budget, stops, sampling, pen, cfg=, steps=)
 
 take and return what device.prefill_rows / decode_rows do. prefill_rows gathers and resets rows
 [P] (device.gather_rows / reset_rows), lays each row's T tokens on the sub-cache's slot grid
@@ -20,6 +20,7 @@ the next call).
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,13 +28,14 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.inference import logit_processing as lp
 from orthros_jax.inference import sequence_parallel
-from orthros_jax.inference.cache import KVCache, cache_shardings
+from orthros_jax.inference.cache import KVCache, cache_shardings, kv_cache_dtype
 from orthros_jax.inference.decode_loop import decode_loop
-from orthros_jax.inference.sampling import RowSampling, Sampled, sample_rows
+from orthros_jax.inference.sampling import RowSampling, Sampled
 from orthros_jax.layers.kind import Params
 from orthros_jax.parallel.sequence import SEQ, check_mesh, sequence_size
-from orthros_jax.serving.device import gather_rows, reset_rows, scatter_rows
+from orthros_jax.serving.device import gather_rows, reset_rows, sample_prefilled, scatter_rows
 
 
 def check(cfg: ModelConfig, mesh: object, max_batch: int, max_len: int) -> None:
@@ -58,16 +60,21 @@ def replicated(mesh: Mesh | None) -> NamedSharding | None:
 
 
 def _constrain(cfg: ModelConfig, cache: KVCache, mesh: Mesh) -> KVCache:
-    sh = cache_shardings(cfg, cache.batch_size, cache.max_len, mesh)
+    sh = cache_shardings(cfg, cache.batch_size, cache.max_len, mesh, kv_cache_dtype(cache))
     return cache.replace(
         states=jax.lax.with_sharding_constraint(cache.states, sh.states),
         lengths=jax.lax.with_sharding_constraint(cache.lengths, sh.lengths),
     )
 
 
-def _prefill_rows(params: Params, cache: KVCache, rows_P: jax.Array, reset_P: jax.Array,
-                  tokens_PT: jax.Array, lengths_P: jax.Array, sampling: RowSampling, *,
-                  cfg: ModelConfig, mesh: Mesh) -> tuple[Sampled, KVCache]:  # fmt: skip
+def _replicated(hist: lp.History, mesh: Mesh) -> lp.History:
+    return jax.lax.with_sharding_constraint(hist, NamedSharding(mesh, P()))
+
+
+def _prefill_rows(params: Params, cache: KVCache, hist: lp.History, rows_P: jax.Array,
+                  reset_P: jax.Array, tokens_PT: jax.Array, lengths_P: jax.Array,
+                  sampling: RowSampling, pen: lp.Penalties, *, cfg: ModelConfig,
+                  mesh: Mesh) -> tuple[Sampled, KVCache, lp.History]:  # fmt: skip
     sub = _constrain(cfg, reset_rows(cfg, gather_rows(cfg, cache, rows_P), reset_P), mesh)
     p, t = tokens_PT.shape
     # Row j's token i at slot held_j + i (sequence_parallel.slot_tokens, on device: T ids in,
@@ -81,30 +88,26 @@ def _prefill_rows(params: Params, cache: KVCache, rows_P: jax.Array, reset_P: ja
     # Padding rows (id >= B) have 0 tokens: they write nothing, and are never scattered back.
     logits, sub = sequence_parallel.prefill(params, sub, grid, lengths_P, cfg=cfg, mesh=mesh)
     cache = _constrain(cfg, scatter_rows(cfg, cache, rows_P, sub), mesh)
-    return sample_rows(logits, sampling), cache
+    out, hist = sample_prefilled(logits, hist, rows_P, reset_P, tokens_PT, lengths_P, sampling, pen)
+    return out, cache, _replicated(hist, mesh)
 
 
-def _decode_rows(params: Params, cache: KVCache, tokens_B: jax.Array, budget_B: jax.Array,
-                 stops_BN: jax.Array, sampling: RowSampling, *, cfg: ModelConfig, steps: int,
-                 mesh: Mesh) -> tuple[Sampled, jax.Array, KVCache]:  # fmt: skip
+def _decode_rows(params: Params, cache: KVCache, hist: lp.History, tokens_B: jax.Array,
+                 budget_B: jax.Array, stops_BN: jax.Array, sampling: RowSampling,
+                 pen: lp.Penalties, *, cfg: ModelConfig, steps: int,
+                 mesh: Mesh) -> tuple[Sampled, jax.Array, KVCache, lp.History]:  # fmt: skip
     decode = functools.partial(sequence_parallel.decode, cfg=cfg, mesh=mesh)
     out = decode_loop(
-        decode,
-        params,
-        cache,
-        tokens_B,
-        budget_B,
-        stops_BN,
-        sampling,
-        steps=steps,
-        vocab_size=cfg.vocab_size,
-    )
-    return out.sampled, out.fed, _constrain(cfg, out.cache, mesh)
+        decode, params, cache, tokens_B, budget_B, stops_BN, sampling, steps=steps,
+        vocab_size=cfg.vocab_size, hist=hist, pen=pen,
+    )  # fmt: skip
+    return out.sampled, out.fed, _constrain(cfg, out.cache, mesh), _replicated(out.hist, mesh)
 
 
-prefill_rows = jax.jit(_prefill_rows, static_argnames=("cfg", "mesh"), donate_argnames=("cache",))
+DONATED = ("cache", "hist")
+prefill_rows = jax.jit(_prefill_rows, static_argnames=("cfg", "mesh"), donate_argnames=DONATED)
 decode_rows = jax.jit(
-    _decode_rows, static_argnames=("cfg", "steps", "mesh"), donate_argnames=("cache",)
+    _decode_rows, static_argnames=("cfg", "steps", "mesh"), donate_argnames=DONATED
 )
 
 
@@ -115,17 +118,12 @@ class SequenceParallel:
     def __init__(self, mesh: Mesh) -> None:
         self.mesh = mesh
 
-    def prefill_rows(self, params: Params, cache: KVCache, rows_P: jax.Array,
-                     reset_P: jax.Array, tokens_PT: jax.Array, lengths_P: jax.Array,
-                     sampling: RowSampling, *, cfg: ModelConfig) -> tuple[Sampled, KVCache]:  # fmt: skip
-        return prefill_rows(params, cache, rows_P, reset_P, tokens_PT, lengths_P, sampling,
-                            cfg=cfg, mesh=self.mesh)  # fmt: skip
+    def prefill_rows(self, *args: Any, cfg: ModelConfig) -> tuple[Sampled, KVCache, lp.History]:
+        return prefill_rows(*args, cfg=cfg, mesh=self.mesh)
 
-    def decode_rows(self, params: Params, cache: KVCache, tokens_B: jax.Array,
-                    budget_B: jax.Array, stops_BN: jax.Array, sampling: RowSampling, *,
-                    cfg: ModelConfig, steps: int) -> tuple[Sampled, jax.Array, KVCache]:  # fmt: skip
-        return decode_rows(params, cache, tokens_B, budget_B, stops_BN, sampling, cfg=cfg,
-                           steps=steps, mesh=self.mesh)  # fmt: skip
+    def decode_rows(self, *args: Any, cfg: ModelConfig,
+                    steps: int) -> tuple[Sampled, jax.Array, KVCache, lp.History]:  # fmt: skip
+        return decode_rows(*args, cfg=cfg, steps=steps, mesh=self.mesh)
 
 
 def compile_count() -> int:

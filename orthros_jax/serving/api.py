@@ -30,7 +30,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from orthros_jax.inference.sampling import TOP_LOGPROBS
 from orthros_jax.serving.chat import ChatTemplate
 from orthros_jax.serving.engine import Engine, Event
 from orthros_jax.serving.events import Request as EngineRequest

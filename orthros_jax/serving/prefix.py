@@ -31,9 +31,9 @@ import numpy as np
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import logit_processing as lp
 from orthros_jax.inference.cache import KVCache
+from orthros_jax.inference.sampling import Sampled
 from orthros_jax.layers.registry import kinds_of
 from orthros_jax.serving.device import gather_rows, scatter_rows
-from orthros_jax.inference.sampling import Sampled
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from orthros_jax.inference.logit_processing import Penalties
+from orthros_jax.inference.sampling import RowSampling
 from orthros_jax.serving.events import Slot
 from orthros_jax.serving.requests import MAX_LOGIT_BIAS, MAX_STOP_IDS
-from orthros_jax.inference.sampling import RowSampling
 
 STOP_WIDTH = MAX_STOP_IDS + 1  # a slot's stop ids on device: its stop_token_ids and end-of-text
 

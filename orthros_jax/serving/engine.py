@@ -139,6 +139,17 @@ class Engine:
             self._cond.notify_all()
         return req
 
+    def set_params(self, params: Any) -> None:
+        """Swaps in new parameters of the same shapes and dtypes (e.g. the policy after an RL
+        update): placed like the old ones, so no call recompiles. Only between steps."""
+        old = jax.tree.map(lambda a: (a.shape, a.dtype), self.params)
+        new = jax.tree.map(lambda a: (a.shape, a.dtype), params)
+        if old != new:
+            raise ValueError(
+                "Engine.set_params: the new params differ in structure, shape or dtype"
+            )
+        self.params = jax.device_put(params, sp_device.replicated(self.mesh))
+
     def cancel(self, req: Request) -> None:
         with self._cond:
             req.cancelled = True
@@ -339,9 +350,10 @@ class Engine:
         if req.first_token_at is None:
             req.first_token_at = now
         self.metrics.tokens(1)
+        sample_lp = float(sampled.sample_logprob[j])
         if tok in slot.stop_ids:
-            return self._finish(self.slots.index(slot), "stop")
-        event = Event("token", text=slot.text.add(tok), token=tok)
+            return self._finish(self.slots.index(slot), "stop", stop=(tok, sample_lp))
+        event = Event("token", text=slot.text.add(tok), token=tok, sample_logprob=sample_lp)
         if p.logprobs is not None:
             event.logprob = float(sampled.logprob[j])
             event.top = [(int(a), float(b)) for a, b in
@@ -363,7 +375,9 @@ class Engine:
             log.exception("request in slot %d failed", i)
             self._finish(i, "error", error=f"{type(e).__name__}: {e}")
 
-    def _finish(self, i: int, reason: str, error: str | None = None) -> None:
+    def _finish(
+        self, i: int, reason: str, error: str | None = None, stop: tuple[int, float] | None = None
+    ) -> None:
         slot = self.slots[i]
         if slot is None:
             return
@@ -381,6 +395,8 @@ class Engine:
             rest = "" if reason == "cancelled" else slot.text.finish()
             event = Event("done", text=rest, finish_reason=reason, prompt_tokens=len(req.ids),
                           completion_tokens=slot.generated)  # fmt: skip
+            if stop is not None:  # the stop id that ended it (never streamed as text)
+                event.token, event.sample_logprob = stop
         try:
             req.on_event(event)
         except Exception:

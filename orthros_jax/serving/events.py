@@ -14,9 +14,11 @@ from orthros_jax.serving.text import TextStream
 
 @dataclasses.dataclass
 class Event:
-    """What a request hears. kind "token": text (may be empty), token, logprob, top [(id, lp)];
-    "done": finish_reason ("stop" / "length" / "cancelled"), text (the rest), usage counts;
-    "error": error (a message)."""
+    """What a request hears. kind "token": text (may be empty), token, logprob, top [(id, lp)],
+    sample_logprob (the token's log-prob under the distribution it was drawn from: the
+    temperature-scaled, filtered one; 0 for greedy rows); "done": finish_reason ("stop" /
+    "length" / "cancelled"), text (the rest), usage counts, and with a stop id the id that
+    ended it as token (with its sample_logprob); "error": error (a message)."""
 
     kind: str
     text: str = ""
@@ -27,6 +29,7 @@ class Event:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    sample_logprob: float | None = None
 
 
 class Request:

@@ -34,17 +34,25 @@ def get_config(init_from: str = "") -> ml_collections.ConfigDict:
     c.init_from = init_from or None
     c.task = section(TaskConfig(name="passkey", context_len=128, digits=2, eval_prompts=64))
     c.rollout = section(
-        RolloutConfig(prompts=8, group_size=8, max_new_tokens=2, temperature=1.0, max_batch=32,
-                      max_len=160)
-    )  # fmt: skip
+        RolloutConfig(
+            prompts=8, group_size=8, max_new_tokens=2, temperature=1.0, max_batch=32, max_len=160
+        )
+    )
     c.grpo = section(GRPOConfig(rows=16, seq_len=512, out_len=8, kl_coef=0.0))
     c.optimizer = warm.optimizer
     c.optimizer.lr = 1e-3
     c.optimizer.warmup_steps = 0
     c.optimizer.weight_decay = 0.0
     c.train = section(
-        LoopConfig(steps=40, seed=0, log_every=5, eval_every=20, checkpoint_every=10,
-                   keep_checkpoints=2, eval_batches=1)
-    )  # fmt: skip
+        LoopConfig(
+            steps=40,
+            seed=0,
+            log_every=5,
+            eval_every=20,
+            checkpoint_every=10,
+            keep_checkpoints=2,
+            eval_batches=1,
+        )
+    )
     c.mesh = warm.mesh
     return c

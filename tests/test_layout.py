@@ -23,6 +23,7 @@ ORDER = (
     "convert",
     "evaluation",
     "serving",
+    "rl",  # GRPO: rollouts from serving, updates from training
     "root",  # orthros_jax/__init__.py: registers the layer kinds on import
 )
 LEAVES = {

@@ -18,8 +18,9 @@ from orthros_jax.rl.loss import grpo_loss, target_logprobs
 from orthros_jax.rl.rollout import rollout
 from orthros_jax.serving.engine import Engine
 
-CFG = ModelConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
-                  d_ff=64, window=8)  # fmt: skip
+CFG = ModelConfig(
+    vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, window=8
+)
 
 
 def test_group_advantages_are_centred_and_scaled_per_group():
@@ -57,8 +58,12 @@ def _oracle(logp, old, ref, adv, seq, mask, g: GRPOConfig) -> float:
     """float64 loops over the completions: the objective as written in rl/loss.py's docstring."""
     terms, per_seq = [], {}
     for s in sorted(set(seq[mask > 0].tolist())):
-        idx = [(i, j) for i in range(seq.shape[0]) for j in range(seq.shape[1])
-               if seq[i, j] == s and mask[i, j] > 0]  # fmt: skip
+        idx = [
+            (i, j)
+            for i in range(seq.shape[0])
+            for j in range(seq.shape[1])
+            if seq[i, j] == s and mask[i, j] > 0
+        ]
         d = np.array([logp[i] - old[i] for i in idx], np.float64)
         ratios = np.exp(d) if g.ratio.value == "token" else np.full(len(d), np.exp(d.mean()))
         ts = []
@@ -89,8 +94,12 @@ def test_grpo_loss_matches_a_float64_oracle(norm, ratio, kl):
     mask = (seq != 7).astype(np.float64)
     adv = rng.normal(0, 1, 7)[np.minimum(seq, 6)]
     g = GRPOConfig(clip_low=0.2, clip_high=0.28, kl_coef=kl, loss_norm=norm, ratio=ratio)
-    batch = {"old_logprobs": jnp.asarray(old, jnp.float32), "advantages": jnp.asarray(adv, jnp.float32),
-             "sequence": jnp.asarray(seq), "loss_mask": jnp.asarray(mask, jnp.float32)}  # fmt: skip
+    batch = {
+        "old_logprobs": jnp.asarray(old, jnp.float32),
+        "advantages": jnp.asarray(adv, jnp.float32),
+        "sequence": jnp.asarray(seq),
+        "loss_mask": jnp.asarray(mask, jnp.float32),
+    }
     ref_j = jnp.asarray(ref, jnp.float32) if kl else None
     loss, m = grpo_loss(jnp.asarray(logp, jnp.float32), ref_j, batch, g)
     want = _oracle(logp, old, ref if kl else None, adv, seq, mask, g)
@@ -102,8 +111,12 @@ def test_on_policy_gradient_is_the_policy_gradient():
     """With old = current log-probs (one update per rollout), the token loss's gradient with
     respect to each log-prob is -A / n: REINFORCE with the group baseline."""
     logp = jnp.asarray([[-1.0, -2.0, -0.5]])
-    batch = {"old_logprobs": logp, "advantages": jnp.asarray([[0.7, 0.7, -1.2]]),
-             "sequence": jnp.asarray([[0, 0, 1]]), "loss_mask": jnp.ones((1, 3))}  # fmt: skip
+    batch = {
+        "old_logprobs": logp,
+        "advantages": jnp.asarray([[0.7, 0.7, -1.2]]),
+        "sequence": jnp.asarray([[0, 0, 1]]),
+        "loss_mask": jnp.ones((1, 3)),
+    }
     grad = jax.grad(lambda lp: grpo_loss(lp, None, batch, GRPOConfig())[0])(logp)
     np.testing.assert_allclose(grad, -batch["advantages"] / 3, rtol=1e-6)
 
@@ -163,8 +176,11 @@ def test_engine_rollouts_carry_the_policy_log_probs_and_repeat_exactly():
     got = [s.tokens for g in ro.samples for s in g]
     assert got == [s.tokens for g in again.samples for s in g]
     assert len({tuple(t) for t in got}) > 1  # samples differ within a group
-    pairs = [batch_lib.Pair(prompts[i].ids, np.asarray(s.tokens), np.asarray(s.logprobs), 0.0)
-             for i, g in enumerate(ro.samples) for s in g]  # fmt: skip
+    pairs = [
+        batch_lib.Pair(prompts[i].ids, np.asarray(s.tokens), np.asarray(s.logprobs), 0.0)
+        for i, g in enumerate(ro.samples)
+        for s in g
+    ]
     b = batch_lib.pack_pairs(pairs, rows=4, seq_len=64, out_len=16)
     lp = target_logprobs(OrthrosLM(CFG), params, b, temperature=0.8)
     np.testing.assert_allclose(

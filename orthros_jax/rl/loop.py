@@ -77,9 +77,13 @@ class _Run:
     def __init__(self, cfg: RLConfig, workdir: str) -> None:
         self.cfg, self.workdir = cfg, workdir
         self.tcfg = TrainConfig(
-            model=cfg.model, data=None, optimizer=cfg.optimizer, train=cfg.train, mesh=cfg.mesh,
+            model=cfg.model,
+            data=None,
+            optimizer=cfg.optimizer,
+            train=cfg.train,
+            mesh=cfg.mesh,
             init_from=cfg.init_from,
-        )  # fmt: skip
+        )
         self.mesh = pmesh.make_mesh(cfg.mesh)
         self.tx = make_optimizer(cfg.optimizer, cfg.train.steps)
         self.abstract, self.params_sh = train_loop.abstract_state(self.tcfg, self.tx, self.mesh)
@@ -97,24 +101,40 @@ class _Run:
         self.task = tasks.make_task(cfg.task, self.tok)
         r = cfg.rollout
         self.engine: Engine | None = None
+        # One prefill shape: all of a step's requests arrive at once and fill every slot, so a
+        # [max_batch, chunk] bucket is what runs (two compiles in all: prefill and decode).
+        chunk = min(cfg.model.prefill_chunk, 1 << (r.max_len - 1).bit_length())
         self.engine_kw = dict(
-            max_batch=r.max_batch, max_len=r.max_len, decode_text=self.tok.decode,
-            eos_id=getattr(self.tok, "eos_id", None), seed=cfg.train.seed,
-        )  # fmt: skip
+            max_batch=r.max_batch,
+            max_len=r.max_len,
+            decode_text=self.tok.decode,
+            eos_id=getattr(self.tok, "eos_id", None),
+            seed=cfg.train.seed,
+            chunk_budget=chunk,
+            prefill_lengths=(chunk,),
+            prefill_batches=(r.max_batch,),
+        )
 
     def prompts(self, stream: int, first: int, n: int) -> list[tasks.Prompt]:
         return [self.task.prompt(self.cfg.train.seed, stream, first + i) for i in range(n)]
 
-    def sample(self, params: Any, prompts: list[tasks.Prompt], group: int, temperature: float,
-               step: int) -> Rollout:  # fmt: skip
-        if self.engine is None:
+    def sample(
+        self, params: Any, prompts: list[tasks.Prompt], group: int, temperature: float, step: int
+    ) -> Rollout:
+        if self.engine is None:  # compiled once, before the first rollout is timed
             self.engine = Engine(params, self.cfg.model, **self.engine_kw)
+            self.engine.warmup()
         else:
             self.engine.set_params(params)
         return rollout(
-            self.engine, prompts, group_size=group, max_new_tokens=self.cfg.rollout.max_new_tokens,
-            temperature=temperature, seed=self.cfg.train.seed, step=step,
-        )  # fmt: skip
+            self.engine,
+            prompts,
+            group_size=group,
+            max_new_tokens=self.cfg.rollout.max_new_tokens,
+            temperature=temperature,
+            seed=self.cfg.train.seed,
+            step=step,
+        )
 
     def rewards(self, prompts: list[tasks.Prompt], ro: Rollout) -> np.ndarray:
         texts = [s.text for group in ro.samples for s in group]
@@ -124,7 +144,7 @@ class _Run:
     def evaluate(self, params: Any) -> float:
         """Mean greedy reward on the held-out prompts."""
         prompts = self.prompts(tasks.EVAL_STREAM, 0, self.cfg.task.eval_prompts)
-        ro = self.sample(params, prompts, 1, 0.0, step=-1)
+        ro = self.sample(params, prompts, 1, 0.0, step=0)  # greedy: the seeds are unused
         return float(self.rewards(prompts, ro).mean())
 
     def step(self, state: TrainState, ref: Any, step: int) -> tuple[TrainState, dict[str, float]]:

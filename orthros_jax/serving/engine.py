@@ -145,10 +145,10 @@ class Engine:
         old = jax.tree.map(lambda a: (a.shape, a.dtype), self.params)
         new = jax.tree.map(lambda a: (a.shape, a.dtype), params)
         if old != new:
-            raise ValueError(
-                "Engine.set_params: the new params differ in structure, shape or dtype"
-            )
+            raise ValueError("Engine.set_params: new params differ in structure, shape or dtype")
         self.params = jax.device_put(params, sp_device.replicated(self.mesh))
+        if self.prefix is not None:  # the rows' K/V and states are the old parameters'
+            self.prefix.clear()
 
     def cancel(self, req: Request) -> None:
         with self._cond:
@@ -382,23 +382,9 @@ class Engine:
         if slot is None:
             return
         self.slots[i] = None
-        req = slot.req
-        ttft = tpot = None
-        if req.first_token_at is not None:
-            ttft = req.first_token_at - req.arrival
-            if slot.generated > 1:
-                tpot = (time.perf_counter() - req.first_token_at) / (slot.generated - 1)
-        self.metrics.finished(reason, len(req.ids), ttft, tpot)
-        if error is not None:
-            event = Event("error", error=error)
-        else:
-            rest = "" if reason == "cancelled" else slot.text.finish()
-            event = Event("done", text=rest, finish_reason=reason, prompt_tokens=len(req.ids),
-                          completion_tokens=slot.generated)  # fmt: skip
-            if stop is not None:  # the stop id that ended it (never streamed as text)
-                event.token, event.sample_logprob = stop
+        self.metrics.finished(reason, len(slot.req.ids), *slot.timings())
         try:
-            req.on_event(event)
+            slot.req.on_event(slot.final_event(reason, error, stop))
         except Exception:
             log.exception("request in slot %d failed while finishing", i)
 

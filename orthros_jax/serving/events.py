@@ -66,3 +66,28 @@ class Slot:
     @property
     def decoding(self) -> bool:
         return self.prefilled == len(self.req.ids)
+
+    def timings(self) -> tuple[float | None, float | None]:
+        """(time to the first token, time per output token after it) in seconds; None where
+        there is no such token."""
+        ttft = tpot = None
+        if self.req.first_token_at is not None:
+            ttft = self.req.first_token_at - self.req.arrival
+            if self.generated > 1:
+                tpot = (time.perf_counter() - self.req.first_token_at) / (self.generated - 1)
+        return ttft, tpot
+
+    def final_event(
+        self, reason: str, error: str | None, stop: tuple[int, float] | None = None
+    ) -> Event:
+        """The request's last event: "error" with the message, else "done" with the rest of the
+        text and the usage; stop: (id, sample_logprob) of the stop id that ended it (never
+        streamed as text)."""
+        if error is not None:
+            return Event("error", error=error)
+        rest = "" if reason == "cancelled" else self.text.finish()
+        event = Event("done", text=rest, finish_reason=reason, prompt_tokens=len(self.req.ids),
+                      completion_tokens=self.generated)  # fmt: skip
+        if stop is not None:
+            event.token, event.sample_logprob = stop
+        return event

@@ -324,4 +324,4 @@ class ModelConfig:
             raise unknown_keys("ModelConfig field(s)", unknown, sorted(known))
         for kind, options in dict(values.pop("kinds", None) or {}).items():
             kinds.setdefault(kind, {}).update(dict(options))
-        return cls(**values, kinds=kinds)
+        return cls(**values, kinds=Sections(kinds))

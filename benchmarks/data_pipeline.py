@@ -224,7 +224,7 @@ def part_step(work: str, rounds: int, steps: int) -> dict:
         cfg, data=DataConfig(prepared=(data,), seq_len=SEQ_LEN, batch_size=BATCH)
     )
     mesh = pmesh.make_mesh(cfg.mesh)
-    tx = make_optimizer(cfg.optimizer, cfg.train.steps)
+    tx = make_optimizer(cfg.optimizer, cfg.train.steps, cfg.model)
     abstract, params_sh = abstract_state(cfg, tx, mesh)
     state = fresh_state(cfg, tx, abstract, params_sh)
     it = make_train_iterator(cfg.data, process_index=0, process_count=1)

@@ -38,13 +38,14 @@ def get_config(arm: str = "orthros") -> ml_collections.ConfigDict:
     here = os.path.dirname(os.path.abspath(__file__))
     c = load_config_file(os.path.join(here, f"recall_passkey.py:{arm}"))  # same arms
     c.model.update(dict(vocab_size=32, d_model=128, head_dim=32, d_ff=384, window=8))
-    if "gdn_k_head_dim" in c.model:  # a GDN arm
-        c.model.update(dict(kinds=dict(gdn=dict(k_head_dim=32, v_head_dim=32))))
+    kinds = c.model.kinds if "kinds" in c.model else {}  # the recurrent arms' option sections
+    if "gdn" in kinds:  # a GDN arm
+        kinds.gdn.update(dict(k_head_dim=32, v_head_dim=32))
     for p in ("gla", "retention"):  # fla's baselines: their heads doubled with the width
-        if f"{p}_k_head_dim" in c.model:
-            c.model.update({f"{p}_k_head_dim": 32, f"{p}_v_head_dim": 64})
-    if "mamba2" in c.model.get("kinds", {}):  # Mamba-2: expand 2 at the doubled width
-        c.model.kinds.mamba2.heads = 4
+        if p in kinds:
+            kinds[p].update(dict(k_head_dim=32, v_head_dim=64))
+    if "mamba2" in kinds:  # Mamba-2: expand 2 at the doubled width
+        kinds.mamba2.heads = 4
     c.data = section(
         MQARConfig(
             vocab_size=32,

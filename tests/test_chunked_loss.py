@@ -127,7 +127,7 @@ def test_chunk_size_rule_and_config_check():
 def test_train_step_with_the_chunked_loss_takes_the_same_update():
     cfg = tiny_model(n_layers=1)
     opt = OptimizerConfig(lr=1e-2, warmup_steps=0)
-    tx = make_optimizer(opt, 4)
+    tx = make_optimizer(opt, 4, cfg)
     batch = pt_batch(5, batch=4, seq=32)
     out = {}
     for chunk in (0, 8):

@@ -85,7 +85,7 @@ class _Run:
             init_from=cfg.init_from,
         )
         self.mesh = pmesh.make_mesh(cfg.mesh)
-        self.tx = make_optimizer(cfg.optimizer, cfg.train.steps)
+        self.tx = make_optimizer(cfg.optimizer, cfg.train.steps, cfg.model)
         self.abstract, self.params_sh = train_loop.abstract_state(self.tcfg, self.tx, self.mesh)
         state_sh = jax.tree.map(lambda a: a.sharding, self.abstract)
         g = cfg.grpo

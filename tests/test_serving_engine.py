@@ -96,15 +96,15 @@ class Recording:
     def __init__(self, dev) -> None:
         self.dev, self.prefills, self.decodes = dev, [], []
 
-    def prefill_rows(self, params, cache, rows, *args, **kw):
-        sampled, cache = self.dev.prefill_rows(params, cache, rows, *args, **kw)
+    def prefill_rows(self, params, cache, hist, rows, *args, **kw):
+        sampled, cache, hist = self.dev.prefill_rows(params, cache, hist, rows, *args, **kw)
         self.prefills.append((np.asarray(rows), jax.device_get(sampled)))
-        return sampled, cache
+        return sampled, cache, hist
 
     def decode_rows(self, *args, **kw):
-        sampled, fed, cache = self.dev.decode_rows(*args, **kw)
+        sampled, fed, cache, hist = self.dev.decode_rows(*args, **kw)
         self.decodes.append((np.asarray(fed), jax.device_get(sampled)))
-        return sampled, fed, cache
+        return sampled, fed, cache, hist
 
 
 def test_sampled_engine_matches_generate_row_by_row():

@@ -79,7 +79,7 @@ def kind_states(
     out = {}
     for kind in kinds_of(cfg):
         state = kind.init_state(cfg, cfg.layers_of(kind.name), batch_size, max_len, dtype)
-        if kv_dtype is not None and kind.splits_over_slots:
+        if kv_dtype is not None and not kind.recurrent:
             state = jax.tree.map(lambda a: slot_ops.quant_zeros(a.shape, kv_dtype, a.dtype), state)
         out[kind.name] = state
     return out

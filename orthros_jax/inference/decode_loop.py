@@ -90,7 +90,7 @@ def decode_loop(
         fed = (st.left > 0) & ~full
         logits, cache = decode(params, st.cache, st.tok, fed)
         hist = st.hist
-        if hist is not None:  # the fed token is the row's latest output
+        if hist is not None and pen is not None:  # the fed token is the row's latest output
             hist = lp.record_output(hist, st.tok, fed)
             logits = lp.apply(logits, hist, pen, st.count)
         out = sample(logits, sampling.replace(step=st.count))

@@ -11,7 +11,7 @@ options (a section of ModelConfig.kinds, options.Options), its FLOPs, its export
             last prompt token at the last layer): nothing is written.
 The drivers (model.py: training forward; inference/drivers.py: chunked prefill and decode;
 the benchmark floor as an attention implementation) and the layer loop (stack.py) are
-written once over this interface; the recurrent kinds share one step (layers/recurrent.py).
+written once over this interface.
 
 Shapes: B batch, T/L tokens, C chunk, S cache slots, D d_model, W window.
 """

@@ -1,7 +1,7 @@
 """Parameter-free building blocks: RMSNorm, RoPE (Hugging Face rotate-half), SwiGLU, logits.
 
 Shapes: B batch, L sequence, N query heads, H head_dim, D d_model, F d_ff, V vocab.
-Parameters are passed in explicitly; each kind's param_shapes names them (layers/kind.py).
+Parameters are passed in explicitly; each kind's ParamDecls name them (layers/kind.py).
 """
 
 from __future__ import annotations

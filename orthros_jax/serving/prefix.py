@@ -57,7 +57,7 @@ class PrefixIndex:
     """The host's record of every row's tokens, and the lookup (module docstring)."""
 
     def __init__(self, cfg: ModelConfig, rows: int) -> None:
-        self.any_prefix = all(k.splits_over_slots for k in kinds_of(cfg))
+        self.any_prefix = not any(k.recurrent for k in kinds_of(cfg))
         self.ids: list[list[int]] = [[] for _ in range(rows)]
         self.used = [0] * rows  # last admission or append tick: LRU among free rows
         self._tick = 0

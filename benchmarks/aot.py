@@ -5,15 +5,16 @@ devices (jax.experimental.topologies), on a CPU host. launch/compile.py is its C
 What is compiled is what would run: a train config builds training.loop's abstract state,
 shardings and sharding.jit_train_step over the target's devices (launch/train.py's step); an
 inference config (configs/prefill_8b.py, decode_8b.py: `model`, `inference`, `mesh`) builds the
-jitted inference/drivers.py prefill / decode, or inference/sequence_parallel.py's when mesh.sequence > 1. The report:
+jitted inference/drivers.py prefill / decode, or inference/sequence_parallel.py's when
+mesh.sequence > 1. The report:
 per-device argument / output / alias / temporary bytes and their peak (argument + output -
 alias + temporary) against the chip's HBM; a program the compiler refuses for memory
 (RESOURCE_EXHAUSTED) is reported as not fitting with the compiler's figures. FLOPs are the
-analytic model's (orthros_jax/layers/flops.py: the arms' necessary FLOPs; cost_analysis counts a scanned
-layer body once, and remat's recompute is not necessary work); collective bytes are read from
-the optimized HLO with loop trip counts (hlo_loops.py). Roofline: step time >= max(FLOPs / peak,
-(argument + output - alias bytes: every input read, every new output written, once) / HBM
-bandwidth, collective bytes / interconnect bandwidth), and the
+analytic model's (orthros_jax/layers/flops.py: the arms' necessary FLOPs; cost_analysis counts
+a scanned layer body once, and remat's recompute is not necessary work); collective bytes are
+read from the optimized HLO with loop trip counts (hlo_loops.py). Roofline: step time >=
+max(FLOPs / peak, (argument + output - alias bytes: every input read, every new output
+written, once) / HBM bandwidth, collective bytes / interconnect bandwidth), and the
 MFU bound is the FLOP term over that maximum.
 """
 
@@ -139,7 +140,8 @@ def train_program(config: Any, devices: list[Any]) -> Program:
         for k, s in shapes.items()
     }
     step = make_train_step(cfg.model, cfg.optimizer, tx, cfg.train.steps, cfg.train.loss_chunk)
-    fn = sharding.jit_train_step(step, jax.tree.map(lambda a: a.sharding, state), mesh, dict.fromkeys(shapes, 2))  # fmt: skip
+    fn = sharding.jit_train_step(step, jax.tree.map(lambda a: a.sharding, state), mesh,
+                                 dict.fromkeys(shapes, 2))  # fmt: skip
     summary = _model_summary(cfg.model) | {
         "mode": f"train ({data.kind})", "batch": bsz, "seq_len": t,
         "grad_accum_steps": cfg.optimizer.grad_accum_steps,
@@ -183,7 +185,8 @@ def inference_program(config: Any, devices: list[Any]) -> Program:
     m = {"data": 1, "sequence": 1, "tensor": 1} | dict(plain.get("mesh", {}))
     unknown = sorted(set(m) - {"data", "sequence", "tensor"})
     if unknown:
-        raise ValueError(f"unknown mesh key(s) {unknown} of an inference config: data, sequence, tensor")  # fmt: skip
+        raise ValueError(f"unknown mesh key(s) {unknown} of an inference config: "
+                         "data, sequence, tensor")  # fmt: skip
     need = m["data"] * m["sequence"] * m["tensor"]
     if need > len(devices) or len(devices) % need:
         raise ValueError(
@@ -210,7 +213,8 @@ def inference_program(config: Any, devices: list[Any]) -> Program:
     rows = NamedSharding(mesh, pmesh.shard_spec(("batch",), (bsz,), mesh))
     row_spec = rows.spec[0] if len(rows.spec) else None
     vec = lambda dtype: jax.ShapeDtypeStruct((bsz,), dtype, sharding=rows)
-    summary = _model_summary(cfg) | {"mode": inf.mode, "batch": bsz, "max_len": s, "mesh": dict(mesh.shape)}  # fmt: skip
+    summary = _model_summary(cfg) | {"mode": inf.mode, "batch": bsz, "max_len": s,
+                                     "mesh": dict(mesh.shape)}  # fmt: skip
     seq = m["sequence"] > 1
     if inf.mode == "prefill":
         t = s if seq else inf.prompt_len  # sequence parallel: prompts on the slot grid
@@ -251,7 +255,8 @@ def program_of(config: Any, devices: list[Any]) -> Program:
     )
 
 
-_OOM = re.compile(r"(?P<what>[\w ]+?) \((?P<need>[\d.]+)(?P<unit>[KMGT])\) exceeds available HBM \((?P<have>[\d.]+)(?P<unit2>[KMGT])\)")  # fmt: skip
+_OOM = re.compile(r"(?P<what>[\w ]+?) \((?P<need>[\d.]+)(?P<unit>[KMGT])\) exceeds available HBM "
+                  r"\((?P<have>[\d.]+)(?P<unit2>[KMGT])\)")  # fmt: skip
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -355,16 +360,24 @@ def markdown(rec: dict[str, Any], command: str = "") -> str:
         for k in ("argument", "output", "alias", "temp", "peak"):
             rows.append((f"{k} bytes / device", _gib(b[k])))
         verdict = "fits" if rec["fits"] else "does not fit"
-        rows.append(("fits", f"{verdict} ({_gib(abs(rec['headroom_bytes']))} {'free' if rec['fits'] else 'over'})"))  # fmt: skip
+        rows.append(("fits", f"{verdict} ({_gib(abs(rec['headroom_bytes']))} "
+                             f"{'free' if rec['fits'] else 'over'})"))  # fmt: skip
         c = rec["collective_bytes_per_device"]
-        rows.append(("collectives / device", ", ".join(f"{k} {_gib(v)}" for k, v in c.items() if v) or "none"))  # fmt: skip
+        rows.append(("collectives / device",
+                     ", ".join(f"{k} {_gib(v)}" for k, v in c.items() if v) or "none"))  # fmt: skip
         r = rec["roofline_s"]
-        rows.append(("FLOPs / step (analytic)", f"{rec['flops_per_step']:.3e} ({rec['flops_per_device']:.3e} / device)"))  # fmt: skip
-        rows.append(("roofline (compute, memory, collectives)", f"{r['compute'] * 1e3:.2f}, {r['memory'] * 1e3:.2f}, {r['collectives'] * 1e3:.2f} ms"))  # fmt: skip
+        rows.append(("FLOPs / step (analytic)",
+                     f"{rec['flops_per_step']:.3e} "
+                     f"({rec['flops_per_device']:.3e} / device)"))  # fmt: skip
+        rows.append(("roofline (compute, memory, collectives)",
+                     f"{r['compute'] * 1e3:.2f}, {r['memory'] * 1e3:.2f}, "
+                     f"{r['collectives'] * 1e3:.2f} ms"))  # fmt: skip
         rows.append(("step time >= / MFU <=", f"{r['step'] * 1e3:.2f} ms / {rec['mfu_bound']:.1%}"))
     else:
         need = rec.get("oom_need_bytes")
-        what = f"{rec.get('oom_what', 'program')} {_gib(need)} > {_gib(rec['oom_available_bytes'])} available" if need else rec["error"]  # fmt: skip
+        what = (f"{rec.get('oom_what', 'program')} {_gib(need)} > "
+                f"{_gib(rec['oom_available_bytes'])} available"
+                if need else rec["error"])  # fmt: skip
         rows.append(("fits", f"does not fit (compiler: {what})"))
     lines = ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
     if command:

@@ -30,13 +30,26 @@ def row(rec: dict) -> str:
     hbm = _gib(rec["device"]["hbm_bytes"])
     if "bytes_per_device" not in rec:
         need = rec.get("oom_need_bytes")
-        peak = f"{rec.get('oom_what', '')} {_gib(need)} (> {_gib(rec['oom_available_bytes'])})" if need else "?"  # fmt: skip
-        return f"| {program} | {rec['target']} | {mesh} | {s['remat']} / {s['attention_impl']} | {peak} | no | - | - |"  # fmt: skip
+        peak = (
+            f"{rec.get('oom_what', '')} {_gib(need)} (> {_gib(rec['oom_available_bytes'])})"
+            if need
+            else "?"
+        )
+        return (
+            f"| {program} | {rec['target']} | {mesh} | {s['remat']} / {s['attention_impl']} "
+            f"| {peak} | no | - | - |"
+        )
     r = rec["roofline_s"]
-    times = f"{r['step'] * 1e3:.1f} ms ({r['compute'] * 1e3:.1f}, {r['memory'] * 1e3:.1f}, {r['collectives'] * 1e3:.1f})"  # fmt: skip
+    times = (
+        f"{r['step'] * 1e3:.1f} ms ({r['compute'] * 1e3:.1f}, {r['memory'] * 1e3:.1f}, "
+        f"{r['collectives'] * 1e3:.1f})"
+    )
     fits = "yes" if rec["fits"] else "no"
     peak = f"{_gib(rec['bytes_per_device']['peak'])} ({hbm})"
-    return f"| {program} | {rec['target']} | {mesh} | {s['remat']} / {s['attention_impl']} | {peak} | {fits} | {times} | {rec['mfu_bound']:.0%} |"  # fmt: skip
+    return (
+        f"| {program} | {rec['target']} | {mesh} | {s['remat']} / {s['attention_impl']} "
+        f"| {peak} | {fits} | {times} | {rec['mfu_bound']:.0%} |"
+    )
 
 
 def table(records: list[dict]) -> str:

@@ -58,8 +58,14 @@ def drop_so(params: Params, cfg: ModelConfig) -> Params:
     return out
 
 
-def floor(q: jax.Array, q_pos: jax.Array, q_seg: jax.Array, keys: Keys, window: int | None,
-          cfg: ModelConfig) -> jax.Array:  # fmt: skip
+def floor(
+    q: jax.Array,
+    q_pos: jax.Array,
+    q_seg: jax.Array,
+    keys: Keys,
+    window: int | None,
+    cfg: ModelConfig,
+) -> jax.Array:
     """The token-wise floor as an attention implementation (attend.AttentionImpl): o = q, no
     attention at all. Not a model: what no architecture can prefill faster than."""
     return q
@@ -144,9 +150,15 @@ def window_attention_layers(cfg: ModelConfig, block: int, batch: int) -> Callabl
     def run(q: jax.Array) -> jax.Array:
         def layer(_, acc):  # acc feeds the next query: the layers cannot be merged or hoisted
             o = local_attention(
-                acc, k, v, q_positions=pos, k_positions=pos, window=w, prefix=prefix,
+                acc,
+                k,
+                v,
+                q_positions=pos,
+                k_positions=pos,
+                window=w,
+                prefix=prefix,
                 block_size=block,
-            )  # fmt: skip
+            )
             return acc + o.astype(acc.dtype)
 
         return jax.lax.fori_loop(0, cfg.n_layers, layer, q)

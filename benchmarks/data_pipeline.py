@@ -15,7 +15,7 @@ work directory under runs/ and measures, each figure in a fresh process:
   step      the tiny config's training step fed by the prepared iterator vs by batches
             already in memory, interleaved rounds in one process; target: <= 5 % slower.
 The 2 GB corpus and its tokens are deleted afterwards. Results: <out>/data_pipeline.json/.md.
-"""
+"""  # noqa: E501 (the first line is --help's description: __doc__.split("\n")[0])
 
 from __future__ import annotations
 
@@ -66,9 +66,11 @@ def train_bpe(path: str) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=32000, special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )  # fmt: skip
+        vocab_size=32000,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator((d.text for d in embedded_documents(False)), trainer)
     tok.save(path)
 
@@ -103,11 +105,19 @@ def child_ttfb(args) -> None:
         t0 = time.perf_counter()
         next(make_train_iterator(cfg, process_index=0, process_count=1))
         again.append(time.perf_counter() - t0)
-    print(json.dumps({
-        "ttfb_s": first, "ttfb_again_median_s": statistics.median(again) if again else None,
-        "peak_rss_mb": peak, "import_rss_mb": rss0, "added_rss_mb": peak - rss0,
-        "added_anon_mb": _status_mb("RssAnon") - anon0, "added_file_mb": _status_mb("RssFile") - file0,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "ttfb_s": first,
+                "ttfb_again_median_s": statistics.median(again) if again else None,
+                "peak_rss_mb": peak,
+                "import_rss_mb": rss0,
+                "added_rss_mb": peak - rss0,
+                "added_anon_mb": _status_mb("RssAnon") - anon0,
+                "added_file_mb": _status_mb("RssFile") - file0,
+            }
+        )
+    )
 
 
 def _child(*argv: str) -> dict:
@@ -122,10 +132,15 @@ def _child(*argv: str) -> dict:
 def prepare(inputs: str, out: str, tokenizer: str, processes: int, shard_mb: float) -> dict:
     """launch/prepare_data.py in a subprocess; its summary line's figures."""
     cmd = [
-        sys.executable, "launch/prepare_data.py", f"--input={inputs}", f"--output={out}",
-        f"--tokenizer={tokenizer}", f"--processes={processes}", f"--shard_mb={shard_mb}",
+        sys.executable,
+        "launch/prepare_data.py",
+        f"--input={inputs}",
+        f"--output={out}",
+        f"--tokenizer={tokenizer}",
+        f"--processes={processes}",
+        f"--shard_mb={shard_mb}",
         "--progress=false",
-    ]  # fmt: skip
+    ]
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
     if done.returncode:
@@ -136,10 +151,15 @@ def prepare(inputs: str, out: str, tokenizer: str, processes: int, shard_mb: flo
     manifest = json.load(open(os.path.join(out, "manifest.json")))
     seconds = max(float(line.rsplit(" in ", 1)[1].split("s ->")[0]), 0.05)  # resumed: ~0
     return {
-        "seconds": seconds, "text_mb": manifest["text_bytes"] / 1e6, "tokens": manifest["tokens"],
-        "mb_per_s": manifest["text_bytes"] / 1e6 / seconds, "tokens_per_s": manifest["tokens"] / seconds,
-        "shards": len(manifest["shards"]), "summary": line, "cpu_s_with_imports": cpu,
-    }  # fmt: skip
+        "seconds": seconds,
+        "text_mb": manifest["text_bytes"] / 1e6,
+        "tokens": manifest["tokens"],
+        "mb_per_s": manifest["text_bytes"] / 1e6 / seconds,
+        "tokens_per_s": manifest["tokens"] / seconds,
+        "shards": len(manifest["shards"]),
+        "summary": line,
+        "cpu_s_with_imports": cpu,
+    }
 
 
 def part_ttfb(work: str, sizes: list[int], memory_sizes: list[int], bpe: str | None) -> list:
@@ -232,9 +252,11 @@ def part_step(work: str, rounds: int, steps: int) -> dict:
     first = pmesh.shard_batch(memory[0], mesh)
     state_sh = jax.tree.map(lambda a: a.sharding, abstract)
     step = sharding.jit_train_step(
-        make_train_step(cfg.model, cfg.optimizer, tx, cfg.train.steps), state_sh, mesh,
+        make_train_step(cfg.model, cfg.optimizer, tx, cfg.train.steps),
+        state_sh,
+        mesh,
         {k: v.ndim for k, v in first.items()},
-    )  # fmt: skip
+    )
     state, m = step(state, first)
     jax.block_until_ready(m)
     times: dict[str, list[float]] = {"prepared": [], "in-memory": []}
@@ -248,9 +270,12 @@ def part_step(work: str, rounds: int, steps: int) -> dict:
             times[name].append((time.perf_counter() - t0) / steps)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
-        "step_s": med, "ratio_prepared_over_memory": med["prepared"] / med["in-memory"],
-        "rounds": rounds, "steps_per_round": steps, "per_round": times,
-    }  # fmt: skip
+        "step_s": med,
+        "ratio_prepared_over_memory": med["prepared"] / med["in-memory"],
+        "rounds": rounds,
+        "steps_per_round": steps,
+        "per_round": times,
+    }
 
 
 def part_format(work: str, reads: int = 20000) -> dict:
@@ -311,9 +336,11 @@ def part_format(work: str, reads: int = 20000) -> dict:
         if f.endswith((".bin", ".npy"))
     )
     return {
-        "read_us_per_chunk": timings, "array_record_write_s": write_s,
-        "bytes": {"flat_shards": flat, "array_record": os.path.getsize(path)}, "reads": reads,
-    }  # fmt: skip
+        "read_us_per_chunk": timings,
+        "array_record_write_s": write_s,
+        "bytes": {"flat_shards": flat, "array_record": os.path.getsize(path)},
+        "reads": reads,
+    }
 
 
 def main() -> None:

@@ -18,8 +18,11 @@ def write_report(out: str, results: dict) -> None:
             results = json.load(f) | results
     with open(os.path.join(out, "data_pipeline.json"), "w") as f:
         json.dump(results, f, indent=1)
-    lines = ["# Data pipeline benchmark\n", "`python benchmarks/data_pipeline.py --out=results/data`; "
-             "2-core shared CPU; 1/5/15-min load averages per part below.\n"]  # fmt: skip
+    lines = [
+        "# Data pipeline benchmark\n",
+        "`python benchmarks/data_pipeline.py --out=results/data`; "
+        "2-core shared CPU; 1/5/15-min load averages per part below.\n",
+    ]
     if "ttfb" in results:
         lines += [
             f"time to first batch and memory of make_train_iterator (T={SEQ_LEN}, B={BATCH}), "
@@ -38,9 +41,12 @@ def write_report(out: str, results: dict) -> None:
                 f"{r.get('added_file_mb', float('nan')):.1f} |"
             )
     if "prepare" in results:
-        lines += ["", f"prepare with the 32K BPE, load {results['load_prepare']}\n",
-                  "| processes | text MB | wall s | MB/s | tokens/s | CPU s (with imports) | shards |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            f"prepare with the 32K BPE, load {results['load_prepare']}\n",
+            "| processes | text MB | wall s | MB/s | tokens/s | CPU s (with imports) | shards |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in results["prepare"]:
             if "processes" in r:
                 lines.append(
@@ -52,13 +58,21 @@ def write_report(out: str, results: dict) -> None:
                 lines.append(f"\n{r}")
     if "format" in results:
         f = results["format"]
-        lines += ["", f"format (load {results['load_format']}): random chunk read: flat shards {f['read_us_per_chunk']['flat']:.1f} us, "
-                  f"ArrayRecord {f['read_us_per_chunk']['array_record']:.1f} us; bytes on disk "
-                  f"{f['bytes']['flat_shards']:,} vs {f['bytes']['array_record']:,}"]  # fmt: skip
+        lines += [
+            "",
+            f"format (load {results['load_format']}): random chunk read: "
+            f"flat shards {f['read_us_per_chunk']['flat']:.1f} us, "
+            f"ArrayRecord {f['read_us_per_chunk']['array_record']:.1f} us; bytes on disk "
+            f"{f['bytes']['flat_shards']:,} vs {f['bytes']['array_record']:,}",
+        ]
     if "step" in results:
         s = results["step"]
-        lines += ["", f"tiny config train step (load {results['load_step']}, {s['rounds']} interleaved "
-                  f"rounds of {s['steps_per_round']} steps, medians): prepared {s['step_s']['prepared'] * 1e3:.1f} ms, in-memory "
-                  f"{s['step_s']['in-memory'] * 1e3:.1f} ms, ratio {s['ratio_prepared_over_memory']:.3f}"]  # fmt: skip
+        lines += [
+            "",
+            f"tiny config train step (load {results['load_step']}, {s['rounds']} interleaved "
+            f"rounds of {s['steps_per_round']} steps, medians): "
+            f"prepared {s['step_s']['prepared'] * 1e3:.1f} ms, in-memory "
+            f"{s['step_s']['in-memory'] * 1e3:.1f} ms, ratio {s['ratio_prepared_over_memory']:.3f}",
+        ]
     with open(os.path.join(out, "data_pipeline.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

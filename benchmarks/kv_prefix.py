@@ -69,13 +69,18 @@ def _bytes(tree) -> int:
 
 def memory(cfg) -> dict:
     out = {}
-    for name, dtype, kv in (("float32", "float32", None), ("bfloat16", "bfloat16", None),
-                            ("int8", "bfloat16", "int8")):  # fmt: skip
+    for name, dtype, kv in (
+        ("float32", "float32", None),
+        ("bfloat16", "bfloat16", None),
+        ("int8", "bfloat16", "int8"),
+    ):
         s = 4096
         shape = jax.eval_shape(lambda: inference.init_cache(cfg, 1, s, dtype, kv_cache_dtype=kv))
         per_token = (_bytes(shape.states)) / s
-        out[name] = {"bytes_per_token": per_token,
-                     "tokens_in_memory": int(FLAGS.memory_gib * 2**30 // per_token)}  # fmt: skip
+        out[name] = {
+            "bytes_per_token": per_token,
+            "tokens_in_memory": int(FLAGS.memory_gib * 2**30 // per_token),
+        }
     return out
 
 
@@ -121,8 +126,14 @@ def decode(cfg, params, contexts: list[int]) -> list[dict]:
 async def _ttft(client, prompt: list[int], new: int) -> tuple[float, list[int]]:
     t0 = time.perf_counter()
     first, text = None, ""
-    stream = await client.completions.create(model="m", prompt=prompt, max_tokens=new,
-                                             temperature=0, stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+    stream = await client.completions.create(
+        model="m",
+        prompt=prompt,
+        max_tokens=new,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     async for chunk in stream:
         if first is None:
             first = time.perf_counter() - t0
@@ -135,13 +146,21 @@ def chat(cfg, params, prefix_caching: bool) -> dict:
     system = rng.integers(0, 256, FLAGS.system).tolist()
     users = rng.integers(0, 256, (FLAGS.conversations, FLAGS.turns, FLAGS.user)).tolist()
     max_len = FLAGS.system + FLAGS.turns * (FLAGS.user + FLAGS.answer) + 64
-    engine = Engine(params, cfg, max_batch=max(FLAGS.conversations, FLAGS.clients),
-                    max_len=max_len, chunk_budget=512, prefill_lengths=(64, 512),
-                    prefix_caching=prefix_caching, decode_text=TOK.decode)  # fmt: skip
+    engine = Engine(
+        params,
+        cfg,
+        max_batch=max(FLAGS.conversations, FLAGS.clients),
+        max_len=max_len,
+        chunk_budget=512,
+        prefill_lengths=(64, 512),
+        prefix_caching=prefix_caching,
+        decode_text=TOK.decode,
+    )
     engine.warmup()
     with BackgroundServer(create_app(engine, TOK, "m")) as server:
-        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0,
-                                    timeout=600)  # fmt: skip
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="-", max_retries=0, timeout=600
+        )
 
         async def conversation(c: int) -> list[float]:
             history, out = list(system), []
@@ -165,9 +184,13 @@ def chat(cfg, params, prefix_caching: bool) -> dict:
         per_conv, shared_ttft = asyncio.run(main())
     turns = [statistics.mean(conv[t] for conv in per_conv) for t in range(FLAGS.turns)]
     m = engine.metrics
-    return {"ttft_per_turn_s": turns, "shared_prompt_ttft_s": statistics.mean(shared_ttft),
-            "prefix_queries": m.prefix_lookups, "prefix_hits": m.prefix_hits,
-            "reused_tokens": m.prefix_reused}  # fmt: skip
+    return {
+        "ttft_per_turn_s": turns,
+        "shared_prompt_ttft_s": statistics.mean(shared_ttft),
+        "prefix_queries": m.prefix_lookups,
+        "prefix_hits": m.prefix_hits,
+        "reused_tokens": m.prefix_reused,
+    }
 
 
 def main(argv: list[str]) -> None:
@@ -213,8 +236,11 @@ def _markdown(r: dict) -> str:
         f"| {d['context']} | {1e3 * d['full']:.2f} | {1e3 * d['int8']:.2f} | {d['int8/full']:.2f} |"
         for d in r["decode"]
     ]
-    lines += ["", "| arm / prefix caching | TTFT per turn (s) | shared-prompt TTFT (s) | reused tokens |",
-              "|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| arm / prefix caching | TTFT per turn (s) | shared-prompt TTFT (s) | reused tokens |",
+        "|---|---|---|---|",
+    ]
     for k, v in r["chat"].items():
         turns = " ".join(f"{t:.2f}" for t in v["ttft_per_turn_s"])
         lines.append(f"| {k} | {turns} | {v['shared_prompt_ttft_s']:.2f} | {v['reused_tokens']} |")

@@ -125,8 +125,11 @@ def sequence_suite(c, cfgs, params, results) -> None:
         del call, state  # frees this length's cache before the next one
         row["memory"] = _memory(orthros, on_mesh["orthros"], t, c, mesh)
         rows.append(row)
-        print(f"sequence T={t}: {row['orthros']['median_s']:.2f} s, peak/resident "
-              f"{row['memory']['peak_over_resident']:.3f}", flush=True)  # fmt: skip
+        print(
+            f"sequence T={t}: {row['orthros']['median_s']:.2f} s, peak/resident "
+            f"{row['memory']['peak_over_resident']:.3f}",
+            flush=True,
+        )
     for a, b in zip(rows, rows[1:], strict=False):
         b["time_over_previous"] = b["orthros"]["median_s"] / a["orthros"]["median_s"]
         b["cpu_over_previous"] = b["orthros"]["cpu_median_s"] / a["orthros"]["cpu_median_s"]
@@ -168,8 +171,11 @@ def sequence_suite(c, cfgs, params, results) -> None:
     diff = np.asarray(sp_state["logits"]) - np.asarray(one_state["logits"])
     row["max_abs_logit_diff"] = float(np.abs(diff).max())
     out["single"] = row
-    print(f"sequence vs single device T={t}: {row['sp_over_single']:.3f}, logits "
-          f"{row['max_abs_logit_diff']:.2e}", flush=True)  # fmt: skip
+    print(
+        f"sequence vs single device T={t}: {row['sp_over_single']:.3f}, logits "
+        f"{row['max_abs_logit_diff']:.2e}",
+        flush=True,
+    )
     out["headline"] = headline(out)
     results["sequence"] = out
 
@@ -209,9 +215,12 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         *bench_report.targets_table(seq["headline"], TARGETS, {"collectives": ".2e"}),
     ]
-    lines += ["", "| T | Orthros SP s | time / previous | host CPU s | CPU / previous | "
-              "peak MB/device | cache shard + params MB | peak / resident |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| T | Orthros SP s | time / previous | host CPU s | CPU / previous | "
+        "peak MB/device | cache shard + params MB | peak / resident |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in seq["scaling"]:
         m, o = r["memory"], r["orthros"]
         lines.append(
@@ -221,9 +230,13 @@ def markdown(results: dict[str, Any]) -> str:
             f"{m['peak_over_resident']:.3f} |"
         )
     coll = seq["collectives"]
-    lines += ["", f"Collective bytes per device at T={coll['T']} (one layer's, as compiled):", "",
-              "| arm | " + " | ".join(coll["orthros"]) + " |",
-              "|---|" + "---|" * len(coll["orthros"])]  # fmt: skip
+    lines += [
+        "",
+        f"Collective bytes per device at T={coll['T']} (one layer's, as compiled):",
+        "",
+        "| arm | " + " | ".join(coll["orthros"]) + " |",
+        "|---|" + "---|" * len(coll["orthros"]),
+    ]
     for name in ("orthros", "transformer"):
         lines.append(f"| {name} | " + " | ".join(str(v) for v in coll[name].values()) + " |")
     lines += [
@@ -237,10 +250,13 @@ def markdown(results: dict[str, Any]) -> str:
             f"{r['transformer_over_orthros']:.2f} |"
         )
     s = seq["single"]
-    lines += ["", f"At T={s['T']}: SP {s['sp']['median_s']:.2f} s, one device "
-              f"{s['single']['median_s']:.2f} s, ratio {s['sp_over_single']:.3f} (host CPU "
-              f"{fmt(s.get('sp_over_single_cpu'))}); max |logit difference| "
-              f"{s['max_abs_logit_diff']:.2e}."]  # fmt: skip
+    lines += [
+        "",
+        f"At T={s['T']}: SP {s['sp']['median_s']:.2f} s, one device "
+        f"{s['single']['median_s']:.2f} s, ratio {s['sp_over_single']:.3f} (host CPU "
+        f"{fmt(s.get('sp_over_single_cpu'))}); max |logit difference| "
+        f"{s['max_abs_logit_diff']:.2e}.",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -1,7 +1,8 @@
 r"""Table 4 through the server, and throughput / TTFT against concurrency (issue 21, item 5).
 
     python benchmarks/serve_load.py --out=runs/serve_load
-    python benchmarks/serve_load.py --out=runs/serve_load --shapes=4096/32,4096/256 --concurrency=1,4
+    python benchmarks/serve_load.py --out=runs/serve_load --shapes=4096/32,4096/256 \
+        --concurrency=1,4
 
 Each arm of the Table 4 pairs (benchmarks.table4: the bench model of configs/bench.py,
 two layer cycles; Transformer vs Orthros and Linear Hybrid vs Orthros-H, each pair sharing its
@@ -160,8 +161,9 @@ _CLIENT = _Client()
 
 def _serve(cfg, params, *, slots: int, max_len: int, lengths: tuple[int, ...], batches=None,
            batch_wait_s: float = 0.0):  # fmt: skip
-    engine = Engine(params, cfg, max_batch=slots, max_len=max_len, chunk_budget=max(lengths) * slots,
-                    prefill_lengths=lengths, prefill_batches=batches, decode_text=TOK.decode,
+    engine = Engine(params, cfg, max_batch=slots, max_len=max_len,
+                    chunk_budget=max(lengths) * slots, prefill_lengths=lengths,
+                    prefill_batches=batches, decode_text=TOK.decode,
                     decode_steps=FLAGS.decode_steps, batch_wait_s=batch_wait_s)  # fmt: skip
     t = time.perf_counter()
     engine.warmup()
@@ -222,8 +224,8 @@ def table4(c, shapes: list[tuple[int, int]], pairs: list[tuple[str, str]]) -> di
                 rows[f"{shape[0]}/{shape[1]}"][arm] = row
                 print(f"table4 {arm} {shape}: {json.dumps(_brief(row))}", flush=True)
         by_len = {i: prompts[(i, o)] for i, o in shapes}
-        calls = {t: {a: bench.prefill_call(cfgs[a], params[a], t, c, fresh_cache=True) for a in arms}
-                 for t in by_len}  # fmt: skip
+        calls = {t: {a: bench.prefill_call(cfgs[a], params[a], t, c, fresh_cache=True)
+                     for a in arms} for t in by_len}  # fmt: skip
         for fns in calls.values():
             for fn in fns.values():
                 jax.block_until_ready(fn())  # compiles
@@ -239,8 +241,10 @@ def table4(c, shapes: list[tuple[int, int]], pairs: list[tuple[str, str]]) -> di
         recompiles = device.compile_count() - compiled
     ttft = []
     for t in by_len:
-        row = {"T": t} | {a: {"server_ttft_s": statistics.median(server_s[t][a]), "server_rounds_s": server_s[t][a],
-                              "prefill_s": statistics.median(prefill_s[t][a]), "prefill_rounds_s": prefill_s[t][a]}
+        row = {"T": t} | {a: {"server_ttft_s": statistics.median(server_s[t][a]),
+                              "server_rounds_s": server_s[t][a],
+                              "prefill_s": statistics.median(prefill_s[t][a]),
+                              "prefill_rounds_s": prefill_s[t][a]}
                           for a in arms}  # fmt: skip
         for single, two in pairs:  # ratios round by round (a shared box drifts), then medians
             sx = _round_ratio(server_s[t][single], server_s[t][two])
@@ -277,8 +281,9 @@ def concurrency(c, counts: list[int]) -> list[dict]:
         run = lambda: inference.generate(
             params, prompts, cfg, max_new_tokens=new, cache_size=max_len
         )
-        pre = lambda: inference.prefill(params, inference.init_cache(cfg, n, max_len), _padded(prompts),
-                                        [len(p) for p in prompts], cfg)[0]  # fmt: skip
+        pre = lambda: inference.prefill(params, inference.init_cache(cfg, n, max_len),
+                                        _padded(prompts), [len(p) for p in prompts],
+                                        cfg)[0]  # fmt: skip
         jax.block_until_ready(pre())
         gen_out = run()  # compiles
         srvs, engs, gens, pres = [], [], [], []
@@ -306,16 +311,20 @@ def concurrency(c, counts: list[int]) -> list[dict]:
         per_round = lambda rs: _round_ratio(gens, [r["e2e_s"] for r in rs])
         row = {
             "clients": n, "engine": eng, "server": srv,
-            "generate": {"e2e_s": gen_s, "output_tok_s": gen_tok_s, "ttft_s": gen_ttft, "e2e_rounds_s": gens},
+            "generate": {"e2e_s": gen_s, "output_tok_s": gen_tok_s, "ttft_s": gen_ttft,
+                         "e2e_rounds_s": gens},
             "compiles_while_serving": recompiles,
             "engine_over_generate_tok_s": per_round(engs),
             "server_over_generate_tok_s": per_round(srvs),
         }  # fmt: skip
         row["generate"]["tokens"] = int(gen_out.lengths.sum())
         out.append(row)
-        print(f"concurrency {n}: engine {eng['output_tok_s']:.1f} tok/s TTFT {eng['ttft_s']:.3f}s | server "
-              f"{srv['output_tok_s']:.1f} tok/s TTFT {srv['ttft_s']:.3f}s | generate {gen_tok_s:.1f} tok/s | "
-              f"engine/generate {row['engine_over_generate_tok_s']:.3f}", flush=True)  # fmt: skip
+        print(f"concurrency {n}: engine {eng['output_tok_s']:.1f} tok/s"
+              f" TTFT {eng['ttft_s']:.3f}s"
+              f" | server {srv['output_tok_s']:.1f} tok/s TTFT {srv['ttft_s']:.3f}s"
+              f" | generate {gen_tok_s:.1f} tok/s"
+              f" | engine/generate {row['engine_over_generate_tok_s']:.3f}",
+              flush=True)  # fmt: skip
     return out
 
 

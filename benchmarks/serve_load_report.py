@@ -19,34 +19,52 @@ def table4_md(t4: dict, pairs: list[tuple[str, str]]) -> list[str]:
         for single, two in pairs:
             for arm in (single, two):
                 r = row[arm]
-                lines.append(f"| {key} | {arm} | {_f(r['ttft_s'])} | {_f(r['e2e_s'])} | "
-                             f"{_f(r['output_tok_s'], 1)} | {_f(r['decode_tok_s'], 1)} |")  # fmt: skip
-    lines += ["", "| T | pair | TTFT speedup (server) | prefill speedup (benchmark) | server / benchmark |",
-              "|---:|---|---:|---:|---:|"]  # fmt: skip
+                lines.append(
+                    f"| {key} | {arm} | {_f(r['ttft_s'])} | {_f(r['e2e_s'])} | "
+                    f"{_f(r['output_tok_s'], 1)} | {_f(r['decode_tok_s'], 1)} |"
+                )
+    lines += [
+        "",
+        "| T | pair | TTFT speedup (server) | prefill speedup (benchmark) | server / benchmark |",
+        "|---:|---|---:|---:|---:|",
+    ]
     for row in t4["ttft"]:
         for single, two in pairs:
             x = row[f"{single}_over_{two}"]
-            lines.append(f"| {row['T']} | {single}/{two} | {_f(x['ttft_speedup'], 2)} | "
-                         f"{_f(x['prefill_speedup'], 2)} | {_f(x['ttft_vs_prefill'], 2)} |")  # fmt: skip
+            lines.append(
+                f"| {row['T']} | {single}/{two} | {_f(x['ttft_speedup'], 2)} | "
+                f"{_f(x['prefill_speedup'], 2)} | {_f(x['ttft_vs_prefill'], 2)} |"
+            )
     return lines
 
 
 def concurrency_md(rows: list[dict]) -> list[str]:
-    lines = ["| clients | engine tok/s | server tok/s | generate tok/s | engine / generate | server / generate "
-             "| engine TTFT s | server TTFT s | generate prefill s |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| clients | engine tok/s | server tok/s | generate tok/s "
+        "| engine / generate | server / generate "
+        "| engine TTFT s | server TTFT s | generate prefill s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         e, s, g = r["engine"], r["server"], r["generate"]
-        lines.append(f"| {r['clients']} | {_f(e['output_tok_s'], 1)} | {_f(s['output_tok_s'], 1)} | "
-                     f"{_f(g['output_tok_s'], 1)} | {_f(r['engine_over_generate_tok_s'], 3)} | "
-                     f"{_f(r['server_over_generate_tok_s'], 3)} | {_f(e['ttft_s'])} | {_f(s['ttft_s'])} | "
-                     f"{_f(g['ttft_s'])} |")  # fmt: skip
+        lines.append(
+            f"| {r['clients']} | {_f(e['output_tok_s'], 1)} | {_f(s['output_tok_s'], 1)} | "
+            f"{_f(g['output_tok_s'], 1)} | {_f(r['engine_over_generate_tok_s'], 3)} | "
+            f"{_f(r['server_over_generate_tok_s'], 3)} | {_f(e['ttft_s'])} | {_f(s['ttft_s'])} | "
+            f"{_f(g['ttft_s'])} |"
+        )
     return lines
 
 
 def write_report(res: dict, out: str, pairs: list[tuple[str, str]]) -> None:
-    lines = [f"# Serving benchmark ({res['backend']}, {res['date']})", "", f"Command: `{res['command']}`; "
-             f"load average {res['load_before']:.1f} before, {res['load_after']:.1f} after; {res['wall_s']:.0f} s.", ""]  # fmt: skip
+    lines = [
+        f"# Serving benchmark ({res['backend']}, {res['date']})",
+        "",
+        f"Command: `{res['command']}`; "
+        f"load average {res['load_before']:.1f} before, {res['load_after']:.1f} after; "
+        f"{res['wall_s']:.0f} s.",
+        "",
+    ]
     if res["table4"]:
         lines += [
             "## Table 4 through the server (two concurrent requests)",

@@ -160,17 +160,19 @@ def markdown(results: dict[str, Any]) -> str:
             "Decode step per layer: pure stacks of each kind vs the Transformer (same layers).",
             "",
             "| decode context | transformer ms | "
-            + " | ".join(f"{n} ms | {n}/transformer" for n in names) + " |",
+            + " | ".join(f"{n} ms | {n}/transformer" for n in names)
+            + " |",
             "|---:|---:|" + "---:|---:|" * len(names),
-        ]  # fmt: skip
+        ]
         for r in tab["decode"]:
             cells = [
                 f"{1e3 * r[n]['step_s']:.2f} | {r[f'{n}_over_transformer']:.2f}" for n in names
             ]
             lines.append(
                 f"| {r['context']} | {1e3 * r['transformer']['step_s']:.2f} | "
-                + " | ".join(cells) + " |"
-            )  # fmt: skip
+                + " | ".join(cells)
+                + " |"
+            )
     return "\n".join(lines) + "\n"
 
 

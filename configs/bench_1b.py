@@ -13,9 +13,19 @@ from orthros_jax.configlib import load_config_file
 def get_config() -> ml_collections.ConfigDict:
     c = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.py"))
     c.model.update(
-        dict(vocab_size=32000, d_model=2048, n_layers=24, n_heads=16, n_kv_heads=16,
-             head_dim=128, d_ff=5632, window=128, prefill_chunk=4096, attention_impl="cudnn")
-    )  # fmt: skip
+        dict(
+            vocab_size=32000,
+            d_model=2048,
+            n_layers=24,
+            n_heads=16,
+            n_kv_heads=16,
+            head_dim=128,
+            d_ff=5632,
+            window=128,
+            prefill_chunk=4096,
+            attention_impl="cudnn",
+        )
+    )
     c.prefill_lengths = (8192, 32768, 131072)
     c.transformer_max_len = 131072
     c.dense_max_len = 8192

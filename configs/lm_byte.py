@@ -19,12 +19,24 @@ ARMS = {
     "orthros_noso": dict(architecture="orthros", scale_offset=False),
     # Table 1's fla baselines at this width, fla's proportions (GLA: expand_k 0.5, expand_v 1;
     # RetNet: expand_k 1, expand_v 2): GLA 2 heads of 16 (keys) / 32 (values), RetNet 4 heads.
-    "gla": dict(architecture="gla", scale_offset=False, kinds=dict(gla=dict(heads=2, kv_heads=2, k_head_dim=16, v_head_dim=32))),
-    "retnet": dict(architecture="retnet", scale_offset=False, kinds=dict(retention=dict(heads=4, kv_heads=4, k_head_dim=16, v_head_dim=32))),
+    "gla": dict(
+        architecture="gla",
+        scale_offset=False,
+        kinds=dict(gla=dict(heads=2, kv_heads=2, k_head_dim=16, v_head_dim=32)),
+    ),
+    "retnet": dict(
+        architecture="retnet",
+        scale_offset=False,
+        kinds=dict(retention=dict(heads=4, kv_heads=4, k_head_dim=16, v_head_dim=32)),
+    ),
     # Mamba-2 at its proportions (expand 2, head_dim 64), in the shared block (with the FFN);
     # state 16 per head: 2 x 64 x 16 = 2048 state entries, RetNet's 4 x 16 x 32.
-    "mamba2": dict(architecture="mamba2", scale_offset=False, kinds=dict(mamba2=dict(heads=2, head_dim=64, state=16))),
-}  # fmt: skip
+    "mamba2": dict(
+        architecture="mamba2",
+        scale_offset=False,
+        kinds=dict(mamba2=dict(heads=2, head_dim=64, state=16)),
+    ),
+}
 
 
 def get_config(arm: str = "orthros") -> ml_collections.ConfigDict:

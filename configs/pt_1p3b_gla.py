@@ -19,15 +19,37 @@ from orthros_jax.convert.fla import config_from_fla
 
 # fla's config.json of the 1.3B model (the options we compute; the rest are fla's defaults).
 FLA_1P3B = {
-    "gla": {"model_type": "gla", "hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 4,
-            "expand_k": 0.5, "expand_v": 1.0, "hidden_ratio": 4, "vocab_size": 32000},
-    "retnet": {"model_type": "retnet", "hidden_size": 2048, "num_hidden_layers": 24,
-               "num_heads": 8, "expand_k": 1.0, "expand_v": 2.0, "hidden_ratio": 2,
-               "vocab_size": 32000},
-    "gated_deltanet": {"model_type": "gated_deltanet", "hidden_size": 2048,
-                       "num_hidden_layers": 21, "num_heads": 6, "head_dim": 256,
-                       "expand_v": 2.0, "hidden_ratio": 4, "vocab_size": 32000},
-}  # fmt: skip
+    "gla": {
+        "model_type": "gla",
+        "hidden_size": 2048,
+        "num_hidden_layers": 24,
+        "num_heads": 4,
+        "expand_k": 0.5,
+        "expand_v": 1.0,
+        "hidden_ratio": 4,
+        "vocab_size": 32000,
+    },
+    "retnet": {
+        "model_type": "retnet",
+        "hidden_size": 2048,
+        "num_hidden_layers": 24,
+        "num_heads": 8,
+        "expand_k": 1.0,
+        "expand_v": 2.0,
+        "hidden_ratio": 2,
+        "vocab_size": 32000,
+    },
+    "gated_deltanet": {
+        "model_type": "gated_deltanet",
+        "hidden_size": 2048,
+        "num_hidden_layers": 21,
+        "num_heads": 6,
+        "head_dim": 256,
+        "expand_v": 2.0,
+        "hidden_ratio": 4,
+        "vocab_size": 32000,
+    },
+}
 
 
 def fla_baseline(model_type: str, budget: str) -> ml_collections.ConfigDict:

@@ -233,8 +233,10 @@ def inference_suite(c, cfgs, params, results) -> None:
             },
         }
     row["ttft_speedup"] = bench.ratio(timing["transformer_ttft"], timing["orthros_ttft"])
-    brief = {k: {m: x for m, x in v.items() if m != "timing"} if isinstance(v, dict) else v
-             for k, v in row.items()}  # fmt: skip
+    brief = {
+        k: {m: x for m, x in v.items() if m != "timing"} if isinstance(v, dict) else v
+        for k, v in row.items()
+    }
     print("inference: " + json.dumps(brief), flush=True)
     results["inference"] = row
 

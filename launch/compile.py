@@ -25,7 +25,9 @@ import sys
 # The repository root: benchmarks/ lives beside the package (it is not installed).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Spell --mesh.X as the config override it is (before absl parses the flags).
-sys.argv = [a.replace("--mesh.", "--config.mesh.", 1) if a.startswith("--mesh.") else a for a in sys.argv]  # fmt: skip
+sys.argv = [
+    a.replace("--mesh.", "--config.mesh.", 1) if a.startswith("--mesh.") else a for a in sys.argv
+]
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # several compiles may run at once
 # Compiling for a target needs no local accelerator: the host runs on CPU (and a GPU plugin
 # then skips its local CUDA checks).
@@ -35,7 +37,9 @@ from absl import app, flags  # noqa: E402
 
 from orthros_jax import configlib  # noqa: E402
 
-_CONFIG = configlib.define_config_flag("configs/pt_1p3b.py", "Train or inference config.", "compile.py")  # fmt: skip
+_CONFIG = configlib.define_config_flag(
+    "configs/pt_1p3b.py", "Train or inference config.", "compile.py"
+)
 _TARGET = flags.DEFINE_string("target", None, "v5e:4x4 | v5p:2x2x2 | v6e:2x2 | h100x8 | ...")
 _OUT = flags.DEFINE_string("out", None, "Output folder (compile.json, compile.md).")
 flags.mark_flags_as_required(["target", "out"])
@@ -55,7 +59,9 @@ def main(argv: list[str]) -> None:
     except ValueError as e:
         raise SystemExit(f"compile.py: {e}") from None
     rec["target"] = _TARGET.value
-    rec["command"] = "python launch/compile.py " + shlex.join(sys.argv[1:]).replace("--config.mesh.", "--mesh.")  # fmt: skip
+    rec["command"] = "python launch/compile.py " + shlex.join(sys.argv[1:]).replace(
+        "--config.mesh.", "--mesh."
+    )
     os.makedirs(_OUT.value, exist_ok=True)
     hlo = rec.pop("hlo_text", None)
     if hlo is not None:  # the optimized program, for reading its collectives and kernels

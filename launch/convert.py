@@ -88,10 +88,12 @@ def import_hf(hf_dir: str, out: str) -> None:
     hf = read_hf_config(hf_dir)
     if is_remote(hf):  # an exported orthros-jax model comes back as its own arm
         cfg, params = load_remote(hf_dir, param_dtype=FLAGS.param_dtype, dtype=FLAGS.dtype)
-        checkpoint.save_model(out, cfg, params, hf_tokenizer_file(hf_dir),
-                              hf.get("max_position_embeddings"), REMOTE)  # fmt: skip
-        print(f"wrote {cfg.architecture} model ({num_params(cfg):,} params) to "
-              f"{os.path.abspath(out)}")  # fmt: skip
+        checkpoint.save_model(
+            out, cfg, params, hf_tokenizer_file(hf_dir), hf.get("max_position_embeddings"), REMOTE
+        )
+        print(
+            f"wrote {cfg.architecture} model ({num_params(cfg):,} params) to {os.path.abspath(out)}"
+        )
         return
     cfg, params = load_hf(hf_dir, param_dtype=FLAGS.param_dtype, dtype=FLAGS.dtype)
     logging.info("imported %s: %.1fM params", hf_dir, num_params(cfg) / 1e6)
@@ -115,9 +117,13 @@ def import_hf(hf_dir: str, out: str) -> None:
         logging.warning("%s has no tokenizer.json; the model directory will have none", hf_dir)
     # The source's context: generate.py warns beyond it and --export writes it back.
     checkpoint.save_model(
-        out, cfg, params, tokenizer_file=tokenizer, max_context=hf.get("max_position_embeddings"),
+        out,
+        cfg,
+        params,
+        tokenizer_file=tokenizer,
+        max_context=hf.get("max_position_embeddings"),
         source_format=source,
-    )  # fmt: skip
+    )
     print(f"wrote {cfg.architecture} model ({num_params(cfg):,} params) to {os.path.abspath(out)}")
 
 

@@ -2,10 +2,12 @@
 lm-evaluation-harness tasks.
 
     python launch/evaluate.py --model=runs/tiny --out=runs/tiny_eval
-    python launch/evaluate.py --model=runs/recall_orthros --out=/tmp/ev --config.tasks=passkey,mqar \
-        --config.context_lengths=128,256,512 --config.depths=0,0.5,1 --config.samples=8 \
-        --config.decode=greedy
-    python launch/evaluate.py --model=runs/llama_orthros --out=/tmp/ev --config=configs/eval_paper.py
+    python launch/evaluate.py --model=runs/recall_orthros --out=/tmp/ev \
+        --config.tasks=passkey,mqar --config.context_lengths=128,256,512 --config.depths=0,0.5,1 \
+        --config.samples=8 --config.decode=greedy
+    python launch/evaluate.py --model=runs/llama_orthros --out=/tmp/ev \
+        --config=configs/eval_paper.py
+
 
 --model is a model directory (launch/convert.py, checkpoint.save_model) or a training workdir
 (its newest checkpoint). --config is a file with get_config() (default configs/eval.py; its

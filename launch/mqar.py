@@ -14,7 +14,8 @@ mqar.md, mqar.png and work/<arm>_s<seed>/ (training workdirs).
 
 The flags are launch/experiments.py's (this module imports it: the same --out, --arms, --seeds,
 --tiny, --override, --keep_work, --replot); without --arms / --seeds the defaults are
-DEFAULT_ARMS (transformer, swa, orthros) and one seed. Its --experiments / *_seeds / --convert_arms do not apply.
+DEFAULT_ARMS (transformer, swa, orthros) and one seed. Its --experiments / *_seeds / --convert_arms
+do not apply.
 """
 
 from __future__ import annotations

@@ -64,9 +64,14 @@ def _bar(total_bytes: int, enabled: bool):
     from tqdm import tqdm
 
     return tqdm(
-        total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not enabled,
-        file=sys.stderr, smoothing=0.1,
-    )  # fmt: skip
+        total=total_bytes,
+        unit="B",
+        unit_scale=True,
+        desc="prepare",
+        disable=not enabled,
+        file=sys.stderr,
+        smoothing=0.1,
+    )
 
 
 def prepare_all(plan: dict, out_dir: str, shards: list[int], processes: int, progress: bool):
@@ -113,9 +118,12 @@ def main(argv: list[str]) -> None:
             raise ValueError(f"--task={_TASK.value} must be in [0, --tasks={_TASKS.value})")
         files = expand_corpus(_INPUT.value)
         plan = prepare.make_plan(
-            files, _TOKENIZER.value or None, text_field=_FIELD.value,
-            skip_bad=_ON_BAD.value == "skip", shard_bytes=max(1, int(_SHARD_MB.value * 1e6)),
-        )  # fmt: skip
+            files,
+            _TOKENIZER.value or None,
+            text_field=_FIELD.value,
+            skip_bad=_ON_BAD.value == "skip",
+            shard_bytes=max(1, int(_SHARD_MB.value * 1e6)),
+        )
         out = _OUTPUT.value
         prepare.check_plan(out, plan)
         if _TASK.value is None:  # other tasks may be writing on a shared directory

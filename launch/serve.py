@@ -74,10 +74,11 @@ flags.DEFINE_string(
     "int8 / fp8: keep the cache's K/V quantized (default: the model's dtype).",
 )
 flags.DEFINE_bool(
-    "prefix_caching", True,
+    "prefix_caching",
+    True,
     "Admit a request into the cache row holding its longest prompt prefix and prefill only the "
     "rest (one device; off with --sequence > 1).",
-)  # fmt: skip
+)
 flags.DEFINE_bool("warmup", True, "Compile every shape before serving.")
 flags.DEFINE_string("log_level", "warning", "uvicorn log level.")
 flags.mark_flags_as_required(["model"])
@@ -99,12 +100,21 @@ def main(argv: list[str]) -> None:
                 raise ValueError(f"--sequence={FLAGS.sequence}: only {jax.device_count()} devices")
             mesh = sequence_mesh(FLAGS.sequence, devices=jax.devices()[: max(FLAGS.sequence, 0)])
         engine = Engine(
-            loaded.params, loaded.cfg, max_batch=FLAGS.max_batch, max_len=FLAGS.max_len,
-            chunk_budget=FLAGS.chunk_budget, max_queue=FLAGS.max_queue,
-            decode_text=tokenizer.decode, eos_id=tokenizer.eos_id, prefill_lengths=lengths,
-            decode_steps=FLAGS.decode_steps, batch_wait_s=FLAGS.batch_wait_ms / 1000, mesh=mesh,
-            kv_cache_dtype=FLAGS.kv_cache_dtype, prefix_caching=FLAGS.prefix_caching and mesh is None,
-        )  # fmt: skip
+            loaded.params,
+            loaded.cfg,
+            max_batch=FLAGS.max_batch,
+            max_len=FLAGS.max_len,
+            chunk_budget=FLAGS.chunk_budget,
+            max_queue=FLAGS.max_queue,
+            decode_text=tokenizer.decode,
+            eos_id=tokenizer.eos_id,
+            prefill_lengths=lengths,
+            decode_steps=FLAGS.decode_steps,
+            batch_wait_s=FLAGS.batch_wait_ms / 1000,
+            mesh=mesh,
+            kv_cache_dtype=FLAGS.kv_cache_dtype,
+            prefix_caching=FLAGS.prefix_caching and mesh is None,
+        )
     except ValueError as e:
         sys.exit(f"serve.py: {e}")
     name = FLAGS.served_model_name or os.path.basename(os.path.normpath(FLAGS.model))
@@ -113,8 +123,10 @@ def main(argv: list[str]) -> None:
         engine.warmup()
         print(f"serve.py: compiled in {time.perf_counter() - t:.1f} s", flush=True)
     server_app = create_app(engine, tokenizer, name, template)
-    print(f"serve.py: serving {name!r} ({loaded.cfg.architecture}) on http://{FLAGS.host}:{FLAGS.port}",
-          flush=True)  # fmt: skip
+    print(
+        f"serve.py: serving {name!r} ({loaded.cfg.architecture}) on http://{FLAGS.host}:{FLAGS.port}",
+        flush=True,
+    )
     # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal to the handler it found:
     # this one makes that a clean exit (status 0) rather than death by signal.
     signal.signal(signal.SIGTERM, _drained)

@@ -54,36 +54,61 @@ _CONV = frozenset({RECALL, LM, CONVERT})
 _HYBRID = ("gdn", "gdn", "gdn", "attention")
 # Listed in the tables' order.
 ARMS: dict[str, Arm] = {
-    "transformer": Arm("Transformer", "C0", ("attention",), runs=_CONV,
-                       default_in=frozenset({RECALL, LM, CONVERT, MQAR}),
-                       two_stream_form="orthros"),
-    "swa": Arm("SWA", "C7", ("attention",), base_window=True, runs=_ATTN,
-               default_in=frozenset({RECALL, LM, MQAR})),
-    "orthros": Arm("Orthros", "C3", ("attention",), two_streams=True, base_window=True,
-                   runs=_CONV, default_in=frozenset({RECALL, LM, CONVERT, MQAR})),
-    "orthros_noso": Arm("Orthros w/o SO", "C1", variant_of="orthros",
-                        overrides=(("scale_offset", False),), runs=_CONV,
-                        default_in=frozenset({RECALL, LM})),
+    "transformer": Arm(
+        "Transformer",
+        "C0",
+        ("attention",),
+        runs=_CONV,
+        default_in=frozenset({RECALL, LM, CONVERT, MQAR}),
+        two_stream_form="orthros",
+    ),
+    "swa": Arm(
+        "SWA",
+        "C7",
+        ("attention",),
+        base_window=True,
+        runs=_ATTN,
+        default_in=frozenset({RECALL, LM, MQAR}),
+    ),
+    "orthros": Arm(
+        "Orthros",
+        "C3",
+        ("attention",),
+        two_streams=True,
+        base_window=True,
+        runs=_CONV,
+        default_in=frozenset({RECALL, LM, CONVERT, MQAR}),
+    ),
+    "orthros_noso": Arm(
+        "Orthros w/o SO",
+        "C1",
+        variant_of="orthros",
+        overrides=(("scale_offset", False),),
+        runs=_CONV,
+        default_in=frozenset({RECALL, LM}),
+    ),
     "gdn": Arm("GDN", "C2", ("gdn",)),
-    "hybrid": Arm("Linear Hybrid", "C4", _HYBRID, any_recurrent=True,
-                  two_stream_form="orthros_h"),
-    "orthros_h": Arm("Orthros-H", "C5", _HYBRID, two_streams=True, base_window=True,
-                     any_recurrent=True),
+    "hybrid": Arm("Linear Hybrid", "C4", _HYBRID, any_recurrent=True, two_stream_form="orthros_h"),
+    "orthros_h": Arm(
+        "Orthros-H", "C5", _HYBRID, two_streams=True, base_window=True, any_recurrent=True
+    ),
     # Table 1's other linear baselines (fla's GLA and RetNet), pure stacks.
     "gla": Arm("GLA", "C6", ("gla",), runs=_ATTN),
     "retnet": Arm("RetNet", "C8", ("retention",), runs=_ATTN),
     # Mamba-2's SSD (layers/mamba2.py), a pure stack.
     "mamba2": Arm("Mamba-2", "C9", ("mamba2",), runs=_ATTN),
-}  # fmt: skip
+}
 # The model architectures: the arms that are not variants.
 ARCHITECTURES: dict[str, Arm] = {n: a for n, a in ARMS.items() if a.variant_of is None}
 for _name, _arm in ARMS.items():
     if _arm.variant_of is not None:  # a variant is its architecture's cycle and streams
         ARMS[_name] = dataclasses.replace(
             ARCHITECTURES[_arm.variant_of],
-            **{f: getattr(_arm, f) for f in ("label", "colour", "variant_of", "overrides",
-                                              "runs", "default_in")},
-        )  # fmt: skip
+            **{
+                f: getattr(_arm, f)
+                for f in ("label", "colour", "variant_of", "overrides", "runs", "default_in")
+            },
+        )
 
 
 def architecture_of(arm: str) -> str:

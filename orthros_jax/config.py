@@ -52,10 +52,19 @@ LAYER_KINDS: dict[str, KindEntry] = {}
 ATTENTION_IMPLS: list[str] = []
 # ModelConfig fields that change how the model runs, not the function its weights compute (a
 # resumed run may change them; the kinds' options say so of theirs).
-RUNTIME_FIELDS = frozenset({
-    "dtype", "scan_layers", "remat", "attention_block_q", "attention_block_k",
-    "attention_block_local", "prefill_chunk", "attention_impl", "init_std",
-})  # fmt: skip
+RUNTIME_FIELDS = frozenset(
+    {
+        "dtype",
+        "scan_layers",
+        "remat",
+        "attention_block_q",
+        "attention_block_k",
+        "attention_block_local",
+        "prefill_chunk",
+        "attention_impl",
+        "init_std",
+    }
+)
 
 
 def register_layer_kind(
@@ -218,8 +227,9 @@ class ModelConfig:
             return
         if kinds != arm.kinds:
             if arm.any_recurrent:
-                needs = (f"needs {sorted(fixed)} layers and recurrent ones (any of "
-                         f"{sorted(recurrent)})")  # fmt: skip
+                needs = (
+                    f"needs {sorted(fixed)} layers and recurrent ones (any of {sorted(recurrent)})"
+                )
             elif len(arm.kinds) == 1:
                 needs = f"needs only {next(iter(arm.kinds))!r} layers"
             else:

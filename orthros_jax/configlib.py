@@ -20,8 +20,13 @@ import ml_collections
 T = TypeVar("T")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Optional dependencies -> the pyproject extra that installs them.
-EXTRAS = {"lm_eval": "eval", "accelerate": "eval", "datasets": "eval", "transformers": "convert",
-          "torch": "convert"}  # fmt: skip
+EXTRAS = {
+    "lm_eval": "eval",
+    "accelerate": "eval",
+    "datasets": "eval",
+    "transformers": "convert",
+    "torch": "convert",
+}
 HELP_FLAGS = ("--help", "-help", "-h", "--helpshort", "-?", "--helpfull", "--helpxml")
 
 

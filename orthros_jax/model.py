@@ -43,9 +43,18 @@ from orthros_jax.layers.kind import (
 from orthros_jax.layers.registry import kinds_of
 
 __all__ = [
-    "OrthrosLM", "Params", "Stream", "final_hidden", "final_logits", "forward_streams",
-    "gather_stream", "head_matrix", "init_params", "num_params", "param_logical_axes",
-]  # fmt: skip
+    "OrthrosLM",
+    "Params",
+    "Stream",
+    "final_hidden",
+    "final_logits",
+    "forward_streams",
+    "gather_stream",
+    "head_matrix",
+    "init_params",
+    "num_params",
+    "param_logical_axes",
+]
 
 
 def forward_streams(
@@ -137,9 +146,11 @@ class OrthrosLM(nn.Module):
         (default: every position, the PT mode). Returns float32 logits [B, T_out, V].
         """
         x = self.features(
-            tokens, positions=positions, segment_ids=segment_ids,
+            tokens,
+            positions=positions,
+            segment_ids=segment_ids,
             output_positions=output_positions,
-        )  # fmt: skip
+        )
         return self.head(x)
 
     def features(
@@ -171,9 +182,13 @@ class OrthrosLM(nn.Module):
                 out_index = output_positions.astype(jnp.int32)
                 out = gather_stream(base, out_index)
         base, out = forward_streams(
-            self.layer_params(), self.cfg, base, out, out_index=out_index,
+            self.layer_params(),
+            self.cfg,
+            base,
+            out,
+            out_index=out_index,
             default_positions=default_positions,
-        )  # fmt: skip
+        )
         final = out if self.cfg.two_streams else base
         if not self.cfg.two_streams and output_positions is not None:
             final = gather_stream(final, output_positions)

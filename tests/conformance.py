@@ -30,8 +30,15 @@ from orthros_jax.model import OrthrosLM, init_params
 LAYOUTS = ("pure", "hybrid", "two_stream")
 # vocab 61, window 5, prefill chunk 6 (kernel chunks are 4: boundaries misaligned everywhere);
 # init_std 0.1 so that logits are far from greedy ties.
-BASE = dict(vocab_size=61, window=5, prefill_chunk=6, init_std=0.1, n_layers=2,
-            attention_block_q=8, attention_block_k=8)  # fmt: skip
+BASE = dict(
+    vocab_size=61,
+    window=5,
+    prefill_chunk=6,
+    init_std=0.1,
+    n_layers=2,
+    attention_block_q=8,
+    attention_block_k=8,
+)
 # The bench model's head shape (8 heads of 64, 8 layers), where XLA:CPU's copy decisions are
 # those of a real model: the compiled-decode check runs there.
 BENCH = dict(n_layers=8, d_model=128, n_heads=8, n_kv_heads=8, head_dim=16, d_ff=256)
@@ -64,14 +71,22 @@ def profile(kind: str) -> Profile:
             options={}, bench={}, variants=({"attn_output_gate": True, "qk_norm": True},)
         ),
         "gdn": Profile(
-            options=dict(num_k_heads=2, num_v_heads=4, k_head_dim=8, v_head_dim=6,
-                         conv_kernel=3, chunk=4),
+            options=dict(
+                num_k_heads=2, num_v_heads=4, k_head_dim=8, v_head_dim=6, conv_kernel=3, chunk=4
+            ),
             bench=dict(num_k_heads=4, num_v_heads=8, k_head_dim=64, v_head_dim=64),
             export_needs={"hf": qwen35},
         ),
         "gla": Profile(
-            options=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, short_conv=True,
-                         conv_kernel=3, chunk=4),
+            options=dict(
+                heads=4,
+                kv_heads=2,
+                k_head_dim=8,
+                v_head_dim=6,
+                short_conv=True,
+                conv_kernel=3,
+                chunk=4,
+            ),
             bench=heads64 | dict(short_conv=False),
             variants=({"kinds": {"gla": {"output_gate": False, "short_conv": False}}},),
         ),
@@ -80,7 +95,7 @@ def profile(kind: str) -> Profile:
             bench=heads64,
             variants=({"kinds": {"retention": {"norm_affine": False}}},),
         ),
-    }  # fmt: skip
+    }
     # A kind without an entry runs at its own default options.
     return table.get(kind, Profile(options={}, bench={}))
 
@@ -127,8 +142,9 @@ def case_params(tier: bool = True) -> list[Any]:
     """cases() as pytest params with ids; tier=True marks the layouts other than FAST_LAYOUT
     slow."""
     slow = lambda c: tier and c[1] != FAST_LAYOUT  # noqa: E731
-    return [pytest.param(c, id=case_id(c), marks=[pytest.mark.slow] if slow(c) else [])
-            for c in cases()]  # fmt: skip
+    return [
+        pytest.param(c, id=case_id(c), marks=[pytest.mark.slow] if slow(c) else []) for c in cases()
+    ]
 
 
 def config(case: tuple[str, str], bench: bool = False, **changes: Any) -> ModelConfig:
@@ -173,8 +189,11 @@ def model(case: tuple[str, str]) -> tuple[ModelConfig, Any, Callable[..., np.nda
     call with or without output positions shares one compiled program."""
     cfg = config(case)
     params = _off_init(jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(1)))
-    apply = jax.jit(lambda p, t, pos, seg, **a: OrthrosLM(cfg).apply(
-        {"params": p}, t, positions=pos, segment_ids=seg, **a))  # fmt: skip
+    apply = jax.jit(
+        lambda p, t, pos, seg, **a: OrthrosLM(cfg).apply(
+            {"params": p}, t, positions=pos, segment_ids=seg, **a
+        )
+    )
 
     def forward(toks, positions=None, segment_ids=None, output_positions=None) -> np.ndarray:
         b, t = toks.shape

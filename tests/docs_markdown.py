@@ -27,7 +27,8 @@ SHELL_LANGS = {"bash", "sh", "shell", "console"}
 ABSL_FLAGS = set(
     "alsologtostderr log_dir logger_levels logtostderr only_check_args pdb pdb_post_mortem "
     "profile_file run_with_pdb run_with_profiling showprefixforinfo stderrthreshold "
-    "use_cprofile_for_profiling v verbosity help helpfull helpshort helpxml flagfile undefok".split()
+    "use_cprofile_for_profiling v verbosity help helpfull helpshort helpxml flagfile "
+    "undefok".split()
 )
 _FENCE = re.compile(r"^(`{3,}|~{3,})[ \t]*([\w+-]*)[^\n]*\n(.*?)^\1[ \t]*$", re.M | re.S)
 _INLINE = re.compile(r"(`+)((?:(?!\n[ \t]*\n).)+?)(?<!`)\1(?!`)", re.S)  # not across paragraphs

@@ -175,25 +175,42 @@ def fla_models() -> Any:
         n = q.shape[2]
         log_gamma = torch.log(1 - torch.pow(2.0, -5.0 - torch.arange(n, dtype=torch.float32)))
         g = log_gamma.expand(q.shape[0], q.shape[1], n)
-        return sgla_naive(q, k, v, g, initial_state=initial_state,
-                          output_final_state=output_final_state)  # fmt: skip
+        return sgla_naive(
+            q, k, v, g, initial_state=initial_state, output_final_state=output_final_state
+        )
 
-    def delta_op(q, k, v, g, beta, initial_state=None, output_final_state=False, A_log=None,
-                 dt_bias=None, allow_neg_eigval=False, **_):  # fmt: skip
+    def delta_op(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=None,
+        output_final_state=False,
+        A_log=None,
+        dt_bias=None,
+        allow_neg_eigval=False,
+        **_,
+    ):
         l2 = lambda x: x / torch.sqrt((x.float() ** 2).sum(-1, keepdim=True) + 1e-6)
         q, k = l2(q), l2(k)
         beta = torch.sigmoid(beta.float()) * (2.0 if allow_neg_eigval else 1.0)
         g = -A_log.float().exp() * F.softplus(g.float() + dt_bias.float())
         rep = v.shape[2] // q.shape[2]
         q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
-        o, s = gdr_naive(q, k, v, beta, g, initial_state=initial_state,
-                         output_final_state=output_final_state)  # fmt: skip
+        o, s = gdr_naive(
+            q, k, v, beta, g, initial_state=initial_state, output_final_state=output_final_state
+        )
         return o.to(v.dtype), s
 
     for name in ("chunk_gla", "fused_chunk_gla", "fused_recurrent_gla"):
         setattr(gla_layer, name, gla_op)
-    for name in ("chunk_retention", "fused_chunk_retention", "parallel_retention",
-                 "fused_recurrent_retention"):  # fmt: skip
+    for name in (
+        "chunk_retention",
+        "fused_chunk_retention",
+        "parallel_retention",
+        "fused_recurrent_retention",
+    ):
         setattr(ret_layer, name, retention_op)
     for name in ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"):
         setattr(gdn_layer, name, delta_op)
@@ -222,13 +239,26 @@ def fla_models() -> Any:
         sin = self._sin_cached[seqlen_offset:t]
         return rotary_embedding_ref(q, cos, sin), rotary_embedding_ref(k, cos, sin)
 
-    def conv_forward(self, x, residual=None, mask=None, cache=None, output_final_state=False,
-                     cu_seqlens=None, **_):  # fmt: skip
+    def conv_forward(
+        self,
+        x,
+        residual=None,
+        mask=None,
+        cache=None,
+        output_final_state=False,
+        cu_seqlens=None,
+        **_,
+    ):
         if cache is not None or cu_seqlens is not None or residual is not None:
             raise NotImplementedError("the CPU conv substitute is cache-free")
         t = x.shape[1]
-        y = F.conv1d(x.transpose(1, 2), self.weight, self.bias, padding=self.kernel_size[0] - 1,
-                     groups=self.hidden_size)[..., :t].transpose(1, 2)  # fmt: skip
+        y = F.conv1d(
+            x.transpose(1, 2),
+            self.weight,
+            self.bias,
+            padding=self.kernel_size[0] - 1,
+            groups=self.hidden_size,
+        )[..., :t].transpose(1, 2)
         return (F.silu(y) if self.activation else y), None
 
     RMSNorm.forward = rms_forward

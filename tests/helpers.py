@@ -16,7 +16,7 @@ from orthros_jax.config import ModelConfig
 # streams at a size that compiles in seconds. Tests override what they are about.
 TINY = dict(
     vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, window=8
-)  # fmt: skip
+)
 
 
 def tiny_config(**changes: Any) -> ModelConfig:

@@ -100,9 +100,14 @@ def _norm_gate(p: Params, o_LNE: np.ndarray, x_LD: np.ndarray, prefix: str, eps:
 
 
 def gla_mixer(
-    p: Params, x_LD: np.ndarray, eps: float, *, feature_map: str | None = None,
-    normalizer: float = 16.0, clamp_min: float | None = None,
-) -> np.ndarray:  # fmt: skip
+    p: Params,
+    x_LD: np.ndarray,
+    eps: float,
+    *,
+    feature_map: str | None = None,
+    normalizer: float = 16.0,
+    clamp_min: float | None = None,
+) -> np.ndarray:
     """fla's GatedLinearAttention over one row from the (normed) input x [L, D] -> [L, D].
     Params (float64-able): gla_wq [D, N, H], gla_wk [D, K, H], gla_wv [D, K, E], gla_wgk1
     [D, R], gla_wgk2 [R, K, H], gla_bgk [K, H], gla_out [N, E, D]; optional gla_wg [D, N, E],
@@ -131,8 +136,9 @@ def retention_mixer(
     p: Params, x_LD: np.ndarray, eps: float, *, feature_map: str | None = None, offset: int = 0
 ) -> np.ndarray:
     """fla's MultiScaleRetention over one row from the (normed) input x [L, D] -> [L, D];
-    positions start at `offset`. Params: retention_wq [D, N, H], retention_wk [D, K, H], retention_wv [D, K, E],
-    retention_out [N, E, D]; optional retention_wg [D, N, E], retention_norm [E]."""
+    positions start at `offset`. Params: retention_wq [D, N, H], retention_wk [D, K, H],
+    retention_wv [D, K, E], retention_out [N, E, D]; optional retention_wg [D, N, E], retention_norm
+    [E]."""
     p = {n: np.asarray(a, np.float64) for n, a in p.items()}
     x = np.asarray(x_LD, np.float64)
     proj = {n: np.einsum("ld,dhk->lhk", x, p[f"retention_w{n}"]) for n in "qkv"}
@@ -160,9 +166,16 @@ def _conv_docs(x_LC: np.ndarray, w_KcC: np.ndarray, starts_L: np.ndarray) -> np.
 
 
 def linear_layer(
-    prefix: str, p: Params, spec: Any, base: Any, out: Any, *, feature_map: str | None = None,
-    normalizer: float = 16.0, clamp_min: float | None = None,
-) -> tuple[Any, Any]:  # fmt: skip
+    prefix: str,
+    p: Params,
+    spec: Any,
+    base: Any,
+    out: Any,
+    *,
+    feature_map: str | None = None,
+    normalizer: float = 16.0,
+    clamp_min: float | None = None,
+) -> tuple[Any, Any]:
     """One GLA (prefix "gla") or retention ("retention") layer of oracle.py's model over one
     sequence: the mixer as gla_mixer / retention_mixer with the state restarting at packed
     documents (and their conv taps) and RetNet's rotary at the tokens' positions; the output
@@ -175,8 +188,7 @@ def linear_layer(
 
     p = {n: np.asarray(a, np.float64) for n, a in p.items()}
     eps = spec.norm_eps
-    ffn = lambda x: x + swiglu(rms_norm(x, p["mlp_norm"], eps), p["w_gate"], p["w_up"],
-                               p["w_down"])  # fmt: skip
+    ffn = lambda x: x + swiglu(rms_norm(x, p["mlp_norm"], eps), p["w_gate"], p["w_up"], p["w_down"])
     h = rms_norm(base.x, p["attn_norm"], eps)
     starts = doc_starts(base)
     proj = {n: np.einsum("ld,dhk->lhk", h, p[f"{prefix}_w{n}"]) for n in "qkv"}

@@ -9,14 +9,21 @@ from orthros_jax.config import ModelConfig
 from orthros_jax.model import init_params
 
 GDN = dict(
-    kinds=dict(gdn=dict(num_k_heads=2, num_v_heads=4, k_head_dim=8, v_head_dim=6, conv_kernel=3, chunk=4)),
-)  # fmt: skip
+    kinds=dict(
+        gdn=dict(num_k_heads=2, num_v_heads=4, k_head_dim=8, v_head_dim=6, conv_kernel=3, chunk=4)
+    ),
+)
 
 
 # GLA with its short conv (a conv window in the state), retention without (an empty one).
 LINEAR = dict(
-    kinds=dict(gla=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, short_conv=True, conv_kernel=3, chunk=4), retention=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, chunk=4)),
-)  # fmt: skip
+    kinds=dict(
+        gla=dict(
+            heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, short_conv=True, conv_kernel=3, chunk=4
+        ),
+        retention=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, chunk=4),
+    ),
+)
 
 
 def arm_config(arch: str, **kw) -> ModelConfig:

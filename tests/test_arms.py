@@ -14,8 +14,10 @@ from orthros_jax.config import ModelConfig
 from orthros_jax.model import init_params
 
 GDN = dict(
-    kinds=dict(gdn=dict(num_k_heads=2, num_v_heads=4, k_head_dim=8, v_head_dim=6, conv_kernel=3, chunk=4)),
-)  # fmt: skip
+    kinds=dict(
+        gdn=dict(num_k_heads=2, num_v_heads=4, k_head_dim=8, v_head_dim=6, conv_kernel=3, chunk=4)
+    ),
+)
 
 
 def test_arms_and_layer_types_validated():
@@ -84,8 +86,15 @@ def test_decode_temporaries_do_not_grow_with_the_cycle():
     from orthros_jax.inference import drivers
 
     def temp_bytes(cycle: tuple[str, ...]) -> int:
-        cfg = tiny_config(architecture="hybrid", layer_types=cycle, n_layers=2 * len(cycle),
-                          d_model=256, head_dim=32, d_ff=1024, **GDN)  # fmt: skip
+        cfg = tiny_config(
+            architecture="hybrid",
+            layer_types=cycle,
+            n_layers=2 * len(cycle),
+            d_model=256,
+            head_dim=32,
+            d_ff=1024,
+            **GDN,
+        )
         params = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
         cache = jax.eval_shape(lambda: inf.init_cache(cfg, 1, 16))
         tok, act = jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((1,), bool)

@@ -48,9 +48,15 @@ def test_aligned_sequence_matches_reference(impl, window, packed):
     keys = Keys(k, v, pos, seg, aligned=True, default_positions=not packed)
     got = attend(impl, q, pos, seg, keys, window, CFG)
     want = reference_attention(
-        q, k, v, q_positions=pos, k_positions=pos, q_segment_ids=seg, k_segment_ids=seg,
+        q,
+        k,
+        v,
+        q_positions=pos,
+        k_positions=pos,
+        q_segment_ids=seg,
+        k_segment_ids=seg,
         window=window,
-    )  # fmt: skip
+    )
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
 
 
@@ -84,9 +90,9 @@ def test_few_queries_over_head_major_cache(impl, window):
     ones = jnp.ones((2, 1), jnp.int32)
     rows = jnp.arange(2)
     got = attend(impl, q[rows, qpos[:, 0]][:, None], qpos, ones, keys, window, CFG)
-    want = reference_attention(
-        q, k, v, q_positions=slots, k_positions=slots, window=window
-    )[rows, qpos[:, 0]][:, None]  # fmt: skip
+    want = reference_attention(q, k, v, q_positions=slots, k_positions=slots, window=window)[
+        rows, qpos[:, 0]
+    ][:, None]
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
 
 
@@ -111,19 +117,33 @@ def test_local_attention_rejects_positions_that_break_the_contract():
     # A position reset at a document boundary is fine (new segment).
     pos2, seg2 = _packed(1, t, 6)
     local_attention(
-        q, k, v, q_positions=np.asarray(pos2), k_positions=pos2, window=4,
-        q_segment_ids=np.asarray(seg2), k_segment_ids=seg2,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        q_positions=np.asarray(pos2),
+        k_positions=pos2,
+        window=4,
+        q_segment_ids=np.asarray(seg2),
+        k_segment_ids=seg2,
+    )
     # Traced positions are not checked (documented contract).
-    jax.jit(
-        lambda p: local_attention(q, k, v, q_positions=p, k_positions=p, window=4)
-    )(pos)  # fmt: skip
+    jax.jit(lambda p: local_attention(q, k, v, q_positions=p, k_positions=p, window=4))(pos)
 
 
 MODEL = ModelConfig(
-    vocab_size=53, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
-    window=5, prefill_chunk=8, attention_block_q=8, attention_block_k=8, init_std=0.1,
-)  # fmt: skip
+    vocab_size=53,
+    d_model=32,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    d_ff=64,
+    window=5,
+    prefill_chunk=8,
+    attention_block_q=8,
+    attention_block_k=8,
+    init_std=0.1,
+)
 
 
 @pytest.mark.parametrize("arch", ["orthros", "transformer", "swa"])
@@ -142,15 +162,17 @@ def test_model_modes_under_dot_product(arch):
     np.testing.assert_allclose(
         np.asarray(OrthrosLM(dp).apply({"params": params}, tokens, **kw)),
         np.asarray(OrthrosLM(cfg).apply({"params": params}, tokens, **kw)),
-        atol=1e-5, rtol=0,
-    )  # fmt: skip
+        atol=1e-5,
+        rtol=0,
+    )
     # SFT with default positions: the copies are not the keys' own queries, so the built-in
     # (top-left aligned) causal mask must not be used for them (it was, off by up to 1.25).
     np.testing.assert_allclose(
         np.asarray(OrthrosLM(dp).apply({"params": params}, tokens, output_positions=idx)),
         want[np.arange(2)[:, None], np.asarray(idx)],
-        atol=1e-5, rtol=0,
-    )  # fmt: skip
+        atol=1e-5,
+        rtol=0,
+    )
     # Chunked prefill (3 chunks, ragged) then two decode steps equal the PT forward.
     lengths = np.array([17, 6])
     cache = inf.init_cache(dp, 2, 24)
@@ -171,5 +193,6 @@ def test_layer_types_cycle_equals_uniform_stack():
     np.testing.assert_allclose(
         np.asarray(OrthrosLM(cyc).apply({"params": params}, tokens)),
         np.asarray(OrthrosLM(cfg).apply({"params": params}, tokens)),
-        atol=1e-6, rtol=0,
-    )  # fmt: skip
+        atol=1e-6,
+        rtol=0,
+    )

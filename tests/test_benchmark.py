@@ -154,7 +154,7 @@ def test_headline_reads_each_target_from_its_suite():
                 "speedup_fraction_of_ideal": 1.3,
             },
             {"T": 32768, "orthros": timed(4.2), "orthros_over_floor": 1.15},
-        ],  # fmt: skip
+        ],
         "honesty": [{"T": 1024, "ours_over_dense": 0.7}, {"T": 8192, "ours_over_dense": 0.8}],
         "decode": [
             {"context": 8192, "orthros_over_transformer": 1.3},
@@ -193,11 +193,18 @@ def test_report_names_the_measured_train_length_and_skips_an_empty_plot(tmp_path
     """--config.train_len=256 is reported at 256 (not the default 2048); a memory-only run
     writes bench.md but no bench.png (it has no prefill times to plot)."""
     results = {
-        "date": "d", "backend": "cpu", "device": "cpu", "cpu_count": 2, "jax": "x",
-        "command": "c", "wall_s": 1.0, "xla_flags": "", "repeats": 1,
+        "date": "d",
+        "backend": "cpu",
+        "device": "cpu",
+        "cpu_count": 2,
+        "jax": "x",
+        "command": "c",
+        "wall_s": 1.0,
+        "xla_flags": "",
+        "repeats": 1,
         "memory": [{"T": 1024, "orthros": {"temp_over_resident": 0.1}}],
         "train": {"T": 256, "time_ratio_over_flop_ratio": 0.9},
-    }  # fmt: skip
+    }
     assert bench_report.write_report(results, str(tmp_path)) == ["bench.json", "bench.md"]
     text = (tmp_path / "bench.md").read_text()
     assert "PT step Orthros / Transformer at 256," in text and "at 2048" not in text

@@ -28,9 +28,18 @@ pytestmark = pytest.mark.optimized
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = "v5e:2x2"
 TINY_MODEL = dict(
-    vocab_size=256, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=128, d_ff=256,
-    window=128, dtype="bfloat16", param_dtype="bfloat16", prefill_chunk=256,
-)  # fmt: skip
+    vocab_size=256,
+    d_model=128,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=128,
+    d_ff=256,
+    window=128,
+    dtype="bfloat16",
+    param_dtype="bfloat16",
+    prefill_chunk=256,
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +58,17 @@ def _inference(mode: str, **mesh) -> ml_collections.ConfigDict:
 def test_train_step_with_splash_compiles_for_v5e_and_reports(tmp_path):
     out = tmp_path / "aot"
     cmd = [
-        sys.executable, "launch/compile.py", "--config=configs/tiny_pt.py", f"--target={TARGET}",
-        "--mesh.data=1", "--mesh.fsdp=-1", "--config.model.attention_impl=splash",
-        "--config.model.dtype=bfloat16", "--config.model.head_dim=128", f"--out={out}",
-    ]  # fmt: skip
+        sys.executable,
+        "launch/compile.py",
+        "--config=configs/tiny_pt.py",
+        f"--target={TARGET}",
+        "--mesh.data=1",
+        "--mesh.fsdp=-1",
+        "--config.model.attention_impl=splash",
+        "--config.model.dtype=bfloat16",
+        "--config.model.head_dim=128",
+        f"--out={out}",
+    ]
     env = dict(os.environ, PYTHONPATH=ROOT)
     subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
     rec = json.loads((out / "compile.json").read_text())
@@ -60,7 +76,9 @@ def test_train_step_with_splash_compiles_for_v5e_and_reports(tmp_path):
     model = ModelConfig.from_dict({**cfg.model, "dtype": "bfloat16", "head_dim": 128})
     bsz, t = cfg.data.batch_size, cfg.data.seq_len
     assert rec["devices"] == 4 and rec["summary"]["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
-    assert rec["flops_per_step"] == 3 * bsz * flops.pt_forward_flops(model.replace(attention_impl="splash"), t)  # fmt: skip
+    assert rec["flops_per_step"] == 3 * bsz * flops.pt_forward_flops(
+        model.replace(attention_impl="splash"), t
+    )
     assert "tpu_custom_call" in rec["custom_calls"]  # the splash kernels are in the program
     b = rec["bytes_per_device"]
     assert b["peak"] == b["argument"] + b["output"] - b["alias"] + b["temp"] > 0
@@ -105,7 +123,9 @@ def test_errors_name_the_problem(devices, monkeypatch):
     with pytest.raises(ValueError, match="mesh .* has 3 devices, but 4 are available"):
         aot.program_of(train, devices)
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "libtpu" else real(n, *a))  # fmt: skip
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "libtpu" else real(n, *a)
+    )
     with pytest.raises(ValueError, match=r"needs the TPU compiler: pip install -e '\.\[tpu\]'"):
         aot.target_devices(TARGET)
 
@@ -114,15 +134,26 @@ def test_missing_gpu_compiler_is_a_value_error(monkeypatch):
     # A fresh machine has no jax_plugins namespace at all: find_spec of its submodule would
     # raise ModuleNotFoundError, so the probe must come back False, and the target a ValueError.
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "jax_plugins" else real(n, *a))  # fmt: skip
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "jax_plugins" else real(n, *a)
+    )
     assert not aot.has_gpu_compiler()
-    with pytest.raises(ValueError, match="needs the GPU compiler: pip install --no-deps jax-cuda12-plugin"):  # fmt: skip
+    with pytest.raises(
+        ValueError, match="needs the GPU compiler: pip install --no-deps jax-cuda12-plugin"
+    ):
         aot.target_devices("h100x2")
 
 
 def test_cli_error_is_one_line(tmp_path):
     cmd = [sys.executable, "launch/compile.py", "--target=tpu9:2x2", f"--out={tmp_path}"]
-    res = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=300)  # fmt: skip
+    res = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode != 0
     assert res.stderr.strip().splitlines()[-1].startswith("compile.py: unknown target 'tpu9:2x2'")
 
@@ -145,8 +176,9 @@ ENTRY %main (a: f32[4]) -> f32[4] {
   %g = bf16[8]{0} all-gather(bf16[2]{0} %y), dimensions={0}
   ROOT %r = f32[4] get-tuple-element(%w), index=1
 }
-"""
+"""  # noqa: E501 (an HLO line as the compiler writes it)
     got = loop_weighted_collective_bytes(hlo)
+
     assert got["all-reduce"] == 3 * 16 and got["all-gather"] == 16
     assert sum(got.values()) == 64
     # Without known_trip_count (the TPU compiler's HLO) the condition's `i < 5` bounds the loop.

@@ -101,8 +101,13 @@ def test_paper_size_shapes(name):
 def test_layer_slots_number_each_kinds_layers_in_order():
     cfg = ModelConfig(architecture="hybrid", n_layers=6, layer_types=("gdn", "attention", "gdn"))
     assert cfg.layer_slots() == (
-        ("gdn", 0), ("attention", 0), ("gdn", 1), ("gdn", 2), ("attention", 1), ("gdn", 3),
-    )  # fmt: skip
+        ("gdn", 0),
+        ("attention", 0),
+        ("gdn", 1),
+        ("gdn", 2),
+        ("attention", 1),
+        ("gdn", 3),
+    )
     assert all(
         cfg.layer_index(c, j) == cfg.layer_slots()[3 * c + j][1] for c in (0, 1) for j in (0, 1, 2)
     )
@@ -118,16 +123,37 @@ def test_partial_rotary_follows_transformers_rule():
 
 # A model.json written before the kinds had options sections: their flat, prefixed fields.
 OLD_MODEL_JSON = {
-    "architecture": "orthros_h", "layer_types": ["gla", "attention"], "d_model": 32,
-    "gdn_num_k_heads": 1, "gdn_num_v_heads": 3, "gdn_k_head_dim": 8, "gdn_v_head_dim": 6,
-    "gdn_conv_kernel": 3, "gdn_chunk": 16, "gla_heads": 2, "gla_kv_heads": 1,
-    "gla_k_head_dim": 8, "gla_v_head_dim": 4, "gla_gate_rank": 4, "gla_gate_normalizer": 8.0,
-    "gla_clamp_min": -0.5, "gla_short_conv": True, "gla_conv_kernel": 2, "gla_feature_map": "relu",
-    "gla_output_gate": False, "gla_norm_affine": False, "gla_chunk": 8, "retention_heads": 2,
-    "retention_kv_heads": 2, "retention_k_head_dim": 4, "retention_v_head_dim": 4,
-    "retention_feature_map": None, "retention_output_gate": True, "retention_norm_affine": True,
+    "architecture": "orthros_h",
+    "layer_types": ["gla", "attention"],
+    "d_model": 32,
+    "gdn_num_k_heads": 1,
+    "gdn_num_v_heads": 3,
+    "gdn_k_head_dim": 8,
+    "gdn_v_head_dim": 6,
+    "gdn_conv_kernel": 3,
+    "gdn_chunk": 16,
+    "gla_heads": 2,
+    "gla_kv_heads": 1,
+    "gla_k_head_dim": 8,
+    "gla_v_head_dim": 4,
+    "gla_gate_rank": 4,
+    "gla_gate_normalizer": 8.0,
+    "gla_clamp_min": -0.5,
+    "gla_short_conv": True,
+    "gla_conv_kernel": 2,
+    "gla_feature_map": "relu",
+    "gla_output_gate": False,
+    "gla_norm_affine": False,
+    "gla_chunk": 8,
+    "retention_heads": 2,
+    "retention_kv_heads": 2,
+    "retention_k_head_dim": 4,
+    "retention_v_head_dim": 4,
+    "retention_feature_map": None,
+    "retention_output_gate": True,
+    "retention_norm_affine": True,
     "retention_chunk": 32,
-}  # fmt: skip
+}
 
 
 def test_old_flat_model_json_loads_into_the_kinds_sections(tmp_path):

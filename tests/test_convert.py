@@ -281,7 +281,8 @@ def _llama(**changes):
     [
         (
             _llama(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=8),
-            r"Qwen3MoeForCausalLM.*mixture-of-experts.*supported: LlamaForCausalLM, Qwen3ForCausalLM",
+            r"Qwen3MoeForCausalLM.*mixture-of-experts.*"
+            r"supported: LlamaForCausalLM, Qwen3ForCausalLM",
         ),
         (
             _llama(architectures=["MixtralForCausalLM"], model_type="mixtral"),
@@ -333,7 +334,8 @@ def _reshape(name, shape):
         ),
         (
             _reshape("model.layers.0.self_attn.k_proj.weight", (16, 16)),
-            r"'model\.layers\.0\.self_attn\.k_proj\.weight' has shape \[16, 16\]; expected \[8, 16\]",
+            r"'model\.layers\.0\.self_attn\.k_proj\.weight' "
+            r"has shape \[16, 16\]; expected \[8, 16\]",
         ),
     ],
 )

@@ -100,8 +100,11 @@ def test_import_to_orthros_model_dir(qwen3, orthros_dir):
     loaded = checkpoint.load_model(orthros_dir)
     cfg = loaded.cfg
     assert (cfg.architecture, cfg.window, cfg.qk_norm, cfg.tie_embeddings) == (
-        "orthros", T, True, True,
-    )  # fmt: skip
+        "orthros",
+        T,
+        True,
+        True,
+    )
     assert loaded.tokenizer_file == os.path.join(orthros_dir, "tokenizer.json")
     with open(loaded.tokenizer_file) as a, open(os.path.join(hf_dir, "tokenizer.json")) as b:
         assert a.read() == b.read()
@@ -180,9 +183,13 @@ def test_generate_serves_converted_model_like_transformers_greedy(qwen3, orthros
         )
     want = tok.decode(out[0, len(ids) :].tolist())
     done = run_cli(
-        "generate.py", f"--model={orthros_dir}", f"--prompt={PROMPT}",
-        f"--max_new_tokens={n_new}", "--temperature=0", "--stop_at_eos=false",
-    )  # fmt: skip
+        "generate.py",
+        f"--model={orthros_dir}",
+        f"--prompt={PROMPT}",
+        f"--max_new_tokens={n_new}",
+        "--temperature=0",
+        "--stop_at_eos=false",
+    )
     assert done.stdout.startswith(PROMPT + want), (done.stdout, want)
     assert f"[orthros] prompt {len(ids)} tokens, generated {n_new}" in done.stdout
 
@@ -191,14 +198,21 @@ def test_continue_training_converted_model_then_generate(orthros_dir, tmp_path):
     """configs/convert_tiny.py continues the converted model (init_from) for a few steps."""
     workdir = str(tmp_path / "cpt")
     done = run_cli(
-        "train.py", f"--config=configs/convert_tiny.py:{orthros_dir}", f"--workdir={workdir}",
-        "--config.train.steps=2", "--config.data.seq_len=48", "--config.data.batch_size=2",
-        "--config.train.eval_every=0", "--config.train.eval_batches=1",
-        "--config.train.checkpoint_every=0", "--config.train.progress_bar=false",
+        "train.py",
+        f"--config=configs/convert_tiny.py:{orthros_dir}",
+        f"--workdir={workdir}",
+        "--config.train.steps=2",
+        "--config.data.seq_len=48",
+        "--config.data.batch_size=2",
+        "--config.train.eval_every=0",
+        "--config.train.eval_batches=1",
+        "--config.train.checkpoint_every=0",
+        "--config.train.progress_bar=false",
         # The package's own sources: a small corpus, quick to tokenize (the default, the
         # embedded stdlib, takes half a minute through a Python tokenizer).
-        f"--config.data.corpus={ROOT}/orthros_jax", "--config.data.validation_fraction=0.3",
-    )  # fmt: skip
+        f"--config.data.corpus={ROOT}/orthros_jax",
+        "--config.data.validation_fraction=0.3",
+    )
     converted, trained = checkpoint.load_model(orthros_dir), checkpoint.load_model(workdir)
     assert trained.cfg == converted.cfg.replace(remat="full")
     assert trained.tokenizer_file is not None
@@ -210,6 +224,11 @@ def test_continue_training_converted_model_then_generate(orthros_dir, tmp_path):
     ]
     # Started from the converted weights (lr 3e-5 in warmup moves each by ~1e-5), and moved.
     assert 0 < max(diffs) < 1e-3, diffs
-    done = run_cli("generate.py", f"--model={workdir}", f"--prompt={PROMPT}",
-                   "--max_new_tokens=4", "--temperature=0")  # fmt: skip
+    done = run_cli(
+        "generate.py",
+        f"--model={workdir}",
+        f"--prompt={PROMPT}",
+        "--max_new_tokens=4",
+        "--temperature=0",
+    )
     assert done.stdout.startswith(PROMPT) and "[orthros] prompt 9 tokens" in done.stdout

@@ -30,21 +30,38 @@ ATOL = 1e-4
 V, T = 61, 19
 MODELS = {
     # GQA (2 kv heads), short conv 3, clamp_min, unfused norm (fla names it g_norm)
-    "gla": ("gla", dict(num_heads=4, num_kv_heads=2, expand_k=1.0, expand_v=0.75,
-                        use_short_conv=True, conv_size=3, clamp_min=-0.2, fuse_norm=False)),
+    "gla": (
+        "gla",
+        dict(
+            num_heads=4,
+            num_kv_heads=2,
+            expand_k=1.0,
+            expand_v=0.75,
+            use_short_conv=True,
+            conv_size=3,
+            clamp_min=-0.2,
+            fuse_norm=False,
+        ),
+    ),
     # fla's defaults (4 heads, expand_k 0.5, expand_v 1, output gate, no conv), tied head
     "gla_default": ("gla", dict(tie_word_embeddings=True)),
-    "gla_relu_nogate": ("gla", dict(num_heads=2, feature_map="relu", use_output_gate=False,
-                                    elementwise_affine=False)),
+    "gla_relu_nogate": (
+        "gla",
+        dict(num_heads=2, feature_map="relu", use_output_gate=False, elementwise_affine=False),
+    ),
     # GQA, expand_v 2 (value heads twice the key heads' dim), RetNet's hidden_ratio 2
     "retnet": ("retnet", dict(num_heads=4, num_kv_heads=2, hidden_ratio=2)),
     "retnet_swish": ("retnet", dict(num_heads=2, feature_map="swish", expand_v=1.0)),
     # GVA (4 value heads over 2 q/k heads), dv = 2 dk, conv 3, hidden_ratio 2
-    "gdn": ("gated_deltanet", dict(num_heads=2, num_v_heads=4, head_dim=8, expand_v=2.0,
-                                    conv_size=3, hidden_ratio=2)),
-    "gdn_tied": ("gated_deltanet", dict(num_heads=2, head_dim=8, expand_v=1.0,
-                                         tie_word_embeddings=True, intermediate_size=40)),
-}  # fmt: skip
+    "gdn": (
+        "gated_deltanet",
+        dict(num_heads=2, num_v_heads=4, head_dim=8, expand_v=2.0, conv_size=3, hidden_ratio=2),
+    ),
+    "gdn_tied": (
+        "gated_deltanet",
+        dict(num_heads=2, head_dim=8, expand_v=1.0, tie_word_embeddings=True, intermediate_size=40),
+    ),
+}
 COMMON = dict(hidden_size=32, num_hidden_layers=2, vocab_size=V)
 
 
@@ -128,9 +145,11 @@ def test_1p3b_configs_are_flas_1p3b_models(arm):
     ref = configlib.load_config_file(os.path.join(configs, "pt_1p3b.py:100b"))
     cfg = ModelConfig.from_dict(c.model)
     models = fla_reference.fla_models()
-    cls, cfg_cls = {"gla": (models.GLAForCausalLM, models.GLAConfig),
-                    "retnet": (models.RetNetForCausalLM, models.RetNetConfig),
-                    "gdn": (models.GatedDeltaNetForCausalLM, models.GatedDeltaNetConfig)}[arm]  # fmt: skip
+    cls, cfg_cls = {
+        "gla": (models.GLAForCausalLM, models.GLAConfig),
+        "retnet": (models.RetNetForCausalLM, models.RetNetConfig),
+        "gdn": (models.GatedDeltaNetForCausalLM, models.GatedDeltaNetConfig),
+    }[arm]
     with torch.device("meta"):
         fla_count = sum(p.numel() for p in cls(cfg_cls()).parameters())
     assert cfg.architecture == arm and model_num_params(cfg) == fla_count
@@ -155,8 +174,11 @@ def test_convert_cli_fla_round_trip(tmp_path):
     model.save_pretrained(tmp_path / "fla")
     run = lambda *args: subprocess.run(
         [sys.executable, os.path.join(root, "launch", "convert.py"), *args],
-        capture_output=True, text=True, timeout=300, cwd=root,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+    )
     proc = run(f"--hf_dir={tmp_path / 'fla'}", f"--out={tmp_path / 'model'}", "--architecture=own")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert checkpoint.load_model(str(tmp_path / "model")).cfg.architecture == "retnet"
@@ -190,9 +212,13 @@ def test_the_float64_oracle_is_flas_layer(model_type, options):
     d, n, k, h, e = 32, a.num_heads, a.num_kv_heads, a.head_k_dim, a.head_v_dim
     w = lambda lin, *shape: lin.weight.detach().double().numpy().T.reshape(*shape)
     pre = "gla" if model_type == "gla" else "retention"
-    p = {f"{pre}_wq": w(a.q_proj, d, n, h), f"{pre}_wk": w(a.k_proj, d, k, h),
-         f"{pre}_wv": w(a.v_proj, d, k, e), f"{pre}_wg": w(a.g_proj, d, n, e),
-         f"{pre}_out": w(a.o_proj, n, e, d)}  # fmt: skip
+    p = {
+        f"{pre}_wq": w(a.q_proj, d, n, h),
+        f"{pre}_wk": w(a.k_proj, d, k, h),
+        f"{pre}_wv": w(a.v_proj, d, k, e),
+        f"{pre}_wg": w(a.g_proj, d, n, e),
+        f"{pre}_out": w(a.o_proj, n, e, d),
+    }
     norm = a.g_norm_swish_gate if a.fuse_norm_and_gate else a.g_norm
     p[f"{pre}_norm"] = norm.weight.detach().double().numpy()
     if model_type == "gla":
@@ -200,8 +226,11 @@ def test_the_float64_oracle_is_flas_layer(model_type, options):
         p["gla_wgk2"] = w(a.gk_proj[1], -1, k, h)
         p["gla_bgk"] = a.gk_proj[1].bias.detach().double().numpy().reshape(k, h)
         if a.use_short_conv:
-            for x, conv, heads, dim in (("q", a.q_conv1d, n, h), ("k", a.k_conv1d, k, h),
-                                        ("v", a.v_conv1d, k, e)):  # fmt: skip
+            for x, conv, heads, dim in (
+                ("q", a.q_conv1d, n, h),
+                ("k", a.k_conv1d, k, h),
+                ("v", a.v_conv1d, k, e),
+            ):
                 p[f"gla_conv_{x}"] = (
                     conv.weight.detach().double().numpy()[:, 0].T.reshape(-1, heads, dim)
                 )
@@ -209,8 +238,13 @@ def test_the_float64_oracle_is_flas_layer(model_type, options):
     with torch.no_grad():
         got = a(torch.from_numpy(x).float())[0].double().numpy()[0]
     if model_type == "gla":
-        want = gla_mixer(p, x[0], 1e-6, feature_map=options.get("feature_map"),
-                         clamp_min=options.get("clamp_min"))  # fmt: skip
+        want = gla_mixer(
+            p,
+            x[0],
+            1e-6,
+            feature_map=options.get("feature_map"),
+            clamp_min=options.get("clamp_min"),
+        )
     else:
         want = retention_mixer(p, x[0], 1e-6)
     np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-4)

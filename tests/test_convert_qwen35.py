@@ -29,30 +29,55 @@ T = 40
 CONFIGS = {
     # Qwen3.5's cycle (3 GDN + 1 attention) twice, GQA in attention and in GDN (Hv = 2 Hk).
     "cycle4": dict(
-        num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
-        linear_value_head_dim=6, linear_conv_kernel_dim=4,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                         "partial_rotary_factor": 0.5},
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=6,
+        linear_conv_kernel_dim=4,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
     ),
     # A [GDN, attention] cycle, tied embeddings, Hv = Hk, the default partial rotary 0.25.
     "cycle2_tied": dict(
-        num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
-        linear_value_head_dim=8, linear_conv_kernel_dim=3, tie_word_embeddings=True,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=3,
+        tie_word_embeddings=True,
         layer_types=["linear_attention", "full_attention"] * 2,
     ),
     # transformers' partial rotary for an odd int(head_dim * factor) = 3: it rotates the first
     # 4 dims with frequencies theta^(-2i/3), i = 0, 1 (once refused here).
     "odd_rotary": dict(
-        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=12,
-        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
-        linear_value_head_dim=8, linear_conv_kernel_dim=4,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=12,
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=4,
         layer_types=["linear_attention", "full_attention"],
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                         "partial_rotary_factor": 0.25},
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+        },
     ),
-}  # fmt: skip
+}
 
 
 def _hf_model(name: str, seed: int = 0):
@@ -161,10 +186,19 @@ def test_convert_cli_imports_qwen35_as_orthros_h(tmp_path):
     model.save_pretrained(tmp_path / "hf")
     out = tmp_path / "model"
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "launch", "convert.py"), f"--hf_dir={tmp_path / 'hf'}",
-         f"--out={out}", "--architecture=orthros", f"--window={T}"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            os.path.join(ROOT, "launch", "convert.py"),
+            f"--hf_dir={tmp_path / 'hf'}",
+            f"--out={out}",
+            "--architecture=orthros",
+            f"--window={T}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     loaded = checkpoint.load_model(str(out))
     assert loaded.cfg.architecture == "orthros_h" and loaded.cfg.layer_types == ("gdn", "attention")

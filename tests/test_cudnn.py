@@ -27,18 +27,25 @@ def _forward(cfg, t: int = 16, packed: bool = False):
     tokens = jnp.zeros((2, t), jnp.int32)
     kwargs = {}
     if packed:
-        kwargs = {"positions": jnp.tile(jnp.arange(t), (2, 1)), "segment_ids": jnp.ones((2, t), jnp.int32)}  # fmt: skip
+        kwargs = {
+            "positions": jnp.tile(jnp.arange(t), (2, 1)),
+            "segment_ids": jnp.ones((2, t), jnp.int32),
+        }
     return OrthrosLM(cfg).apply({"params": params}, tokens, **kwargs)
 
 
 def test_float32_is_refused_by_name():
-    with pytest.raises(ValueError, match=r"attention_impl='cudnn' needs ModelConfig.dtype in .*got float32"):  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"attention_impl='cudnn' needs ModelConfig.dtype in .*got float32"
+    ):
         _forward(tiny_config(attention_impl="cudnn"))
 
 
 def test_head_dim_not_a_multiple_of_8_is_refused():
     cfg = tiny_config(attention_impl="cudnn", dtype="bfloat16", head_dim=12)
-    with pytest.raises(ValueError, match="head_dim a multiple of 8 and <= 256; got ModelConfig.head_dim=12"):  # fmt: skip
+    with pytest.raises(
+        ValueError, match="head_dim a multiple of 8 and <= 256; got ModelConfig.head_dim=12"
+    ):
         _forward(cfg)
 
 
@@ -54,17 +61,30 @@ def test_head_dim_above_256_is_refused():
 )
 @pytest.mark.parametrize("config", ["train", "prefill"])
 def test_compiles_for_h100_with_cudnn_attention(tmp_path, config):
-    tiny = ["--config.model.attention_impl=cudnn", "--config.model.dtype=bfloat16", "--config.model.head_dim=64"]  # fmt: skip
+    tiny = [
+        "--config.model.attention_impl=cudnn",
+        "--config.model.dtype=bfloat16",
+        "--config.model.head_dim=64",
+    ]
     if config == "train":  # a packed PT step: the mask goes in as a bias
         args = ["--config=configs/tiny_pt.py", "--mesh.data=1", "--mesh.fsdp=-1", *tiny]
     else:  # one unpacked prompt in chunks of 2048 (is_causal + local window), 2 rows on 2 GPUs
         args = [
-            "--config=configs/prefill_8b.py", "--config.model.n_layers=2", "--config.model.d_model=512",
-            "--config.model.n_heads=8", "--config.model.n_kv_heads=2", "--config.model.d_ff=1024",
-            "--config.model.vocab_size=1024", "--config.model.head_dim=64", "--config.model.prefill_chunk=2048",
-            "--config.model.attention_impl=cudnn", "--config.inference.batch_size=2",
-            "--config.inference.prompt_len=4096", "--config.inference.max_len=4096", "--mesh.data=2",
-        ]  # fmt: skip
+            "--config=configs/prefill_8b.py",
+            "--config.model.n_layers=2",
+            "--config.model.d_model=512",
+            "--config.model.n_heads=8",
+            "--config.model.n_kv_heads=2",
+            "--config.model.d_ff=1024",
+            "--config.model.vocab_size=1024",
+            "--config.model.head_dim=64",
+            "--config.model.prefill_chunk=2048",
+            "--config.model.attention_impl=cudnn",
+            "--config.inference.batch_size=2",
+            "--config.inference.prompt_len=4096",
+            "--config.inference.max_len=4096",
+            "--mesh.data=2",
+        ]
     target = "h100x8" if config == "train" else "h100x2"
     cmd = [sys.executable, "launch/compile.py", f"--target={target}", f"--out={tmp_path}", *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]), JAX_PLATFORMS="cpu")

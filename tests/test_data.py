@@ -1,4 +1,5 @@
-"""Data pipelines: corpus split, PT packing and targets, SFT masks, determinism, resume, sharding."""
+"""Data pipelines: corpus split, PT packing and targets, SFT masks, determinism, resume,
+sharding."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def _ords(*rows: str) -> list[list[int]]:
 
 @pytest.fixture
 def random_corpus(tmp_path):
-    """40 documents of distinct random text (5..60 chars) in one jsonl file; returns (path, texts)."""
+    """40 documents of distinct random text (5..60 chars) in one jsonl file; returns
+    (path, texts)."""
     rng = random.Random(0)
     texts = [
         f"<{i:02d}>" + "".join(rng.choices(string.ascii_lowercase + " ", k=rng.randint(1, 56)))
@@ -278,7 +280,8 @@ def test_sft_element_and_packed_arrays():
 
 
 def test_sft_out_len_caps_a_row():
-    """Outputs have their own capacity: a third example overflows T_out=4, not T, so it opens a row."""
+    """Outputs have their own capacity: a third example overflows T_out=4, not T, so it opens
+    a row."""
     els = []
     for p, a in [([1], [2, 3]), ([4], [5, 6]), ([7], [8])]:
         ex = sft.SFTExample.from_prompt_answer(p, a)
@@ -321,7 +324,8 @@ def test_docstring_task_pairs(tmp_path):
     assert pairs == [
         ('def add(a, b=(1, 2)):\n    """', "Add two numbers.\n"),
         (
-            'async def fetch(self,\n                url: str) -> bytes:  # multi-line signature\n    """',
+            "async def fetch(self,\n                url: str) -> bytes:"
+            '  # multi-line signature\n    """',
             "Fetch a URL.\n",
         ),
     ]

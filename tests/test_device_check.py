@@ -21,8 +21,12 @@ def test_dry_run_writes_every_output(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable)
     subprocess.run(
         ["bash", "benchmarks/device_check.sh", str(out), "--dry-run"],
-        cwd=ROOT, env=env, check=True, capture_output=True, timeout=900,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
     for name in ("tests.log", "tests.xml", "bench.log", "bench/bench.json", "summary.md"):
         assert (out / name).is_file(), name
     assert "3 passed" in (out / "tests.log").read_text()  # the cuDNN refusals ran
@@ -34,10 +38,16 @@ def test_dry_run_writes_every_output(tmp_path):
 def test_summary_mfu_from_peak():
     # An H100's peak is 989.4 TFLOP/s: 494,700 GFLOP in 1 s is 50%, 247,350 GFLOP in 2 s 12.5%.
     bench = {
-        "device": "NVIDIA H100 80GB HBM3", "backend": "gpu", "jax": "0.10.2", "command": "x",
-        "train": {"T": 2048, "orthros": {"median_s": 1.0, "gflop": 494700.0},
-                  "transformer": {"median_s": 2.0, "gflop": 247350.0}},
-    }  # fmt: skip
+        "device": "NVIDIA H100 80GB HBM3",
+        "backend": "gpu",
+        "jax": "0.10.2",
+        "command": "x",
+        "train": {
+            "T": 2048,
+            "orthros": {"median_s": 1.0, "gflop": 494700.0},
+            "transformer": {"median_s": 2.0, "gflop": 247350.0},
+        },
+    }
     text = summary(bench)
     assert "| orthros | 1.0000 | 494700.0 | 50.0% |" in text
     assert "| transformer | 2.0000 | 247350.0 | 12.5% |" in text

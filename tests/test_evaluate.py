@@ -41,10 +41,20 @@ TOK = ByteTokenizer()
 
 def tiny(arch: str = "orthros", **kw) -> ModelConfig:
     base = dict(
-        vocab_size=256, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64,
-        window=16, architecture=arch, scale_offset=arch == "orthros",
-        attention_block_q=64, attention_block_k=64, prefill_chunk=256,
-    )  # fmt: skip
+        vocab_size=256,
+        d_model=32,
+        n_layers=2,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=16,
+        d_ff=64,
+        window=16,
+        architecture=arch,
+        scale_offset=arch == "orthros",
+        attention_block_q=64,
+        attention_block_k=64,
+        prefill_chunk=256,
+    )
     return ModelConfig(**(base | kw))
 
 
@@ -90,11 +100,39 @@ def test_query_correct_splits_tokens_by_answer():
 
 def test_summaries_and_grid_on_hand_records():
     recs = [
-        dict(context_len=64, depth=0.0, queries=1, queries_correct=1, answer_tokens=5, tokens_correct=5),
-        dict(context_len=64, depth=0.0, queries=1, queries_correct=0, answer_tokens=5, tokens_correct=3),
-        dict(context_len=64, depth=1.0, queries=1, queries_correct=1, answer_tokens=5, tokens_correct=5),
-        dict(context_len=128, depth=1.0, queries=2, queries_correct=0, answer_tokens=8, tokens_correct=0),
-    ]  # fmt: skip
+        dict(
+            context_len=64,
+            depth=0.0,
+            queries=1,
+            queries_correct=1,
+            answer_tokens=5,
+            tokens_correct=5,
+        ),
+        dict(
+            context_len=64,
+            depth=0.0,
+            queries=1,
+            queries_correct=0,
+            answer_tokens=5,
+            tokens_correct=3,
+        ),
+        dict(
+            context_len=64,
+            depth=1.0,
+            queries=1,
+            queries_correct=1,
+            answer_tokens=5,
+            tokens_correct=5,
+        ),
+        dict(
+            context_len=128,
+            depth=1.0,
+            queries=2,
+            queries_correct=0,
+            answer_tokens=8,
+            tokens_correct=0,
+        ),
+    ]
     s = summarize_records(recs)
     assert s["accuracy"] == pytest.approx(2 / 5) and s["token_accuracy"] == pytest.approx(13 / 23)
     grid = grid_matrix(recs, [64, 128], [0.0, 1.0])
@@ -232,8 +270,14 @@ def test_eval_configs_become_frozen_jobs():
     job = _job(config="eval_paper.py")
     assert job.suite is None and job.harness.num_fewshot == 0
     assert job.harness.tasks == (
-        "arc_easy", "arc_challenge", "hellaswag", "piqa", "openbookqa", "social_iqa", "winogrande"
-    )  # fmt: skip
+        "arc_easy",
+        "arc_challenge",
+        "hellaswag",
+        "piqa",
+        "openbookqa",
+        "social_iqa",
+        "winogrande",
+    )
     assert _job(config="eval_paper.py:table2").harness.tasks[-1] == "mmlu"
     with pytest.raises(ValueError, match="nothing to evaluate"):
         _job(tasks=())
@@ -258,19 +302,31 @@ def test_evaluate_cli_on_saved_model_dir(tmp_path, corpus):
     checkpoint.save_model(str(model_dir), cfg, init_params(cfg, jax.random.PRNGKey(0)))
     before = sorted(os.listdir(model_dir))
     cmd = [
-        sys.executable, os.path.join(REPO, "launch", "evaluate.py"), f"--model={model_dir}",
-        f"--out={out}", "--config.tasks=lm,passkey", "--config.lm_seq_len=64",
-        "--config.lm_batches=1", "--config.batch_size=4", "--config.context_lengths=128",
-        "--config.depths=0.5", "--config.samples=2", "--config.decode=greedy",
-        f"--config.lm_corpus={corpus}", "--config.lm_validation_fraction=0.2",
-    ]  # fmt: skip
+        sys.executable,
+        os.path.join(REPO, "launch", "evaluate.py"),
+        f"--model={model_dir}",
+        f"--out={out}",
+        "--config.tasks=lm,passkey",
+        "--config.lm_seq_len=64",
+        "--config.lm_batches=1",
+        "--config.batch_size=4",
+        "--config.context_lengths=128",
+        "--config.depths=0.5",
+        "--config.samples=2",
+        "--config.decode=greedy",
+        f"--config.lm_corpus={corpus}",
+        "--config.lm_validation_fraction=0.2",
+    ]
     harness = importlib.util.find_spec("lm_eval") is not None
     if harness:
         cmd += [
-            "--config.harness.tasks=orthros_tiny_mc", "--config.harness.include_defaults=false",
-            "--config.harness.include_path=tests/harness_tasks", "--config.harness.batch_size=4",
-            "--config.harness.max_length=64", "--config.harness.bootstrap_iters=0",
-        ]  # fmt: skip
+            "--config.harness.tasks=orthros_tiny_mc",
+            "--config.harness.include_defaults=false",
+            "--config.harness.include_path=tests/harness_tasks",
+            "--config.harness.batch_size=4",
+            "--config.harness.max_length=64",
+            "--config.harness.bootstrap_iters=0",
+        ]
     env = os.environ | {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -67,10 +67,16 @@ def test_driver_end_to_end_tiny(tmp_path):
     """All three experiments, one arm each, a couple of steps: results.json/md/png appear."""
     out = tmp_path / "exp"
     cmd = [
-        sys.executable, os.path.join(REPO, "launch", "experiments.py"), f"--out={out}", "--tiny",
-        "--arms=orthros", "--seeds=1", "--recall_seeds=1", "--convert_seeds=1",
+        sys.executable,
+        os.path.join(REPO, "launch", "experiments.py"),
+        f"--out={out}",
+        "--tiny",
+        "--arms=orthros",
+        "--seeds=1",
+        "--recall_seeds=1",
+        "--convert_seeds=1",
         "--convert_arms=orthros",
-    ]  # fmt: skip
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(os.listdir(tmp_path)) == ["exp"]  # writes only into --out
@@ -87,11 +93,22 @@ def test_driver_end_to_end_tiny(tmp_path):
 
 def _fake_results() -> dict:
     grid = [[1.0, 0.5], [0.0, 0.25]]
-    run = {"accuracy": 0.5, "token_accuracy": 0.6, "grid": grid,
-           "accuracy_by_length": {"128": 0.75, "256": 0.125}}  # fmt: skip
+    run = {
+        "accuracy": 0.5,
+        "token_accuracy": 0.6,
+        "grid": grid,
+        "accuracy_by_length": {"128": 0.75, "256": 0.125},
+    }
     lm_run = {"nll": 2.0, "bpb": 2.0 / 0.6931}
-    setup = {"steps": 10, "seeds": 2, "seq_len": 128, "batch_size": 4, "window": 16,
-             "model": "d=8", "lr": 1e-3}  # fmt: skip
+    setup = {
+        "steps": 10,
+        "seeds": 2,
+        "seq_len": 128,
+        "batch_size": 4,
+        "window": 16,
+        "model": "d=8",
+        "lr": 1e-3,
+    }
     curve = [(5, 2.5), (10, 2.2)]
     return {
         "recall": {
@@ -106,14 +123,14 @@ def _fake_results() -> dict:
                 "digits": 2,
                 "eval": {"context_lengths": [128, 256], "depths": [0.0, 1.0], "samples": 1},
             },
-        },  # fmt: skip
+        },
         "lm": {
             "arms": {
                 a: report.aggregate([lm_run], "nll") | {"bpb_mean": 2.9, "runs": [lm_run]}
                 for a in ARMS
             },
             "setup": setup,
-        },  # fmt: skip
+        },
         "convert": {
             "arms": {
                 s: report.aggregate([lm_run], "nll")
@@ -122,7 +139,7 @@ def _fake_results() -> dict:
             },
             "pretrain": lm_run,
             "setup": setup | {"pretrain_steps": 20, "continue_steps": 10},
-        },  # fmt: skip
+        },
         "seconds": 90.0,
         "devices": "1 x cpu",
     }

@@ -44,7 +44,7 @@ ARMS = {
         norm_zero_centered=True,
         partial_rotary_factor=0.5,
         tie_embeddings=True,
-    ),  # fmt: skip
+    ),
     "swa": ModelConfig(**SMALL, n_layers=2, architecture="swa"),
     "orthros_h": ModelConfig(**SMALL, **GDN, n_layers=4, architecture="orthros_h"),
 }
@@ -128,9 +128,13 @@ def test_generate_greedy_equals_ours(exported):
     want = generate(params, list(prompts), cfg, max_new_tokens=8).tokens
     with torch.no_grad():
         got = model.generate(
-            torch.tensor(prompts), attention_mask=torch.ones(prompts.shape, dtype=torch.long),
-            max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0,
-        )  # fmt: skip
+            torch.tensor(prompts),
+            attention_mask=torch.ones(prompts.shape, dtype=torch.long),
+            max_new_tokens=8,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
     np.testing.assert_array_equal(got[:, 7:].numpy(), want)
 
 
@@ -190,9 +194,12 @@ def test_lm_eval_hf_model_scores_an_exported_orthros_like_our_harness(tmp_path, 
 
     tok_dir = str(tmp_path / "tok")
     transformers.PreTrainedTokenizerFast(
-        tokenizer_object=_tokenizer(), bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        tokenizer_object=_tokenizer(),
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
         pad_token="</s>",
-    ).save_pretrained(tok_dir)  # fmt: skip
+    ).save_pretrained(tok_dir)
     cfg = ARMS["orthros"].replace(window=4)
     params = jax.tree.map(lambda a: 4 * a, _params(cfg))  # peaked enough to be decisive
     ours_dir, hf_dir = str(tmp_path / "ours"), str(tmp_path / "hf")
@@ -200,12 +207,20 @@ def test_lm_eval_hf_model_scores_an_exported_orthros_like_our_harness(tmp_path, 
     export_hf(hf_dir, cfg, params, tokenizer_file=os.path.join(tok_dir, "tokenizer.json"))
     monkeypatch.chdir(REPO)
     run = dict(
-        tasks=TASKS, log_samples=True, bootstrap_iters=0,
+        tasks=TASKS,
+        log_samples=True,
+        bootstrap_iters=0,
         task_manager=TaskManager(include_path=TASK_DIR, include_defaults=False),
-    )  # fmt: skip
+    )
     # The export's own tokenizer files (tokenizer.json + the tokenizer_config.json it writes).
-    hf = HFLM(pretrained=hf_dir, trust_remote_code=True, device="cpu",
-              batch_size=4, max_length=MAX_LEN, dtype="float32")  # fmt: skip
+    hf = HFLM(
+        pretrained=hf_dir,
+        trust_remote_code=True,
+        device="cpu",
+        batch_size=4,
+        max_length=MAX_LEN,
+        dtype="float32",
+    )
     want = lm_eval.simple_evaluate(model=hf, **run)
     got = lm_eval.simple_evaluate(
         model="orthros_jax", model_args=f"model={ours_dir},batch_size=4,max_length={MAX_LEN}", **run

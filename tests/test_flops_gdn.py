@@ -9,8 +9,13 @@ from orthros_jax.layers import flops
 
 # D 16, V 10, Hk 1, Hv 2, dk 4, dv 3, conv kernel 2, F 8: small enough to count by hand.
 ONE_GDN = dict(
-    architecture="gdn", n_layers=1, d_model=16, vocab_size=10, d_ff=8, kinds=dict(gdn=dict(num_k_heads=1, num_v_heads=2, k_head_dim=4, v_head_dim=3, conv_kernel=2)),
-)  # fmt: skip
+    architecture="gdn",
+    n_layers=1,
+    d_model=16,
+    vocab_size=10,
+    d_ff=8,
+    kinds=dict(gdn=dict(num_k_heads=1, num_v_heads=2, k_head_dim=4, v_head_dim=3, conv_kernel=2)),
+)
 
 
 def test_one_gdn_layer_by_hand():

@@ -29,8 +29,10 @@ from orthros_jax.layers.gdn_mixer import (
 # Hk 2, Hv 4 (each key head serves two value heads), dk 8 != dv 6, conv kernel 4, chunk 8;
 # two layers (gdn_out's depth scaling).
 CFG = tiny_config(
-    architecture="gdn", d_model=16, kinds=dict(gdn=dict(k_head_dim=8, v_head_dim=6, conv_kernel=4, chunk=8)),
-)  # fmt: skip
+    architecture="gdn",
+    d_model=16,
+    kinds=dict(gdn=dict(k_head_dim=8, v_head_dim=6, conv_kernel=4, chunk=8)),
+)
 mix = jax.jit(gdn_mix, static_argnums=(2,), static_argnames=("cross_silu",))
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 
@@ -126,9 +128,15 @@ def single_row_call(p, h, cross_h, state, valid=None, reset=None):
     shape = (CFG.kinds.gdn.num_k_heads, CFG.kinds.gdn.k_head_dim)
     identity = (np.ones(shape, np.float32), np.zeros(shape, np.float32))
     return mix(
-        p, h, CFG, state=state, valid_BL=valid, reset_BL=reset, cross_h_BLD=cross_h,
+        p,
+        h,
+        CFG,
+        state=state,
+        valid_BL=valid,
+        reset_BL=reset,
+        cross_h_BLD=cross_h,
         cross_so=identity,
-    )  # fmt: skip
+    )
 
 
 def test_cross_query_equals_base_query_when_conv_is_identity():

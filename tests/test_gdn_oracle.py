@@ -33,10 +33,26 @@ ARCHS = ("gdn", "hybrid", "orthros_h")
 def _cfg(arch: str) -> ModelConfig:
     layers = ("gdn",) if arch == "gdn" else ("gdn", "attention")
     return ModelConfig(
-        vocab_size=53, d_model=32, n_layers=4 if arch != "gdn" else 2, n_heads=4, n_kv_heads=2,
-        head_dim=8, d_ff=64, window=5, architecture=arch, layer_types=layers, prefill_chunk=3,
-        attention_block_q=8, attention_block_k=8, attention_block_local=4, kinds=dict(gdn=dict(num_k_heads=2, num_v_heads=4, k_head_dim=8, v_head_dim=6, conv_kernel=3, chunk=4)),
-    )  # fmt: skip
+        vocab_size=53,
+        d_model=32,
+        n_layers=4 if arch != "gdn" else 2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=8,
+        d_ff=64,
+        window=5,
+        architecture=arch,
+        layer_types=layers,
+        prefill_chunk=3,
+        attention_block_q=8,
+        attention_block_k=8,
+        attention_block_local=4,
+        kinds=dict(
+            gdn=dict(
+                num_k_heads=2, num_v_heads=4, k_head_dim=8, v_head_dim=6, conv_kernel=3, chunk=4
+            )
+        ),
+    )
 
 
 def _draw(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

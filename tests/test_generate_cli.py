@@ -31,16 +31,21 @@ def model_dir(tmp_path_factory):
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONIOENCODING": "utf-8", "JAX_PLATFORMS": "cpu"}
     return subprocess.run(
-        [sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=300,
+        [sys.executable, SCRIPT, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
         cwd=ROOT,
-    )  # fmt: skip
+    )
 
 
 def test_generate_cli_streams_greedy_tokens_and_reports_timing(model_dir):
     directory, cfg, params = model_dir
     n = 7
-    result = _run(f"--model={directory}", f"--prompt={PROMPT}", f"--max_new_tokens={n}",
-                  "--temperature=0")  # fmt: skip
+    result = _run(
+        f"--model={directory}", f"--prompt={PROMPT}", f"--max_new_tokens={n}", "--temperature=0"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     ids = ByteTokenizer().encode(PROMPT)
     want = inference.generate(params, [ids], cfg, max_new_tokens=n)

@@ -37,7 +37,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK_DIR = os.path.join(REPO, "tests", "harness_tasks")
 TASKS = ["orthros_tiny_mc", "orthros_tiny_gen", "orthros_tiny_ppl"]
 MAX_LEN = 16  # shorter than some requests: left truncation and several rolling windows
-WORDS = "the cat sat on mat dog sky is blue green grass red big small a what color ? . yes no it and".split()
+WORDS = (
+    "the cat sat on mat dog sky is blue green grass red big small a what color ? . yes no it and"
+).split()
+
 SPECIALS = ["<unk>", "<s>", "</s>"]
 
 
@@ -63,10 +66,19 @@ def hf_dir(tmp_path_factory) -> str:
     fast.save_pretrained(path)
     torch.manual_seed(0)
     conf = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=32, initializer_range=0.1, rms_norm_eps=1e-5,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=False,
-    )  # fmt: skip
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=32,
+        initializer_range=0.1,
+        rms_norm_eps=1e-5,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+    )
     transformers.LlamaForCausalLM(conf).eval().save_pretrained(path)
     return path
 
@@ -176,7 +188,12 @@ def test_scores_equal_the_full_forward_at_the_same_positions(arch, hf_dir, tmp_p
     elif arch == "swa":
         cfg = cfg.replace(architecture="swa", window=4)
     else:  # fla's linear baselines: the same block, random mixers (prefill runs them whole)
-        cfg = cfg.replace(architecture=arch, layer_types=(), init_std=0.1, kinds=dict(gla=dict(chunk=4), retention=dict(chunk=4)))  # fmt: skip
+        cfg = cfg.replace(
+            architecture=arch,
+            layer_types=(),
+            init_std=0.1,
+            kinds=dict(gla=dict(chunk=4), retention=dict(chunk=4)),
+        )
         params = jax.tree.map(np.asarray, init_params(cfg, jax.random.PRNGKey(3)))
     lm = OrthrosHarnessLM(
         model=_save(tmp_path, cfg, params, hf_dir), batch_size=3, max_length=MAX_LEN

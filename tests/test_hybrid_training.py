@@ -16,8 +16,9 @@ from orthros_jax.training import losses
 
 GDN = dict(
     kinds=dict(gdn=dict(num_k_heads=2, num_v_heads=4, k_head_dim=8, v_head_dim=8, chunk=8)),
-    n_layers=4, layer_types=("gdn", "attention"),
-)  # fmt: skip
+    n_layers=4,
+    layer_types=("gdn", "attention"),
+)
 
 
 @pytest.mark.parametrize("arch", ("orthros_h", "hybrid"))
@@ -48,14 +49,20 @@ def test_scanned_remat_step_equals_unrolled(arch):
 
 def test_train_cli_orthros_h_resumes(tmp_path):
     flags = [
-        *TINY_FLAGS, f"--workdir={tmp_path}", "--config.model.architecture=orthros_h",
-        "--config.model.n_layers=4", "--config.model.layer_types=('gdn','attention')",
+        *TINY_FLAGS,
+        f"--workdir={tmp_path}",
+        "--config.model.architecture=orthros_h",
+        "--config.model.n_layers=4",
+        "--config.model.layer_types=('gdn','attention')",
         "--config.model.kinds.gdn.num_k_heads=1",
-        "--config.model.kinds.gdn.num_v_heads=2", "--config.model.kinds.gdn.k_head_dim=16",
-        "--config.model.kinds.gdn.v_head_dim=16", "--config.model.kinds.gdn.chunk=16",
-        "--config.train.checkpoint_every=2", "--config.train.eval_every=0",
+        "--config.model.kinds.gdn.num_v_heads=2",
+        "--config.model.kinds.gdn.k_head_dim=16",
+        "--config.model.kinds.gdn.v_head_dim=16",
+        "--config.model.kinds.gdn.chunk=16",
+        "--config.train.checkpoint_every=2",
+        "--config.train.eval_every=0",
         "--config.train.log_every=1",
-    ]  # fmt: skip
+    ]
     first = run_train([*flags, "--config.train.steps=2"], timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
     second = run_train([*flags, "--config.train.steps=4"], timeout=600)

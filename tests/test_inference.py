@@ -27,9 +27,14 @@ ATOL = 1e-5
 
 def _cfg(arch: str, **kw) -> ModelConfig:
     base = dict(
-        vocab_size=61, window=WINDOW, architecture=arch, prefill_chunk=CHUNK,
-        attention_block_q=8, attention_block_k=8, init_std=0.1,
-    )  # fmt: skip
+        vocab_size=61,
+        window=WINDOW,
+        architecture=arch,
+        prefill_chunk=CHUNK,
+        attention_block_q=8,
+        attention_block_k=8,
+        init_std=0.1,
+    )
     return tiny_config(**(base | kw))
 
 

@@ -125,8 +125,11 @@ def _state_copies(cfg) -> list[str]:
     tok, act = jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((1,), bool)
     hlo = drivers.decode_jit.lower(params, cache, tok, act, cfg=cfg).compile().as_text()
     shapes = {f"f32[{','.join(map(str, a.shape))}]" for a in jax.tree.leaves(cache.states)}
-    return [ln.strip()[:160] for ln in hlo.splitlines()
-            if " copy(" in ln and any(s in ln for s in shapes)]  # fmt: skip
+    return [
+        ln.strip()[:160]
+        for ln in hlo.splitlines()
+        if " copy(" in ln and any(s in ln for s in shapes)
+    ]
 
 
 @pytest.mark.optimized  # about the compiled program
@@ -155,8 +158,11 @@ def declared(case, fmt: str) -> bool:
 
 
 # Today's gaps (issue 25 item 1, finished on the kinds branch): no one-line refusal yet.
-PENDING = {(kind, layout, "remote") for kind in ("gla", "retention")
-           for layout in ("pure", "hybrid", "two_stream")}  # fmt: skip
+PENDING = {
+    (kind, layout, "remote")
+    for kind in ("gla", "retention")
+    for layout in ("pure", "hybrid", "two_stream")
+}
 
 
 def _export_cases() -> list[Any]:
@@ -165,8 +171,11 @@ def _export_cases() -> list[Any]:
         for fmt in FORMATS:
             marks = []
             if (*case, fmt) in PENDING:
-                marks = [pytest.mark.xfail(strict=True, reason="issue 25 item 1: no one-line "
-                                           "export refusal yet")]  # fmt: skip
+                marks = [
+                    pytest.mark.xfail(
+                        strict=True, reason="issue 25 item 1: no one-line export refusal yet"
+                    )
+                ]
             out.append(pytest.param(case, fmt, id=f"{case_id(case)}-{fmt}", marks=marks))
     return out
 

@@ -16,11 +16,20 @@ from orthros_jax.layers.registry import KINDS
 from orthros_jax.model import init_params, param_decls
 from orthros_jax.training.optimizer import weight_decay_mask
 
-SMALL = dict(vocab_size=32, d_model=16, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=24, window=4,
-             kinds=dict(gdn=dict(num_k_heads=1, num_v_heads=2, k_head_dim=8, v_head_dim=4),
-                        gla=dict(heads=2, kv_heads=1, k_head_dim=8, v_head_dim=4,
-                                 short_conv=True),
-                        retention=dict(heads=2, kv_heads=2, k_head_dim=8, v_head_dim=4)))  # fmt: skip
+SMALL = dict(
+    vocab_size=32,
+    d_model=16,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=8,
+    d_ff=24,
+    window=4,
+    kinds=dict(
+        gdn=dict(num_k_heads=1, num_v_heads=2, k_head_dim=8, v_head_dim=4),
+        gla=dict(heads=2, kv_heads=1, k_head_dim=8, v_head_dim=4, short_conv=True),
+        retention=dict(heads=2, kv_heads=2, k_head_dim=8, v_head_dim=4),
+    ),
+)
 # The projections of each kind, which AdamW decays (every other parameter is a gain, bias,
 # conv tap, decay parameter or scale-offset and is not).
 PROJECTIONS = {

@@ -109,8 +109,11 @@ def test_engine_and_generate_serve_from_an_int8_cache():
     engine = Engine(params, cfg, max_batch=2, max_len=40, chunk_budget=8, kv_cache_dtype="int8")
     got: list[list[int]] = [[], []]
     for i, p in enumerate(prompts):
-        engine.submit(p, SamplingParams(max_tokens=5, temperature=0.0),
-                      lambda ev, i=i: ev.token is not None and got[i].append(ev.token))  # fmt: skip
+        engine.submit(
+            p,
+            SamplingParams(max_tokens=5, temperature=0.0),
+            lambda ev, i=i: ev.token is not None and got[i].append(ev.token),
+        )
     while engine.busy():
         engine.step()
     assert got == np.asarray(want.tokens)[:, :5].tolist()

@@ -84,8 +84,9 @@ def test_split_calls_and_steps_equal_one_call(per_key):
     s, got, got_x = jnp.asarray(s0), [], []
     for lo, hi in ((0, 7), (7, 20), (20, 24)):
         sl = slice(lo, hi)
-        (o, ox), s = chunked((q[:, sl], qx[:, sl]), k[:, sl], v[:, sl], g[:, sl],
-                             reset[:, sl], s, scale=0.3, chunk=8)  # fmt: skip
+        (o, ox), s = chunked(
+            (q[:, sl], qx[:, sl]), k[:, sl], v[:, sl], g[:, sl], reset[:, sl], s, scale=0.3, chunk=8
+        )
         got.append(o)
         got_x.append(ox)
     step = jax.jit(functools.partial(linear_attention_step, scale=0.3))

@@ -20,11 +20,55 @@ from orthros_jax.layers import linear_mixer as lm
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 B, L = 2, 21
 CASES = {
-    "gla_gqa_conv_clamp": ("gla", dict(kinds=dict(gla=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, short_conv=True, conv_kernel=3, clamp_min=-0.3, chunk=8)))),
-    "gla_relu_plain": ("gla", dict(kinds=dict(gla=dict(heads=2, kv_heads=2, k_head_dim=8, v_head_dim=8, feature_map="relu", output_gate=False, norm_affine=False, chunk=16)))),
-    "retention_gqa": ("retention", dict(kinds=dict(retention=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, chunk=8)))),
-    "retention_swish": ("retention", dict(kinds=dict(retention=dict(heads=2, kv_heads=2, k_head_dim=4, v_head_dim=8, feature_map="swish", chunk=4)))),
-}  # fmt: skip
+    "gla_gqa_conv_clamp": (
+        "gla",
+        dict(
+            kinds=dict(
+                gla=dict(
+                    heads=4,
+                    kv_heads=2,
+                    k_head_dim=8,
+                    v_head_dim=6,
+                    short_conv=True,
+                    conv_kernel=3,
+                    clamp_min=-0.3,
+                    chunk=8,
+                )
+            )
+        ),
+    ),
+    "gla_relu_plain": (
+        "gla",
+        dict(
+            kinds=dict(
+                gla=dict(
+                    heads=2,
+                    kv_heads=2,
+                    k_head_dim=8,
+                    v_head_dim=8,
+                    feature_map="relu",
+                    output_gate=False,
+                    norm_affine=False,
+                    chunk=16,
+                )
+            )
+        ),
+    ),
+    "retention_gqa": (
+        "retention",
+        dict(kinds=dict(retention=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, chunk=8))),
+    ),
+    "retention_swish": (
+        "retention",
+        dict(
+            kinds=dict(
+                retention=dict(
+                    heads=2, kv_heads=2, k_head_dim=4, v_head_dim=8, feature_map="swish", chunk=4
+                )
+            )
+        ),
+    ),
+}
 MODULE = {"gla": gla, "retention": retention}
 
 
@@ -58,8 +102,13 @@ def run(cfg, mod, p, h, **kw):
 def oracle(name, cfg, p, h_LD):
     kind = CASES[name][0]
     if kind == "gla":
-        return gla_mixer(p, h_LD, cfg.norm_eps, feature_map=cfg.kinds.gla.feature_map,
-                         clamp_min=cfg.kinds.gla.clamp_min)  # fmt: skip
+        return gla_mixer(
+            p,
+            h_LD,
+            cfg.norm_eps,
+            feature_map=cfg.kinds.gla.feature_map,
+            clamp_min=cfg.kinds.gla.clamp_min,
+        )
     return retention_mixer(p, h_LD, cfg.norm_eps, feature_map=cfg.kinds.retention.feature_map)
 
 

@@ -19,23 +19,44 @@ from orthros_jax.layers.registry import KINDS
 
 ATOL = 2e-5
 CASES = {
-    "gla": dict(architecture="gla", layer_types=("gla",), kinds=dict(gla=dict(short_conv=True, conv_kernel=3, clamp_min=-0.5, feature_map="relu"))),
-    "retnet": dict(architecture="retnet", layer_types=("retention",),
-                   kinds=dict(retention=dict(feature_map="sigmoid"))),
-    "orthros_h_gla": dict(architecture="orthros_h", layer_types=("gla", "attention"),
-                          kinds=dict(gla=dict(short_conv=True, conv_kernel=3))),
+    "gla": dict(
+        architecture="gla",
+        layer_types=("gla",),
+        kinds=dict(gla=dict(short_conv=True, conv_kernel=3, clamp_min=-0.5, feature_map="relu")),
+    ),
+    "retnet": dict(
+        architecture="retnet",
+        layer_types=("retention",),
+        kinds=dict(retention=dict(feature_map="sigmoid")),
+    ),
+    "orthros_h_gla": dict(
+        architecture="orthros_h",
+        layer_types=("gla", "attention"),
+        kinds=dict(gla=dict(short_conv=True, conv_kernel=3)),
+    ),
     "orthros_h_ret": dict(architecture="orthros_h", layer_types=("retention", "attention")),
-}  # fmt: skip
+}
 
 
 def _cfg(name: str) -> ModelConfig:
     return ModelConfig(
-        vocab_size=53, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
-        window=5, prefill_chunk=3, attention_block_q=8, attention_block_k=8,
+        vocab_size=53,
+        d_model=32,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=8,
+        d_ff=64,
+        window=5,
+        prefill_chunk=3,
+        attention_block_q=8,
+        attention_block_k=8,
         attention_block_local=4,
-        kinds=dict(gla=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, chunk=4),
-                   retention=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, chunk=4)),
-    ).replace(**CASES[name])  # fmt: skip
+        kinds=dict(
+            gla=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, chunk=4),
+            retention=dict(heads=4, kv_heads=2, k_head_dim=8, v_head_dim=6, chunk=4),
+        ),
+    ).replace(**CASES[name])
 
 
 def _draw(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -54,10 +75,13 @@ def _kinds(cfg: ModelConfig) -> dict[str, oracle.Kind]:
     """oracle.KINDS plus the linear kinds with cfg's options; the names they read are the ones
     our kinds declare (the oracle checks the tree holds exactly those)."""
     options = {
-        "gla": dict(feature_map=cfg.kinds.gla.feature_map, normalizer=cfg.kinds.gla.gate_normalizer,
-                    clamp_min=cfg.kinds.gla.clamp_min),
+        "gla": dict(
+            feature_map=cfg.kinds.gla.feature_map,
+            normalizer=cfg.kinds.gla.gate_normalizer,
+            clamp_min=cfg.kinds.gla.clamp_min,
+        ),
         "retention": dict(feature_map=cfg.kinds.retention.feature_map),
-    }  # fmt: skip
+    }
     out = dict(oracle.KINDS)
     for kind in ("gla", "retention"):
         names = set(KINDS[kind].params(cfg))

@@ -33,10 +33,21 @@ def _cfg(
     architecture: str, layer_types: tuple[str, ...], o: Mamba2Options = OPTIONS
 ) -> ModelConfig:
     return ModelConfig(
-        vocab_size=37, d_model=16, n_layers=len(layer_types), n_heads=2, n_kv_heads=1,
-        head_dim=8, d_ff=24, window=4, architecture=architecture, layer_types=layer_types,
-        kinds={"mamba2": o}, init_std=0.2, attention_block_q=8, attention_block_k=8,
-    )  # fmt: skip
+        vocab_size=37,
+        d_model=16,
+        n_layers=len(layer_types),
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=8,
+        d_ff=24,
+        window=4,
+        architecture=architecture,
+        layer_types=layer_types,
+        kinds={"mamba2": o},
+        init_std=0.2,
+        attention_block_q=8,
+        attention_block_k=8,
+    )
 
 
 def _layer_params(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
@@ -104,16 +115,36 @@ def _hf_logits(model, tokens: np.ndarray) -> np.ndarray:
 # kernel other than 64 / 128 / 4, in/out biases, no conv bias, a dt limit that binds, tied head.
 HF_CONFIGS = {
     "groups3_bias_tied": dict(
-        vocab_size=53, hidden_size=24, num_heads=6, head_dim=8, state_size=5, n_groups=3,
-        conv_kernel=3, num_hidden_layers=2, use_bias=True, use_conv_bias=False, chunk_size=8,
-        tie_word_embeddings=True, time_step_limit=(0.05, 1.5),
+        vocab_size=53,
+        hidden_size=24,
+        num_heads=6,
+        head_dim=8,
+        state_size=5,
+        n_groups=3,
+        conv_kernel=3,
+        num_hidden_layers=2,
+        use_bias=True,
+        use_conv_bias=False,
+        chunk_size=8,
+        tie_word_embeddings=True,
+        time_step_limit=(0.05, 1.5),
     ),
     "groups2_conv5_untied": dict(
-        vocab_size=41, hidden_size=16, num_heads=4, head_dim=12, state_size=7, n_groups=2,
-        conv_kernel=5, num_hidden_layers=3, expand=3, use_bias=False, use_conv_bias=True,
-        layer_norm_epsilon=1e-6, tie_word_embeddings=False,
+        vocab_size=41,
+        hidden_size=16,
+        num_heads=4,
+        head_dim=12,
+        state_size=7,
+        n_groups=2,
+        conv_kernel=5,
+        num_hidden_layers=3,
+        expand=3,
+        use_bias=False,
+        use_conv_bias=True,
+        layer_norm_epsilon=1e-6,
+        tie_word_embeddings=False,
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.slow

@@ -13,9 +13,15 @@ from orthros_jax.layers.kind import SEQUENCE, StepContext
 from orthros_jax.model import OrthrosLM, Stream, init_params
 
 BASE = tiny_config(
-    vocab_size=97, d_model=48, n_layers=3, head_dim=12, d_ff=96, window=6,
-    attention_block_q=8, attention_block_k=8,
-)  # fmt: skip
+    vocab_size=97,
+    d_model=48,
+    n_layers=3,
+    head_dim=12,
+    d_ff=96,
+    window=6,
+    attention_block_q=8,
+    attention_block_k=8,
+)
 T = 29
 
 
@@ -176,8 +182,16 @@ def test_repeated_positions_are_refused_before_the_scan():
     from orthros_jax.config import ModelConfig
     from orthros_jax.model import OrthrosLM, init_params
 
-    cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1,
-                      head_dim=8, d_ff=32, window=4)  # fmt: skip
+    cfg = ModelConfig(
+        vocab_size=32,
+        d_model=16,
+        n_layers=2,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=8,
+        d_ff=32,
+        window=4,
+    )
     params = init_params(cfg, jax.random.PRNGKey(0))
     tokens = jnp.zeros((1, 16), jnp.int32)
     positions = jnp.arange(16)[None] // 4

@@ -54,8 +54,9 @@ def test_power_law_puts_most_queries_early():
 
 
 def test_train_batch_packs_examples_of_one_shape():
-    cfg = mqar.MQARConfig(vocab_size=64, seq_len=128, batch_size=4, train_lengths=(32, 64, 256),
-                          train_pairs=(4, 16))  # fmt: skip
+    cfg = mqar.MQARConfig(
+        vocab_size=64, seq_len=128, batch_size=4, train_lengths=(32, 64, 256), train_pairs=(4, 16)
+    )
     assert cfg.shapes() == [(32, 4), (64, 4), (64, 16)] and cfg.out_len == 32  # 2 x 16
     b = mqar.train_batch(cfg, 3)
     assert b["tokens"].shape == (4, 128) and b["targets"].shape == (4, 32)
@@ -189,8 +190,14 @@ def test_score_draws_the_training_distribution(monkeypatch):
 def test_launch_mqar_tiny(tmp_path):
     """launch/mqar.py --tiny: one arm, a couple of steps; results md/json/png appear."""
     out = tmp_path / "mq"
-    cmd = [sys.executable, os.path.join(REPO, "launch", "mqar.py"), f"--out={out}", "--tiny",
-           "--arms=orthros", "--keep_work=false"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "launch", "mqar.py"),
+        f"--out={out}",
+        "--tiny",
+        "--arms=orthros",
+        "--keep_work=false",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.load(open(out / "mqar.json"))

@@ -75,7 +75,7 @@ def test_two_processes_train_together(tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-        )  # fmt: skip
+        )
         for i in range(2)
     ]
     outputs = [p.communicate(timeout=300)[0] for p in procs]

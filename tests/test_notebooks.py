@@ -135,7 +135,10 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     )
     client.execute()  # raises CellExecutionError naming the failing cell
     errors = [
-        o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
         if o.get("output_type") == "error"
-    ]  # fmt: skip
+    ]
     assert not errors

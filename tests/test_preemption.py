@@ -59,8 +59,12 @@ def test_sigterm_checkpoints_exits_0_and_resumes_bit_for_bit(tmp_path):
     cut = str(tmp_path / "cut")
     proc = subprocess.Popen(
         [sys.executable, "launch/train.py", *FLAGS, f"--workdir={cut}"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 300
     while _train_records(cut) < 2 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)  # two log lines: compiled and training
@@ -116,8 +120,9 @@ def test_sigint_in_process_checkpoints_and_resumes(tmp_path):
     steps = 8
     cfg = tiny_train_config(n_layers=1, steps=steps, checkpoint_every=0, log_every=1)
     before = signal.getsignal(signal.SIGINT)
-    full = train(cfg, str(tmp_path / "full"), train_iterator=iter(pt_dataset(4, 16)),
-                 eval_batches=[])  # fmt: skip
+    full = train(
+        cfg, str(tmp_path / "full"), train_iterator=iter(pt_dataset(4, 16)), eval_batches=[]
+    )
     workdir = str(tmp_path / "cut")
     it = iter(_signal_at(signal.SIGINT, 3, pt_dataset(4, 16)))
     cut = train(cfg, workdir, train_iterator=it, eval_batches=[])

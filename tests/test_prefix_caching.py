@@ -36,8 +36,12 @@ def _workload(cfg, params) -> list[list[int]]:
     turn2 = turn1 + answer[: NEW - 1] + [9, 10, 11]  # the row holds turn1 + all but the last
     collide = system[:10] + rng.integers(0, 256, 9).tolist()
     # Phases sent one after the other, the requests of a phase together.
-    return [[turn1], [turn2, system + [1, 2, 3]],
-            [system + [4], collide, collide + [5, 6], system[:10] + [0]], [turn2 + [12]]]  # fmt: skip
+    return [
+        [turn1],
+        [turn2, system + [1, 2, 3]],
+        [system + [4], collide, collide + [5, 6], system[:10] + [0]],
+        [turn2 + [12]],
+    ]
 
 
 @pytest.mark.slow
@@ -49,15 +53,25 @@ def test_greedy_with_prefix_caching_equals_generate_through_the_server(arch):
     want = [
         inference.generate(params, [p], cfg, max_new_tokens=NEW).tokens[0].tolist() for p in prompts
     ]
-    engine = Engine(params, cfg, max_batch=3, max_len=48, chunk_budget=8, prefill_batches=(1, 3),
-                    decode_text=TOK.decode, prefix_caching=True)  # fmt: skip
+    engine = Engine(
+        params,
+        cfg,
+        max_batch=3,
+        max_len=48,
+        chunk_budget=8,
+        prefill_batches=(1, 3),
+        decode_text=TOK.decode,
+        prefix_caching=True,
+    )
     with BackgroundServer(create_app(engine, TOK, "m")) as server:
-        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0,
-                                    timeout=120)  # fmt: skip
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="-", max_retries=0, timeout=120
+        )
 
         async def one(prompt):
-            r = await client.completions.create(model="m", prompt=prompt, max_tokens=NEW,
-                                                temperature=0)  # fmt: skip
+            r = await client.completions.create(
+                model="m", prompt=prompt, max_tokens=NEW, temperature=0
+            )
             return r.choices[0].text
 
         async def main():  # 4 requests on 3 rows in the third phase: evictions while running

@@ -25,9 +25,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run_prepare(inputs, out, tokenizer=None, *, field="text", skip=False, shard_bytes=2000):
     """What launch/prepare_data.py does, in this process, one shard after another."""
     plan = prepare.make_plan(
-        corpus.expand_corpus(inputs), tokenizer, text_field=field, skip_bad=skip,
+        corpus.expand_corpus(inputs),
+        tokenizer,
+        text_field=field,
+        skip_bad=skip,
         shard_bytes=shard_bytes,
-    )  # fmt: skip
+    )
     prepare.check_plan(str(out), plan)
     prepare.remove_temporaries(str(out))
     records = [prepare.prepare_shard(str(out), i, plan) for i in range(len(plan["shards"]))]
@@ -63,9 +66,10 @@ def bpe(tmp_path_factory):
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["[UNK]", "<|endoftext|>"],
+        vocab_size=300,
+        special_tokens=["[UNK]", "<|endoftext|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
+    )
     tok.train_from_iterator(_texts(1, 200), trainer)
     path = str(tmp_path_factory.mktemp("tok") / "tokenizer.json")
     tok.save(path)
@@ -202,9 +206,14 @@ def test_cli_with_two_processes_writes_the_same_bytes(tmp_path, docs):
     path, _ = docs
     run_prepare([path], tmp_path / "serial")
     cmd = [
-        sys.executable, "launch/prepare_data.py", f"--input={path}", f"--output={tmp_path / 'cli'}",
-        "--shard_mb=0.002", "--processes=2", "--progress=false",
-    ]  # fmt: skip
+        sys.executable,
+        "launch/prepare_data.py",
+        f"--input={path}",
+        f"--output={tmp_path / 'cli'}",
+        "--shard_mb=0.002",
+        "--processes=2",
+        "--progress=false",
+    ]
     env = dict(os.environ, PYTHONPATH=REPO)
     first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]

@@ -26,9 +26,12 @@ def two_datasets(tmp_path):
 
 def test_mixture_proportions_logged_deterministic_and_resumable(two_datasets):
     cfg = DataConfig(
-        prepared=tuple(two_datasets), mixture_weights=(3.0, 1.0), seq_len=128, batch_size=4,
+        prepared=tuple(two_datasets),
+        mixture_weights=(3.0, 1.0),
+        seq_len=128,
+        batch_size=4,
         validation_fraction=0.0,
-    )  # fmt: skip
+    )
     it = pipeline.make_train_iterator(cfg, **HOST)
     first = [next(it) for _ in range(30)]
     # Each 128-token row holds whole documents (< 100 chars): a segment's first byte names it.
@@ -68,6 +71,7 @@ def test_mixture_eval_batches_draw_from_every_dataset(two_datasets):
         for k in range(int(b["segment_ids"][r].max()))
     }
     assert firsts == {"A", "B"}
-    assert all(np.array_equal(x["tokens"], y["tokens"]) for x, y in zip(
-        evals, pipeline.make_eval_batches(cfg.replace(seed=7), **HOST), strict=True
-    ))  # fmt: skip
+    assert all(
+        np.array_equal(x["tokens"], y["tokens"])
+        for x, y in zip(evals, pipeline.make_eval_batches(cfg.replace(seed=7), **HOST), strict=True)
+    )

@@ -44,8 +44,11 @@ def test_sigkill_then_resume_on_a_prepared_mixture(tmp_path):
     killed = str(tmp_path / "killed")
     proc = subprocess.Popen(
         [sys.executable, "launch/train.py", *flags, f"--workdir={killed}"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 600
     while not _finished_steps(killed) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)

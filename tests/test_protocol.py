@@ -34,8 +34,16 @@ TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<a
 @pytest.fixture(scope="module")
 def served():
     cfg, params = arm_model("orthros")
-    engine = Engine(params, cfg, max_batch=3, max_len=40, chunk_budget=8,
-                    prefill_batches=(1, 3), decode_text=TOK.decode, eos_id=None)  # fmt: skip
+    engine = Engine(
+        params,
+        cfg,
+        max_batch=3,
+        max_len=40,
+        chunk_budget=8,
+        prefill_batches=(1, 3),
+        decode_text=TOK.decode,
+        eos_id=None,
+    )
     with BackgroundServer(create_app(engine, TOK, NAME, ChatTemplate(TEMPLATE))) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0, timeout=120)
         with httpx.Client(base_url=server.url, timeout=120) as http:
@@ -70,8 +78,10 @@ def test_openapi_documents_every_request_field(served):
     _, http, _, _ = served
     schema = http.get("/openapi.json").json()
     paths = schema["paths"]
-    for path, model in (("/v1/completions", CompletionRequest),
-                        ("/v1/chat/completions", ChatCompletionRequest)):  # fmt: skip
+    for path, model in (
+        ("/v1/completions", CompletionRequest),
+        ("/v1/chat/completions", ChatCompletionRequest),
+    ):
         ref = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
         doc = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
         assert set(doc["properties"]) == set(model.model_fields), path
@@ -83,17 +93,29 @@ def test_openapi_documents_every_request_field(served):
 def test_penalties_match_a_float64_oracle(served):
     client, _, cfg, params = served
     prompt = [5, 9, 5, 200, 31]
-    for kw in (dict(frequency_penalty=1.5), dict(presence_penalty=2.0),
-               dict(repetition_penalty=4.0), dict(frequency_penalty=0.7, presence_penalty=-0.5)):  # fmt: skip
-        want = _greedy_oracle(cfg, params, prompt, 8, kw.get("presence_penalty", 0.0),
-                              kw.get("frequency_penalty", 0.0), kw.get("repetition_penalty", 1.0))  # fmt: skip
+    for kw in (
+        dict(frequency_penalty=1.5),
+        dict(presence_penalty=2.0),
+        dict(repetition_penalty=4.0),
+        dict(frequency_penalty=0.7, presence_penalty=-0.5),
+    ):
+        want = _greedy_oracle(
+            cfg,
+            params,
+            prompt,
+            8,
+            kw.get("presence_penalty", 0.0),
+            kw.get("frequency_penalty", 0.0),
+            kw.get("repetition_penalty", 1.0),
+        )
         extra = (
             {"repetition_penalty": kw.pop("repetition_penalty")}
             if "repetition_penalty" in kw
             else None
         )
-        r = client.completions.create(model=NAME, prompt=prompt, max_tokens=8, temperature=0,
-                                      extra_body=extra, **kw)  # fmt: skip
+        r = client.completions.create(
+            model=NAME, prompt=prompt, max_tokens=8, temperature=0, extra_body=extra, **kw
+        )
         assert r.choices[0].text == TOK.decode(want), kw
     plain = _greedy_oracle(cfg, params, prompt, 8)
     assert plain != _greedy_oracle(cfg, params, prompt, 8, frequency=1.5)  # the test can fail
@@ -101,28 +123,35 @@ def test_penalties_match_a_float64_oracle(served):
 
 def test_logit_bias_min_tokens_echo_and_n(served):
     client, _, cfg, params = served
-    r = client.completions.create(model=NAME, prompt="ab", max_tokens=5, temperature=0.8, seed=1,
-                                  logit_bias={"65": 100})  # fmt: skip
+    r = client.completions.create(
+        model=NAME, prompt="ab", max_tokens=5, temperature=0.8, seed=1, logit_bias={"65": 100}
+    )
     assert r.choices[0].text == "AAAAA"
     banned = _greedy_oracle(cfg, params, list(b"ab"), 1)[0]
-    r = client.completions.create(model=NAME, prompt="ab", max_tokens=3, temperature=0,
-                                  logit_bias={str(banned): -100})  # fmt: skip
+    r = client.completions.create(
+        model=NAME, prompt="ab", max_tokens=3, temperature=0, logit_bias={str(banned): -100}
+    )
     assert TOK.encode(r.choices[0].text)[0] != banned
     # min_tokens: the first greedy token is a stop id, which ends the text at once (not shown).
     first = _greedy_oracle(cfg, params, list(b"xy"), 1)[0]
     stop = {"stop_token_ids": [first]}
-    r = client.completions.create(model=NAME, prompt="xy", max_tokens=6, temperature=0,
-                                  extra_body=stop)  # fmt: skip
+    r = client.completions.create(
+        model=NAME, prompt="xy", max_tokens=6, temperature=0, extra_body=stop
+    )
     assert r.choices[0].finish_reason == "stop" and r.choices[0].text == ""
-    r = client.completions.create(model=NAME, prompt="xy", max_tokens=6, temperature=0,
-                                  extra_body=stop | {"min_tokens": 4})  # fmt: skip
+    r = client.completions.create(
+        model=NAME, prompt="xy", max_tokens=6, temperature=0, extra_body=stop | {"min_tokens": 4}
+    )
     assert r.usage.completion_tokens >= 4 and first not in TOK.encode(r.choices[0].text)[:4]
     # echo: the prompt, then what the same request gives without it.
     plain = client.completions.create(model=NAME, prompt="echo", max_tokens=4, temperature=0)
     r = client.completions.create(model=NAME, prompt="echo", max_tokens=4, temperature=0, echo=True)
     assert r.choices[0].text == "echo" + plain.choices[0].text
-    chunks = list(client.completions.create(model=NAME, prompt="echo", max_tokens=4,
-                                            temperature=0, echo=True, stream=True))  # fmt: skip
+    chunks = list(
+        client.completions.create(
+            model=NAME, prompt="echo", max_tokens=4, temperature=0, echo=True, stream=True
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks) == r.choices[0].text
     # n > 1: choice i samples with seed + i, as its own request would.
     kw = dict(model=NAME, prompt="n", max_tokens=8, temperature=1.0)
@@ -131,8 +160,14 @@ def test_logit_bias_min_tokens_echo_and_n(served):
     assert len(set(texts)) == 3
     for i, text in enumerate(texts):
         assert client.completions.create(**kw, seed=10 + i).choices[0].text == text
-    chat = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "q"}],
-                                          max_tokens=4, n=2, seed=3, temperature=1.0)  # fmt: skip
+    chat = client.chat.completions.create(
+        model=NAME,
+        messages=[{"role": "user", "content": "q"}],
+        max_tokens=4,
+        n=2,
+        seed=3,
+        temperature=1.0,
+    )
     assert len(chat.choices) == 2 and chat.usage.completion_tokens == 8
 
 
@@ -159,8 +194,11 @@ REFUSED = [
 def test_unknown_and_unsupported_fields_are_400s_naming_them(served, path, extra, param):
     _, http, _, _ = served
     base = {"model": NAME, "max_tokens": 2}
-    base |= {"prompt": "a"} if path == "/v1/completions" else {
-        "messages": [{"role": "user", "content": "a"}]}  # fmt: skip
+    base |= (
+        {"prompt": "a"}
+        if path == "/v1/completions"
+        else {"messages": [{"role": "user", "content": "a"}]}
+    )
     r = http.post(path, json=base | extra)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
@@ -170,10 +208,35 @@ def test_unknown_and_unsupported_fields_are_400s_naming_them(served, path, extra
 
 def _fuzz_bodies(rng: np.random.Generator, n: int) -> list[bytes]:
     fields = list(CompletionRequest.model_fields)
-    values = [None, True, -1, 0, 7, 2.5, 1e300, "", "x", "\ud800", [], [1, "a"], [[3]], {},
-              {"a": [1]}, [-5], 2**70]  # fmt: skip
-    out = [b"", b"{", b"[]", b"3", b'"s"', b"\xff\xfe", b'{"model": "tiny", "prompt": "a"',
-           b'{"model": "tiny", "prompt": NaN}']  # fmt: skip
+    values = [
+        None,
+        True,
+        -1,
+        0,
+        7,
+        2.5,
+        1e300,
+        "",
+        "x",
+        "\ud800",
+        [],
+        [1, "a"],
+        [[3]],
+        {},
+        {"a": [1]},
+        [-5],
+        2**70,
+    ]
+    out = [
+        b"",
+        b"{",
+        b"[]",
+        b"3",
+        b'"s"',
+        b"\xff\xfe",
+        b'{"model": "tiny", "prompt": "a"',
+        b'{"model": "tiny", "prompt": NaN}',
+    ]
     for _ in range(n):
         body = {"model": NAME, "prompt": "a", "max_tokens": 2}
         for name in rng.choice(fields, size=int(rng.integers(1, 4)), replace=False):
@@ -199,16 +262,20 @@ def test_penalty_processing_matches_numpy_row_by_row():
     b, v = 3, 11
     logits = rng.normal(size=(b, v)).astype(np.float32)
     prompt = rng.integers(0, v, (b, 4)).astype(np.int32)
-    hist = lp.record_prompt(lp.init_history(b, v), jnp.asarray(prompt), jnp.array([4, 2, 0]),
-                            jnp.ones(b, bool))  # fmt: skip
+    hist = lp.record_prompt(
+        lp.init_history(b, v), jnp.asarray(prompt), jnp.array([4, 2, 0]), jnp.ones(b, bool)
+    )
     for toks in ([1, 2, 3], [1, 5, 3], [1, 2, 7]):
         hist = lp.record_output(hist, jnp.array(toks), jnp.array([True, True, False]))
     pen = lp.Penalties(
-        presence=jnp.array([0.5, 0.0, 1.0]), frequency=jnp.array([0.25, 1.0, 0.0]),
-        repetition=jnp.array([2.0, 1.0, 1.5]), min_tokens=jnp.array([0, 5, 0]),
-        bias_ids=jnp.array([[4, -1], [0, 11], [2, 2]]), bias_values=jnp.array([[3.0, 9.0], [-1.0, 9.0], [1.0, 1.0]]),
+        presence=jnp.array([0.5, 0.0, 1.0]),
+        frequency=jnp.array([0.25, 1.0, 0.0]),
+        repetition=jnp.array([2.0, 1.0, 1.5]),
+        min_tokens=jnp.array([0, 5, 0]),
+        bias_ids=jnp.array([[4, -1], [0, 11], [2, 2]]),
+        bias_values=jnp.array([[3.0, 9.0], [-1.0, 9.0], [1.0, 1.0]]),
         stops=jnp.array([[6, -1], [7, 8], [-1, -1]]),
-    )  # fmt: skip
+    )
     got = np.asarray(lp.apply(jnp.asarray(logits), hist, pen, jnp.array([3, 3, 0])))
     for i in range(b):
         outs = [[1, 1, 1], [2, 5, 2], []][i]  # the fed tokens of rows 0 and 1
@@ -224,8 +291,13 @@ def test_penalty_processing_matches_numpy_row_by_row():
         if i == 1:  # 3 tokens < min_tokens 5: its stop ids are out
             x[[7, 8]] = -np.inf
         np.testing.assert_allclose(got[i], x, rtol=1e-6, atol=1e-6)
-    idle = pen.replace(presence=jnp.zeros(b), frequency=jnp.zeros(b), repetition=jnp.ones(b),
-                       min_tokens=jnp.zeros(b, jnp.int32), bias_values=jnp.zeros((b, 2)))  # fmt: skip
+    idle = pen.replace(
+        presence=jnp.zeros(b),
+        frequency=jnp.zeros(b),
+        repetition=jnp.ones(b),
+        min_tokens=jnp.zeros(b, jnp.int32),
+        bias_values=jnp.zeros((b, 2)),
+    )
     np.testing.assert_array_equal(
         np.asarray(lp.apply(jnp.asarray(logits), hist, idle, 0 * pen.min_tokens)), logits
     )

@@ -37,7 +37,8 @@ def test_mqar_deterministic_by_seed_and_index():
 
 @pytest.mark.parametrize("seed", range(5))
 def test_mqar_answers_found_by_brute_force(seed):
-    """Parse the decoded prompt: each query's key occurs once as a pair, far back, with the answer."""
+    """Parse the decoded prompt: each query's key occurs once as a pair, far back, with the
+    answer."""
     task = _mqar()
     ex = task.sample(seed, 0, TRAIN_STREAM)
     assert ex.tokens.dtype == np.int32 and len(ex.tokens) == 8 * WINDOW == ex.context_len
@@ -115,9 +116,14 @@ def test_passkey_too_short_context():
 def test_recall_sft_batches(task_name):
     """SFT form: loss and output copies only at answer-predicting positions."""
     cfg = DataConfig(
-        kind="sft", sft_task=task_name, seq_len=8 * WINDOW, out_len=16, batch_size=2,
-        recall_gap=2 * WINDOW, seed=3,
-    )  # fmt: skip
+        kind="sft",
+        sft_task=task_name,
+        seq_len=8 * WINDOW,
+        out_len=16,
+        batch_size=2,
+        recall_gap=2 * WINDOW,
+        seed=3,
+    )
     task = sft.recall_task(cfg)
     it = pipeline.make_train_iterator(cfg, **HOST)
     batch = next(it)

@@ -125,8 +125,9 @@ def test_harness_warns_only_for_a_device_the_user_chose(tmp_path, caplog):
     from orthros_jax.evaluation.harness import OrthrosHarnessLM
     from orthros_jax.model import init_params
 
-    cfg = ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                      head_dim=16, d_ff=32)  # fmt: skip
+    cfg = ModelConfig(
+        vocab_size=256, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=32
+    )
     loaded = checkpoint.LoadedModel(cfg, init_params(cfg, jax.random.PRNGKey(0)), None)
     with caplog.at_level(logging.WARNING):
         OrthrosHarnessLM(loaded=loaded, device="cuda:0")  # lm-eval's default
@@ -144,8 +145,13 @@ def test_harness_warns_only_for_a_device_the_user_chose(tmp_path, caplog):
 
 def test_training_says_where_it_starts_and_ends_and_logs_no_zero_rates(tmp_path):
     work = str(tmp_path / "run")
-    flags = [*TINY_FLAGS, "--config.train.steps=3", "--config.train.log_every=1",
-             "--config.optimizer.warmup_steps=5", f"--workdir={work}"]  # fmt: skip
+    flags = [
+        *TINY_FLAGS,
+        "--config.train.steps=3",
+        "--config.train.log_every=1",
+        "--config.optimizer.warmup_steps=5",
+        f"--workdir={work}",
+    ]
     done = run_train(flags, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout + done.stderr
@@ -169,19 +175,39 @@ def test_harness_command_errors_are_one_line(tmp_path):
 
     from orthros_jax.model import init_params
 
-    cfg = ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                      head_dim=16, d_ff=32)  # fmt: skip
+    cfg = ModelConfig(
+        vocab_size=256, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=32
+    )
     model = str(tmp_path / "m")
     checkpoint.save_model(model, cfg, init_params(cfg, jax.random.PRNGKey(0)))
-    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
-               HF_DATASETS_CACHE=str(tmp_path / "empty_cache"))  # fmt: skip
-    for model_dir, message in ((str(tmp_path / "none"), "has no model.json"),
-                               (model, "dataset cannot be loaded here")):  # fmt: skip
+    env = dict(
+        os.environ,
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_CACHE=str(tmp_path / "empty_cache"),
+    )
+    for model_dir, message in (
+        (str(tmp_path / "none"), "has no model.json"),
+        (model, "dataset cannot be loaded here"),
+    ):
         done = subprocess.run(
-            [sys.executable, "-m", "orthros_jax.evaluation.harness", "--model", "orthros_jax",
-             "--model_args", f"model={model_dir}", "--tasks", "arc_easy"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "orthros_jax.evaluation.harness",
+                "--model",
+                "orthros_jax",
+                "--model_args",
+                f"model={model_dir}",
+                "--tasks",
+                "arc_easy",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
         assert message in done.stderr.strip().splitlines()[-1]
 

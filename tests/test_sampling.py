@@ -16,7 +16,8 @@ from orthros_jax.inference.sampling import RowSampling
 from orthros_jax.model import OrthrosLM
 
 # (temperature, top_k, top_p) per row: greedy (with filters it must ignore), plain temperature,
-# top-k at a tie (keeps 3), top-p, both, a top-k wider than the vocab, top-k = 1 at a high temperature.
+# top-k at a tie (keeps 3), top-p, both, a top-k wider than the vocab, top-k = 1 at a high
+# temperature.
 SETTINGS = [(0.0, 3, 0.5), (1.0, 0, 1.0), (0.7, 2, 1.0), (1.3, 0, 0.8), (0.9, 7, 0.5)]
 SETTINGS += [(1.1, 99, 1.0), (2.0, 1, 1.0)]
 V = 50

@@ -100,10 +100,16 @@ def _worker(out_dir: str) -> None:
     for name, win in (("splitk_ref", None), ("splitk_w_ref", 20)):
         res[name] = np.asarray(
             reference_attention(
-                q1, x["k"], x["v"], q_positions=qpos, k_positions=x["pos"],
-                q_segment_ids=qseg, k_segment_ids=x["k_seg"], window=win,
+                q1,
+                x["k"],
+                x["v"],
+                q_positions=qpos,
+                k_positions=x["pos"],
+                q_segment_ids=qseg,
+                k_segment_ids=x["k_seg"],
+                window=win,
             )
-        )  # fmt: skip
+        )
 
     with open(os.path.join(out_dir, "stats.json"), "w") as fh:
         json.dump(stats, fh)
@@ -117,8 +123,11 @@ def sharded(tmp_path_factory) -> tuple[dict[str, np.ndarray], dict]:
     out = tmp_path_factory.mktemp("sequence_parallel")
     proc = subprocess.run(
         [sys.executable, __file__, str(out)],
-        env=subprocess_env(SHARDS), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=subprocess_env(SHARDS),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     stats = json.loads((out / "stats.json").read_text())
     return dict(np.load(out / "res.npz")), stats

@@ -140,15 +140,24 @@ def _engine_case(arch: str, mesh, decode_steps: int) -> dict[str, np.ndarray]:
     cfg, params = _cfg(arch), _params(arch)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in ENGINE_LENS]
-    engine = Engine(params, cfg, max_batch=2, max_len=SLOTS, chunk_budget=6, mesh=mesh,
-                    prefill_lengths=(6,), decode_steps=decode_steps)  # fmt: skip
+    engine = Engine(
+        params,
+        cfg,
+        max_batch=2,
+        max_len=SLOTS,
+        chunk_budget=6,
+        mesh=mesh,
+        prefill_lengths=(6,),
+        decode_steps=decode_steps,
+    )
     engine.warmup()
     compiled = sp_device.compile_count()
     got: list[list[int]] = [[] for _ in prompts]
     submit = lambda k: engine.submit(
-        prompts[k], SamplingParams(max_tokens=ENGINE_NEW[k], temperature=0.0),
+        prompts[k],
+        SamplingParams(max_tokens=ENGINE_NEW[k], temperature=0.0),
         lambda ev: got[k].append(ev.token) if ev.kind == "token" else None,
-    )  # fmt: skip
+    )
     submit(0)
     engine.step()  # request 0 is mid-prompt when 1 and 2 arrive
     submit(1), submit(2)
@@ -245,7 +254,7 @@ def runs(tmp_path_factory):
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-            )  # fmt: skip
+            )
         )
     logs = [p.communicate(timeout=600)[0] for p in procs]
     for p, log in zip(procs, logs, strict=True):

@@ -33,10 +33,18 @@ def test_serve_load_tiny(tmp_path):
     config.write_text(TINY.format(root=ROOT))
     out = tmp_path / "out"
     cmd = [
-        sys.executable, "benchmarks/serve_load.py", f"--config={config}", f"--out={out}",
-        "--shapes=40/4", "--pairs=transformer:orthros", "--concurrency=2", "--conc_min_len=8",
-        "--conc_max_len=16", "--conc_new=4", "--repeats=1",
-    ]  # fmt: skip
+        sys.executable,
+        "benchmarks/serve_load.py",
+        f"--config={config}",
+        f"--out={out}",
+        "--shapes=40/4",
+        "--pairs=transformer:orthros",
+        "--concurrency=2",
+        "--conc_min_len=8",
+        "--conc_max_len=16",
+        "--conc_new=4",
+        "--repeats=1",
+    ]
     env = dict(os.environ, PYTHONPATH=ROOT)
     subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
     res = json.loads((out / "serve_load.json").read_text())

@@ -63,8 +63,9 @@ def test_greedy_completions_match_generate_under_concurrent_staggered_requests(a
 
     async def one(client, k):
         await asyncio.sleep(0.05 * k)  # they arrive while the earlier ones run
-        r = await client.completions.create(model=NAME, prompt=prompts[k], max_tokens=news[k],
-                                            temperature=0, logprobs=0)  # fmt: skip
+        r = await client.completions.create(
+            model=NAME, prompt=prompts[k], max_tokens=news[k], temperature=0, logprobs=0
+        )
         return r.choices[0]
 
     with _server(cfg, params) as server:
@@ -153,7 +154,8 @@ BAD = [
 
 
 def _post(http, body):
-    """POST /v1/completions with ASCII JSON (a lone surrogate stays an escape, as a client sends)."""
+    """POST /v1/completions with ASCII JSON (a lone surrogate stays an escape, as a client
+    sends)."""
     headers = {"Content-Type": "application/json"}
     return http.post("/v1/completions", content=json.dumps(body), headers=headers)
 
@@ -198,9 +200,10 @@ def test_bad_inputs_get_their_status_and_health_survives_200_mixed_requests(orth
     health = httpx.get(server.url + "/health", timeout=10)
     assert health.status_code == 200 and health.json()["status"] == "ok"
     metrics = dict(
-        line.rsplit(" ", 1) for line in httpx.get(server.url + "/metrics", timeout=10).text.splitlines()
+        line.rsplit(" ", 1)
+        for line in httpx.get(server.url + "/metrics", timeout=10).text.splitlines()
         if not line.startswith("#")
-    )  # fmt: skip
+    )
     assert metrics["orthros_queue_depth"] == "0" and metrics["orthros_active_slots"] == "0"
     # 67 good requests here, each with a first token (earlier tests of this server add more).
     assert int(metrics["orthros_time_to_first_token_seconds_count"]) >= 67
@@ -242,10 +245,20 @@ def test_serve_cli_drains_on_sigterm(orthros_server, tmp_path):
         port = s.getsockname()[1]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
     proc = subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, "launch", "serve.py"), f"--model={tmp_path / 'm'}",
-         f"--port={port}", "--max_batch=2", "--max_len=64", "--prefill_lengths=8"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            os.path.join(ROOT, "launch", "serve.py"),
+            f"--model={tmp_path / 'm'}",
+            f"--port={port}",
+            "--max_batch=2",
+            "--max_len=64",
+            "--prefill_lengths=8",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 240

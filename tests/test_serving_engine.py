@@ -1,7 +1,7 @@
 """The continuous-batching engine (orthros_jax/serving): greedy through the engine equals
 `generate` for every arm with requests arriving over time, so does seeded sampling (the same
-loop and sampler, the same sampling log-probs), stops, cancellation, faults, the bounded queue, and no compile in steady
-state."""
+loop and sampler, the same sampling log-probs), stops, cancellation, faults, the bounded queue, and
+no compile in steady state."""
 
 from __future__ import annotations
 
@@ -195,8 +195,10 @@ def test_cancel_frees_the_slot_and_a_failing_request_fails_alone():
     cfg, params = arm_model("orthros")
     engine = _engine(params, cfg, max_queue=2)
     long_ones, waiting = [Collect() for _ in range(3)], Collect()
-    reqs = [engine.submit(list(range(5)), SamplingParams(max_tokens=30, temperature=0.0), c)
-            for c in long_ones[:2]]  # fmt: skip
+    reqs = [
+        engine.submit(list(range(5)), SamplingParams(max_tokens=30, temperature=0.0), c)
+        for c in long_ones[:2]
+    ]
     engine.step()
     reqs.append(
         engine.submit(list(range(5)), SamplingParams(max_tokens=30, temperature=0.0), long_ones[2])

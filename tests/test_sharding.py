@@ -127,8 +127,11 @@ def test_sharded_step_matches_single_device(tmp_path):
 
     proc = subprocess.run(
         [sys.executable, __file__, str(tmp_path)],
-        env=subprocess_env(8), capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        env=subprocess_env(8),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     meta = json.loads((tmp_path / "meta.json").read_text())
     params = np.load(tmp_path / "params.npz")

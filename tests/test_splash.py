@@ -32,9 +32,15 @@ ARMS = {
 
 def _cfg(arch: str, **changes):
     return tiny_config(
-        architecture=arch, vocab_size=64, d_model=64, head_dim=16, window=16, d_ff=128,
-        kinds=dict(gdn=dict(k_head_dim=16, v_head_dim=16)), **ARMS[arch] | changes,
-    )  # fmt: skip
+        architecture=arch,
+        vocab_size=64,
+        d_model=64,
+        head_dim=16,
+        window=16,
+        d_ff=128,
+        kinds=dict(gdn=dict(k_head_dim=16, v_head_dim=16)),
+        **ARMS[arch] | changes,
+    )
 
 
 def _params(cfg):
@@ -85,9 +91,11 @@ def _assert_same(arch, out_pos=None, weight_of=None):
     # The packer's padding (segment 0) carries no loss; its rows may differ (index vs position).
     np.testing.assert_allclose(np.asarray(got)[live], np.asarray(want)[live], atol=TOL, rtol=0)
     for name, a, b in zip(
-        jax.tree_util.tree_leaves_with_path(g_got), jax.tree.leaves(g_got), jax.tree.leaves(g_want),
+        jax.tree_util.tree_leaves_with_path(g_got),
+        jax.tree.leaves(g_got),
+        jax.tree.leaves(g_want),
         strict=True,
-    ):  # fmt: skip
+    ):
         np.testing.assert_allclose(
             np.asarray(a), np.asarray(b), atol=TOL, rtol=0, err_msg=str(name[0])
         )
@@ -150,9 +158,14 @@ def test_output_copies_run_in_the_kernel_and_match_reference():
     run = lambda q: attend("splash", q, q_pos, jnp.ones_like(q_pos), keys, None, _cfg("orthros"))
     assert "pallas_call" in str(jax.make_jaxpr(run)(q))
     want = reference_attention(
-        q, k, v, q_positions=q_pos, k_positions=pos, q_segment_ids=jnp.ones_like(q_pos),
+        q,
+        k,
+        v,
+        q_positions=q_pos,
+        k_positions=pos,
+        q_segment_ids=jnp.ones_like(q_pos),
         k_segment_ids=seg,
-    )  # fmt: skip
+    )
     np.testing.assert_allclose(np.asarray(run(q)), np.asarray(want), atol=TOL, rtol=0)
 
 
@@ -203,9 +216,14 @@ def test_kernel_under_a_mesh_matches_xla():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", PYTHONPATH=root)
     res = subprocess.run(
-        [sys.executable, "-c", _MESH_CHILD], cwd=root, env=env, capture_output=True, text=True,
-        timeout=900, check=True,
-    )  # fmt: skip
+        [sys.executable, "-c", _MESH_CHILD],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    )
     out = json.loads(res.stdout.strip().splitlines()[-1])
     np.testing.assert_allclose(out["sp_splash"], out["sp_xla"], atol=TOL, rtol=0)
     np.testing.assert_allclose(out["pt_splash"], out["pt_xla"], rtol=1e-5, atol=0)

@@ -1,5 +1,6 @@
-"""Config files: every file in configs/ loads, every section builds, the paper's recipes have the paper's numbers, overrides
-of unknown keys fail listing the valid ones, and tiny_sft runs through the loop."""
+"""Config files: every file in configs/ loads, every section builds, the paper's recipes have the
+paper's numbers, overrides of unknown keys fail listing the valid ones, and tiny_sft runs through
+the loop."""
 
 from __future__ import annotations
 

@@ -60,8 +60,11 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     killed = str(tmp_path / "killed")
     proc = subprocess.Popen(
         [sys.executable, "launch/train.py", *FLAGS, f"--workdir={killed}"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 240
     while not _finished_steps(killed) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)

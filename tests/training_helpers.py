@@ -59,9 +59,15 @@ def pt_dataset(batch: int = 8, seq: int = 32, poison_step: int | None = None) ->
 def tiny_train_config(n_layers: int = 2, **loop) -> TrainConfig:
     """A TrainConfig for caller-supplied iterators (data=None)."""
     loop_cfg = dict(
-        steps=6, log_every=2, eval_every=0, eval_batches=1, checkpoint_every=2,
-        keep_checkpoints=10, async_checkpointing=True, progress_bar=False,
-    )  # fmt: skip
+        steps=6,
+        log_every=2,
+        eval_every=0,
+        eval_batches=1,
+        checkpoint_every=2,
+        keep_checkpoints=10,
+        async_checkpointing=True,
+        progress_bar=False,
+    )
     return TrainConfig(
         model=tiny_model(n_layers=n_layers),
         data=None,
@@ -94,8 +100,11 @@ def run_train(args: list[str], **kw) -> subprocess.CompletedProcess:
     """launch/train.py in a subprocess (cwd = repo root), output captured."""
     return subprocess.run(
         [sys.executable, "launch/train.py", *args],
-        cwd=REPO, capture_output=True, text=True, **kw,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        **kw,
+    )
 
 
 def subprocess_env(devices: int) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""Hugging Face Llama/Qwen3/Qwen3.5 and fla (GLA, RetNet, Gated DeltaNet) import and export, and Transformer -> Orthros conversion.
+"""Hugging Face Llama/Qwen3/Qwen3.5 and fla (GLA, RetNet, Gated DeltaNet) import and export, and
+Transformer -> Orthros conversion.
 
     cfg, params = load_hf(hf_dir)                       # transformer (Qwen3.5: hybrid), numpy
     ocfg, oparams = from_transformer(params, cfg, window=128)   # orthros (Qwen3.5: orthros_h)

@@ -78,9 +78,14 @@ def export_hf(
         from orthros_jax.convert.remote import export_remote
 
         return export_remote(
-            directory, cfg, params, tokenizer_file=tokenizer_file, dtype=dtype,
-            max_shard_bytes=max_shard_bytes, max_position=max_position,
-        )  # fmt: skip
+            directory,
+            cfg,
+            params,
+            tokenizer_file=tokenizer_file,
+            dtype=dtype,
+            max_shard_bytes=max_shard_bytes,
+            max_position=max_position,
+        )
     # Qwen3.5 for the linear-attention layers and attention with Qwen3.5's output gate.
     qwen35 = any(k.export.hf != "full_attention" for k in kinds_of(cfg)) or cfg.attn_output_gate
     # Both reject two-stream arms (transformers has no output stream).

@@ -134,7 +134,7 @@ def config_from_fla(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
             raise ValueError(f"fla gated_deltanet: head_dim * expand_v = {dv} must be an integer "
                              f"and num_v_heads={hv} a multiple of num_heads={hk}")  # fmt: skip
         fields["kinds"] = {"gdn": dict(num_k_heads=hk, num_v_heads=hv, k_head_dim=dk,
-                                       v_head_dim=round(dv), conv_kernel=int(hf.get("conv_size", 4)))}  # fmt: skip
+            v_head_dim=round(dv), conv_kernel=int(hf.get("conv_size", 4)))}  # fmt: skip
     else:
         gla = mt == "gla"
         p = "gla" if gla else "retention"

@@ -55,7 +55,8 @@ def hf_architecture(hf: Mapping[str, Any]) -> str:
     if moe:
         found = archs[0] if archs else f"model_type={model_type!r}"
         raise ValueError(
-            f"unsupported architecture {found}: a mixture-of-experts config ({', '.join(moe)} set); "
+            f"unsupported architecture {found}: "
+            f"a mixture-of-experts config ({', '.join(moe)} set); "
             f"supported: {supported} (dense)"
         )
     if archs:

@@ -32,14 +32,43 @@ from orthros_jax.layers.mamba2_mixer import Mamba2Options
 
 MAMBA2, MAMBA2_TYPE = "Mamba2ForCausalLM", "mamba2"
 _KEYS = {
-    "num_heads", "head_dim", "vocab_size", "hidden_size", "state_size", "num_hidden_layers",
-    "layer_norm_epsilon", "expand", "conv_kernel", "n_groups", "use_bias", "use_conv_bias",
-    "hidden_act", "initializer_range", "residual_in_fp32", "time_step_rank", "time_step_min",
-    "time_step_max", "time_step_floor", "time_step_limit", "rescale_prenorm_residual",
-    "chunk_size", "tie_word_embeddings", "architectures", "model_type", "transformers_version",
-    "dtype", "torch_dtype", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id",
-    "output_attentions", "output_hidden_states", "return_dict", "layer_types",
-}  # fmt: skip
+    "num_heads",
+    "head_dim",
+    "vocab_size",
+    "hidden_size",
+    "state_size",
+    "num_hidden_layers",
+    "layer_norm_epsilon",
+    "expand",
+    "conv_kernel",
+    "n_groups",
+    "use_bias",
+    "use_conv_bias",
+    "hidden_act",
+    "initializer_range",
+    "residual_in_fp32",
+    "time_step_rank",
+    "time_step_min",
+    "time_step_max",
+    "time_step_floor",
+    "time_step_limit",
+    "rescale_prenorm_residual",
+    "chunk_size",
+    "tie_word_embeddings",
+    "architectures",
+    "model_type",
+    "transformers_version",
+    "dtype",
+    "torch_dtype",
+    "use_cache",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "layer_types",
+}
 _GLOBAL = {
     "embedding": "backbone.embeddings.weight",
     "final_norm": "backbone.norm_f.weight",
@@ -76,13 +105,19 @@ def config_from_mamba2(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
         )
     limit = [_float(x) for x in hf.get("time_step_limit", (0.0, math.inf))]
     options = Mamba2Options(
-        heads=heads, head_dim=head_dim, state=int(hf.get("state_size", 128)),
-        groups=int(hf.get("n_groups", 8)), conv_kernel=int(hf.get("conv_kernel", 4)),
-        use_bias=bool(hf.get("use_bias", False)), conv_bias=bool(hf.get("use_conv_bias", True)),
-        ffn=False, dt_limit=(limit[0], limit[1]), dt_min=float(hf.get("time_step_min", 0.001)),
+        heads=heads,
+        head_dim=head_dim,
+        state=int(hf.get("state_size", 128)),
+        groups=int(hf.get("n_groups", 8)),
+        conv_kernel=int(hf.get("conv_kernel", 4)),
+        use_bias=bool(hf.get("use_bias", False)),
+        conv_bias=bool(hf.get("use_conv_bias", True)),
+        ffn=False,
+        dt_limit=(limit[0], limit[1]),
+        dt_min=float(hf.get("time_step_min", 0.001)),
         dt_max=float(hf.get("time_step_max", 0.1)),
         dt_floor=float(hf.get("time_step_floor", 1e-4)),
-    )  # fmt: skip
+    )
     fields: dict[str, Any] = dict(
         architecture="mamba2",
         layer_types=("mamba2",),
@@ -146,9 +181,16 @@ def layer_tensor_shapes(o: Mamba2Options, d: int) -> dict[str, tuple[int, ...]]:
     inner, conv = o.heads * o.head_dim, o.heads * o.head_dim + 2 * o.groups * o.state
     rows = sum(math.prod(s) for s in _in_rows(o).values())
     out = {"norm.weight": (d,), "mixer.in_proj.weight": (rows, d)}
-    out.update({"mixer.conv1d.weight": (conv, 1, o.conv_kernel), "mixer.dt_bias": (o.heads,),
-                "mixer.A_log": (o.heads,), "mixer.D": (o.heads,), "mixer.norm.weight": (inner,),
-                "mixer.out_proj.weight": (d, inner)})  # fmt: skip
+    out.update(
+        {
+            "mixer.conv1d.weight": (conv, 1, o.conv_kernel),
+            "mixer.dt_bias": (o.heads,),
+            "mixer.A_log": (o.heads,),
+            "mixer.D": (o.heads,),
+            "mixer.norm.weight": (inner,),
+            "mixer.out_proj.weight": (d, inner),
+        }
+    )
     if o.use_bias:
         out.update({"mixer.in_proj.bias": (rows,), "mixer.out_proj.bias": (d,)})
     if o.conv_bias:
@@ -176,8 +218,9 @@ def layer_from_hf(t: Mapping[str, np.ndarray], o: Mamba2Options, d: int) -> dict
             bias = t["mixer.conv1d.bias"][start : start + size]
             p[f"mamba2_conv_{name}_bias"] = bias.reshape(shape)
         start += size
-    p.update(mamba2_dt_bias=t["mixer.dt_bias"], mamba2_a_log=t["mixer.A_log"],
-             mamba2_d=t["mixer.D"])  # fmt: skip
+    p.update(
+        mamba2_dt_bias=t["mixer.dt_bias"], mamba2_a_log=t["mixer.A_log"], mamba2_d=t["mixer.D"]
+    )
     p["mamba2_norm"] = t["mixer.norm.weight"].reshape(o.heads, o.head_dim)
     p["mamba2_out"] = t["mixer.out_proj.weight"].T.reshape(o.heads, o.head_dim, d)
     if o.use_bias:
@@ -200,9 +243,15 @@ def layer_to_hf(p: Mapping[str, np.ndarray], o: Mamba2Options, d: int) -> dict[s
         t["mixer.conv1d.bias"] = np.concatenate(
             [np.ravel(p[f"mamba2_conv_{n}_bias"]) for n in "xbc"]
         )
-    t.update({"mixer.dt_bias": p["mamba2_dt_bias"], "mixer.A_log": p["mamba2_a_log"],
-              "mixer.D": p["mamba2_d"], "mixer.norm.weight": np.ravel(p["mamba2_norm"]),
-              "mixer.out_proj.weight": np.asarray(p["mamba2_out"]).reshape(-1, d).T})  # fmt: skip
+    t.update(
+        {
+            "mixer.dt_bias": p["mamba2_dt_bias"],
+            "mixer.A_log": p["mamba2_a_log"],
+            "mixer.D": p["mamba2_d"],
+            "mixer.norm.weight": np.ravel(p["mamba2_norm"]),
+            "mixer.out_proj.weight": np.asarray(p["mamba2_out"]).reshape(-1, d).T,
+        }
+    )
     if o.use_bias:
         t["mixer.out_proj.bias"] = p["mamba2_out_bias"]
     return {k: np.asarray(v) for k, v in t.items()}

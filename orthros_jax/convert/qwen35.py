@@ -28,8 +28,11 @@ QWEN35, QWEN35_TYPE = "Qwen3_5ForCausalLM", "qwen3_5_text"
 HF_KIND = {"linear_attention": "gdn", "full_attention": "attention"}
 OUR_KIND = {v: k for k, v in HF_KIND.items()}
 # The single-stream arm a kind set imports as, and its two-stream (Orthros) conversion.
-OWN_ARM = {frozenset({"gdn"}): "gdn", frozenset({"gdn", "attention"}): "hybrid",
-           frozenset({"attention"}): "transformer"}  # fmt: skip
+OWN_ARM = {
+    frozenset({"gdn"}): "gdn",
+    frozenset({"gdn", "attention"}): "hybrid",
+    frozenset({"attention"}): "transformer",
+}
 _MOE_KEYS = ("num_experts", "num_local_experts", "moe_intermediate_size", "num_experts_per_tok")
 _BLOCK = {
     "attn_norm": "input_layernorm.weight",
@@ -99,9 +102,11 @@ def config_from_qwen35(
     _check_config(hf)
     n_layers = int(hf.get("num_hidden_layers", 32))
     types = hf.get("layer_types") or [
-        "linear_attention" if (i + 1) % int(hf.get("full_attention_interval", 4)) else
-        "full_attention" for i in range(n_layers)
-    ]  # fmt: skip
+        "linear_attention"
+        if (i + 1) % int(hf.get("full_attention_interval", 4))
+        else "full_attention"
+        for i in range(n_layers)
+    ]
     if len(types) != n_layers:
         raise ValueError(f"layer_types has {len(types)} entries for {n_layers} layers")
     cycle = layer_cycle(list(types))
@@ -134,14 +139,16 @@ def config_from_qwen35(
         layer_types=cycle,
         window=window,
         architecture=architecture,
-        kinds={"gdn": dict(
-            num_k_heads=int(hf.get("linear_num_key_heads", 16)),
-            num_v_heads=int(hf.get("linear_num_value_heads", 32)),
-            k_head_dim=int(hf.get("linear_key_head_dim", 128)),
-            v_head_dim=int(hf.get("linear_value_head_dim", 128)),
-            conv_kernel=int(hf.get("linear_conv_kernel_dim", 4)),
-        )},
-    )  # fmt: skip
+        kinds={
+            "gdn": dict(
+                num_k_heads=int(hf.get("linear_num_key_heads", 16)),
+                num_v_heads=int(hf.get("linear_num_value_heads", 32)),
+                k_head_dim=int(hf.get("linear_key_head_dim", 128)),
+                v_head_dim=int(hf.get("linear_value_head_dim", 128)),
+                conv_kernel=int(hf.get("linear_conv_kernel_dim", 4)),
+            )
+        },
+    )
     return config_with(fields, overrides)
 
 
@@ -177,8 +184,12 @@ def check_exportable(cfg: ModelConfig) -> None:
             f"only single-stream arms export to Qwen3.5 (got {cfg.architecture!r}): "
             "transformers has no Orthros output stream"
         )
-    need = {"qk_norm": True, "attn_output_gate": True, "norm_zero_centered": True,
-            "rope_type": "default"}  # fmt: skip
+    need = {
+        "qk_norm": True,
+        "attn_output_gate": True,
+        "norm_zero_centered": True,
+        "rope_type": "default",
+    }
     wrong = {k: getattr(cfg, k) for k, v in need.items() if getattr(cfg, k) != v}
     if wrong:
         raise ValueError(f"a Qwen3.5 export needs {need}; this config has {wrong}")
@@ -186,16 +197,33 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 def qwen35_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every HF tensor name of a Qwen3.5 checkpoint of cfg, with its shape."""
-    d, n, k, h, f, v = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
-                        cfg.vocab_size)  # fmt: skip
+    d, n, k, h, f, v = (
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        cfg.d_ff,
+        cfg.vocab_size,
+    )
     gdn_shapes = hf_tensor_shapes(cfg)
-    attn_shapes = {"q_proj": (2 * n * h, d), "k_proj": (k * h, d), "v_proj": (k * h, d),
-                   "o_proj": (d, n * h), "q_norm": (h,), "k_norm": (h,)}  # fmt: skip
+    attn_shapes = {
+        "q_proj": (2 * n * h, d),
+        "k_proj": (k * h, d),
+        "v_proj": (k * h, d),
+        "o_proj": (d, n * h),
+        "q_norm": (h,),
+        "k_norm": (h,),
+    }
     out = {"model.embed_tokens.weight": (v, d)}
     for i, (kind, _) in enumerate(cfg.layer_slots()):
         pre = f"model.layers.{i}."
-        block = {"attn_norm": (d,), "mlp_norm": (d,), "w_gate": (f, d), "w_up": (f, d),
-                 "w_down": (d, f)}  # fmt: skip
+        block = {
+            "attn_norm": (d,),
+            "mlp_norm": (d,),
+            "w_gate": (f, d),
+            "w_up": (f, d),
+            "w_down": (d, f),
+        }
         out.update({pre + _BLOCK[name]: s for name, s in block.items()})
         if kind == "gdn":
             out.update({f"{pre}linear_attn.{name}": s for name, s in gdn_shapes.items()})
@@ -278,8 +306,11 @@ def qwen35_from_params(
 ) -> dict[str, np.ndarray]:
     """HF-named Qwen3.5 tensors (numpy) of single-stream params; inverse of params_from_qwen35."""
     check_exportable(cfg)
-    cast = (lambda a: np.ascontiguousarray(a)) if dtype is None else (
-        lambda a: np.ascontiguousarray(a).astype(np.dtype(dtype)))  # fmt: skip
+    cast = (
+        (lambda a: np.ascontiguousarray(a))
+        if dtype is None
+        else (lambda a: np.ascontiguousarray(a).astype(np.dtype(dtype)))
+    )
     out = {"model.embed_tokens.weight": cast(np.asarray(params["embedding"]))}
     stacks = {"attention": params.get("layers"), "gdn": params.get("gdn_layers")}
     for i, (kind, li) in enumerate(cfg.layer_slots()):

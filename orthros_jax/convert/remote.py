@@ -62,10 +62,20 @@ _RENAMED = {
     "init_std": "initializer_range",
 }
 _SAME = (
-    "architecture", "window", "scale_offset", "rope_theta", "rope_type", "rope_factor",
-    "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_position",
-    "partial_rotary_factor", "qk_norm", "attn_output_gate", "norm_zero_centered",
-)  # fmt: skip
+    "architecture",
+    "window",
+    "scale_offset",
+    "rope_theta",
+    "rope_type",
+    "rope_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_original_max_position",
+    "partial_rotary_factor",
+    "qk_norm",
+    "attn_output_gate",
+    "norm_zero_centered",
+)
 _ATTN = {
     "wq": "self_attn.q_proj.weight",
     "wk": "self_attn.k_proj.weight",
@@ -78,8 +88,10 @@ _ATTN = {
         f"so_{s}_{a}": f"self_attn.so_{s}_{a}" for s in ("base", "out") for a in ("scale", "offset")
     },
 }
-_GDN_SO = {"gdn_so_out_scale": "linear_attn.so_out_scale",
-           "gdn_so_out_offset": "linear_attn.so_out_offset"}  # fmt: skip
+_GDN_SO = {
+    "gdn_so_out_scale": "linear_attn.so_out_scale",
+    "gdn_so_out_offset": "linear_attn.so_out_offset",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,9 +112,10 @@ class LayerCodec:
 
 CODECS = {
     "full_attention": LayerCodec(_ATTN),
-    "linear_attention": LayerCodec(_GDN_SO, GDN_CONFIG_KEYS, "linear_attn.", GDN_HF_NAMES,
-                                   gdn_to_hf, hf_to_gdn),
-}  # fmt: skip
+    "linear_attention": LayerCodec(
+        _GDN_SO, GDN_CONFIG_KEYS, "linear_attn.", GDN_HF_NAMES, gdn_to_hf, hf_to_gdn
+    ),
+}
 
 
 def _codec(kind: LayerKind) -> LayerCodec:
@@ -126,8 +139,11 @@ def remote_config(
     """config.json of cfg for modeling_orthros (max_position: the context the model was trained
     on or imported with; default 2048 when unknown)."""
     check_format(cfg, REMOTE)
-    hf: dict[str, Any] = {"architectures": [HF_CLASS], "model_type": MODEL_TYPE,
-                          "auto_map": dict(AUTO_MAP)}  # fmt: skip
+    hf: dict[str, Any] = {
+        "architectures": [HF_CLASS],
+        "model_type": MODEL_TYPE,
+        "auto_map": dict(AUTO_MAP),
+    }
     hf.update({key: getattr(cfg, name) for name, key in _RENAMED.items()})
     hf.update({name: getattr(cfg, name) for name in _SAME})
     for kind in _remote_kinds():  # every kind's options (the config class has them all)
@@ -156,8 +172,11 @@ def config_from_remote(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
     if unknown:
         raise ValueError(f"config.json layer_types {unknown} are unknown; known: {sorted(ours)}")
     kinds = [ours[t] for t in hf["layer_types"]]
-    cycle = next(kinds[:p] for p in range(1, len(kinds) + 1)
-                 if len(kinds) % p == 0 and kinds == kinds[:p] * (len(kinds) // p))  # fmt: skip
+    cycle = next(
+        kinds[:p]
+        for p in range(1, len(kinds) + 1)
+        if len(kinds) % p == 0 and kinds == kinds[:p] * (len(kinds) // p)
+    )
     fields["layer_types"] = tuple(cycle)
     return config_with(fields, overrides)
 
@@ -185,8 +204,11 @@ def remote_from_params(
 ) -> dict[str, np.ndarray]:
     """HF-named tensors (numpy) of any arm's params."""
     check_format(cfg, REMOTE)
-    cast = (lambda a: np.ascontiguousarray(a)) if dtype is None else (
-        lambda a: np.ascontiguousarray(a).astype(np.dtype(dtype)))  # fmt: skip
+    cast = (
+        (lambda a: np.ascontiguousarray(a))
+        if dtype is None
+        else (lambda a: np.ascontiguousarray(a).astype(np.dtype(dtype)))
+    )
     out = {"model.embed_tokens.weight": cast(np.asarray(params["embedding"]))}
     for i, (kind, li) in enumerate(cfg.layer_slots()):
         k = KINDS[kind]
@@ -227,8 +249,10 @@ def params_from_remote(tensors: Mapping[str, Any], cfg: ModelConfig) -> Params:
         shapes = {n: d.shape for n, d in k.params(cfg).items()}
         stack = params.setdefault(k.params_key, {})
         pre = f"model.layers.{i}."
-        values = {name: _to_ours(name, get(pre + hf, shapes[name]), shapes[name])
-                  for name, hf in _layer_names(k, shapes).items()}  # fmt: skip
+        values = {
+            name: _to_ours(name, get(pre + hf, shapes[name]), shapes[name])
+            for name, hf in _layer_names(k, shapes).items()
+        }
         codec = _codec(k)
         if codec.from_hf is not None:
             sub = {n: get(f"{pre}{codec.prefix}{n}") for n in codec.hf_names}

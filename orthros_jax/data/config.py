@@ -84,7 +84,8 @@ class DataConfig:
             )
         if not all(isinstance(c, str) and c for c in corpus) or not (corpus or self.prepared):
             raise ValueError(
-                f"DataConfig.corpus must name at least one source ('embedded' or paths), got {corpus!r}"
+                "DataConfig.corpus must name at least one source ('embedded' or paths), "
+                f"got {corpus!r}"
             )
         object.__setattr__(self, "corpus", corpus)
         self._check_prepared()
@@ -118,7 +119,8 @@ class DataConfig:
             )
         if self.recall_filler not in FILLERS:
             raise ValueError(
-                f"DataConfig.recall_filler={self.recall_filler!r} is unknown; allowed: {', '.join(FILLERS)}"
+                f"DataConfig.recall_filler={self.recall_filler!r} is unknown; "
+                f"allowed: {', '.join(FILLERS)}"
             )
         if self.recall_queries > self.recall_pairs:
             raise ValueError(
@@ -127,7 +129,8 @@ class DataConfig:
             )
         if self.recall_context > self.seq_len:
             raise ValueError(
-                f"DataConfig.recall_context={self.recall_context} must be <= seq_len={self.seq_len} "
+                f"DataConfig.recall_context={self.recall_context} "
+                f"must be <= seq_len={self.seq_len} "
                 "(0 = seq_len)"
             )
         if self.tokenizer is not None and not os.path.isfile(self.tokenizer):
@@ -196,7 +199,8 @@ class DataConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> DataConfig:
-        """Builds a config from a mapping (e.g. an ml_collections ConfigDict), naming unknown keys."""
+        """Builds a config from a mapping (e.g. an ml_collections ConfigDict), naming unknown
+        keys."""
         known = {f.name for f in dataclasses.fields(cls)}
         values = dict(values)
         unknown = sorted(set(values) - known)

@@ -1,4 +1,5 @@
-"""Corpus sources: the embedded corpus (CPython's stdlib + pydoc topics) and text/jsonl/parquet files.
+"""Corpus sources: the embedded corpus (CPython's stdlib + pydoc topics) and text/jsonl/parquet
+files.
 
 A corpus is a sorted, deterministic list of `Document(id, text)`. The train/validation
 split is a pure function of each document's id (a SHA-256 hash against the validation
@@ -102,7 +103,8 @@ OnBad = Callable[[str], None]
 
 
 def _bad(path: str, where: str, why: str, on_bad: OnBad | None) -> None:
-    """A ValueError naming file and line/row, or on_bad(message) when given (the line is skipped)."""
+    """A ValueError naming file and line/row, or on_bad(message) when given (the line is
+    skipped)."""
     message = f"{path}:{where} {why}"
     if on_bad is None:
         raise ValueError(message)
@@ -121,8 +123,8 @@ def iter_file(
     Ids are `<path>:<line>` (jsonl), `<path>:<row>` (parquet, 1-based) or `<path>`; empty
     texts are skipped. A line that is not JSON / not UTF-8 / lacks the field, or a null or
     non-string cell, raises a ValueError naming the file and line, or is skipped after
-    on_bad(that message) when on_bad is given. byte_range = (start, end, line of start) reads only the `.jsonl`
-    lines that start in [start, end) (start at a line start).
+    on_bad(that message) when on_bad is given. byte_range = (start, end, line of start) reads only
+    the `.jsonl` lines that start in [start, end) (start at a line start).
     """
     if path.endswith(".jsonl"):
         start, end, first = byte_range or (0, None, 1)

@@ -132,9 +132,15 @@ def mqar_example(
 
 
 def examples(
-    length: int, pairs: int, n: int, vocab_size: int, *, seed: int, stream: int = EVAL_STREAM,
+    length: int,
+    pairs: int,
+    n: int,
+    vocab_size: int,
+    *,
+    seed: int,
+    stream: int = EVAL_STREAM,
     power_a: float = 0.01,
-) -> list[MQARExample]:  # fmt: skip
+) -> list[MQARExample]:
     """n examples of one shape, a pure function of (seed, stream, length, pairs)."""
     rng = np.random.default_rng([seed, stream, length, pairs])
     return [mqar_example(rng, length, pairs, vocab_size, power_a) for _ in range(n)]

@@ -10,8 +10,9 @@ the same as corpus.is_validation). Tokens stay in the shard files; an element re
 own bytes (os.pread: nothing is mapped into the process, so its memory does not grow with
 the corpus or with what was read; the OS page cache keeps hot data). The chunk table
 ([n_chunks, 2] int64: global token start, pairs) is built once per (split, seq_len,
-validation_fraction), vectorised per shard, and streamed to an .npy beside the shards (index/, atomic rename; in memory when the directory
-is read-only), then read row by row: start-up and memory do not grow with the corpus.
+validation_fraction), vectorised per shard, and streamed to an .npy beside the shards (index/,
+atomic rename; in memory when the directory is read-only), then read row by row: start-up and memory
+do not grow with the corpus.
 """
 
 from __future__ import annotations

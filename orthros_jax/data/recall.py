@@ -157,12 +157,14 @@ class RecallTask:
         need = self.min_context()
         if context_len < need:
             detail = (
-                f"recall_pairs={self.n_pairs}, recall_queries={self.n_queries}, recall_gap={self.gap}"
+                f"recall_pairs={self.n_pairs}, recall_queries={self.n_queries}, "
+                f"recall_gap={self.gap}"
                 if self.task == "mqar"
                 else "the needle and question"
             )
             raise ValueError(
-                f"DataConfig.recall_context (or seq_len)={context_len} is too short for {self.task} "
+                f"DataConfig.recall_context (or seq_len)={context_len} "
+                f"is too short for {self.task} "
                 f"with {detail}: needs >= {need} tokens"
             )
 
@@ -194,7 +196,8 @@ class RecallTask:
     def grid(
         self, context_lengths: Sequence[int], depths: Sequence[float], samples: int, seed: int
     ) -> list[RecallExample]:
-        """Evaluation examples over context lengths x depths (depth ignored by mqar), `samples` each."""
+        """Evaluation examples over context lengths x depths (depth ignored by mqar), `samples`
+        each."""
         out = []
         for ci, length in enumerate(context_lengths):
             for di, depth in enumerate(depths if self.task == "passkey" else [0.0]):

@@ -141,12 +141,23 @@ def plot(results: Mapping[str, Any], path: str) -> None:
         runs = arms[arm]["runs"]
         x = np.arange(len(names)) + (i - (len(order) - 1) / 2) * width
         color = report.COLORS.get(arm)
-        ax1.bar(x, [_mean_over_runs(runs, "cells", n) for n in names], width, color=color,
-                label=report.label(arm))  # fmt: skip
+        ax1.bar(
+            x,
+            [_mean_over_runs(runs, "cells", n) for n in names],
+            width,
+            color=color,
+            label=report.label(arm),
+        )
         dist = [_mean_over_runs(runs, "by_distance", b) for b in bins]
         # Distinct markers and sizes: arms at the same accuracy stay visible on top of each other.
-        ax2.plot(range(len(bins)), [np.nan if v is None else v for v in dist], color=color,
-                 marker="osv^D*"[i % 6], markersize=9 - 1.5 * (i % 4), label=report.label(arm))  # fmt: skip
+        ax2.plot(
+            range(len(bins)),
+            [np.nan if v is None else v for v in dist],
+            color=color,
+            marker="osv^D*"[i % 6],
+            markersize=9 - 1.5 * (i % 4),
+            label=report.label(arm),
+        )
     for ax in (ax1, ax2):
         ax.axhline(chance, color="k", ls=":", lw=1, label="chance")
     ax1.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)

@@ -50,7 +50,8 @@ def label(arm: str) -> str:
 
 
 def stage_label(stage: str) -> str:
-    """A conversion experiment's stage: the base model's continued pretraining or a converted arm."""
+    """A conversion experiment's stage: the base model's continued pretraining or a converted
+    arm."""
     return "Transformer (base CPT)" if stage == "transformer" else f"{label(stage)} (converted)"
 
 
@@ -68,7 +69,8 @@ def markdown(results: Mapping[str, Any]) -> str:
         s = r["setup"]
         lengths = s["eval"]["context_lengths"]
         lines += [
-            f"**1. Recall beyond the window** ({s.get('digits', 5)}-digit passkey; trained at context {s['train_context']} = "
+            f"**1. Recall beyond the window** ({s.get('digits', 5)}-digit passkey; "
+            f"trained at context {s['train_context']} = "
             f"{s['train_context'] // s['window']} x window {s['window']}, {s['steps']} steps, "
             f"{s['seeds']} seed(s); query accuracy, teacher-forced argmax, "
             f"{s['eval']['samples']} samples x {len(s['eval']['depths'])} depths per length)",
@@ -102,7 +104,8 @@ def markdown(results: Mapping[str, Any]) -> str:
             a = r["arms"][arm]
             seeds = ", ".join(f"{run['nll']:.3f}" for run in a["runs"])
             lines.append(
-                f"| {label(arm)} | {_pm(a['nll_mean'], a['nll_std'])} | {a['bpb_mean']:.3f} | {seeds} |"
+                f"| {label(arm)} | {_pm(a['nll_mean'], a['nll_std'])} "
+                f"| {a['bpb_mean']:.3f} | {seeds} |"
             )
         lines += [""]
     if "convert" in results:
@@ -121,7 +124,8 @@ def markdown(results: Mapping[str, Any]) -> str:
             name = stage_label(stage)
             seeds = ", ".join(f"{run['nll']:.3f}" for run in a["runs"])
             lines.append(
-                f"| {name} | {a['before']['nll']:.3f} | {_pm(a['nll_mean'], a['nll_std'])} | {seeds} |"
+                f"| {name} | {a['before']['nll']:.3f} "
+                f"| {_pm(a['nll_mean'], a['nll_std'])} | {seeds} |"
             )
         lines += [""]
     times = [

@@ -16,8 +16,8 @@ sampling.py's per-row sampler (row b seeded from rng and b alone).
 
 A cache made with init_cache(..., mesh=mesh) on a mesh with a "sequence" axis > 1
 (pmesh.sequence_mesh) has its slots split over that axis: prefill, decode_step and
-generate(mesh=mesh) then run sequence-parallel (inference/sequence_parallel.py) and return a cache split the
-same way.
+generate(mesh=mesh) then run sequence-parallel (inference/sequence_parallel.py) and return a cache
+split the same way.
 """
 
 from __future__ import annotations
@@ -131,9 +131,13 @@ def prefill(
         slots = sp_forward.slot_tokens(toks, lens, held, cache.max_len)
         _, rows = sp_forward.specs(cfg, mesh, bsz, cache.max_len)
         return sp_forward.prefill(
-            params, cache, pmesh.put(slots, NamedSharding(mesh, P(rows, SEQ))),
-            pmesh.put(lens.astype(np.int32), NamedSharding(mesh, P(rows))), cfg=cfg, mesh=mesh,
-        )  # fmt: skip
+            params,
+            cache,
+            pmesh.put(slots, NamedSharding(mesh, P(rows, SEQ))),
+            pmesh.put(lens.astype(np.int32), NamedSharding(mesh, P(rows))),
+            cfg=cfg,
+            mesh=mesh,
+        )
     t_pad = prompt_bucket(int(lens.max()), cfg)
     padded = np.zeros((bsz, t_pad), np.int32)  # padding is 0: never an invalid id on device
     width = min(t_pad, toks.shape[1])
@@ -167,9 +171,13 @@ def decode_step(
         _, rows = sp_forward.specs(cfg, mesh, cache.batch_size, cache.max_len)
         on_rows = lambda a: pmesh.put(a, NamedSharding(mesh, P(rows)))
         return sp_forward.decode_jit(
-            params, cache, on_rows(toks.astype(np.int32)),
-            on_rows(np.ones((cache.batch_size,), bool)), cfg=cfg, mesh=mesh,
-        )  # fmt: skip
+            params,
+            cache,
+            on_rows(toks.astype(np.int32)),
+            on_rows(np.ones((cache.batch_size,), bool)),
+            cfg=cfg,
+            mesh=mesh,
+        )
     active = jnp.ones((cache.batch_size,), bool)
     return fwd.decode_jit(params, cache, jnp.asarray(toks, jnp.int32), active, cfg=cfg)
 
@@ -189,9 +197,18 @@ class GenerateOutput(flax.struct.PyTreeNode):
     logprobs: np.ndarray
 
 
-def _generate_loop(params: Params, cache: KVCache, logits: jax.Array, rng: jax.Array,
-                   stops: jax.Array, *, cfg: ModelConfig, sampler: Sampler,
-                   max_new_tokens: int, mesh: Mesh | None) -> Any:  # fmt: skip
+def _generate_loop(
+    params: Params,
+    cache: KVCache,
+    logits: jax.Array,
+    rng: jax.Array,
+    stops: jax.Array,
+    *,
+    cfg: ModelConfig,
+    sampler: Sampler,
+    max_new_tokens: int,
+    mesh: Mesh | None,
+) -> Any:
     """Samples the first token from the prefill's logits, then decode_loop (the serving
     engine's) for the rest, every row with `sampler` and its own seed from rng.
     mesh: the mesh of a sequence-split cache (None: the single-program decode)."""

@@ -108,8 +108,9 @@ def leaf_axes(axes: Any, states: Any) -> Any:
     return jax.tree.map(one, axes, states, is_leaf=_is_axes)
 
 
-def cache_shardings(cfg: ModelConfig, batch_size: int, max_len: int, mesh: Mesh,
-                    kv_dtype: str | None = None) -> KVCache:  # fmt: skip
+def cache_shardings(
+    cfg: ModelConfig, batch_size: int, max_len: int, mesh: Mesh, kv_dtype: str | None = None
+) -> KVCache:
     """KVCache of NamedShardings: every kind's state split by its own `state_axes` and the
     rules of parallel/mesh.py (attention K/V over batch, kv heads and slots, head_dim whole; the
     GDN state over batch and heads), lengths [B] over batch. kv_dtype: a quantized cache's."""

@@ -47,8 +47,12 @@ def logits_of(params: Params, x_BD: jax.Array, cfg: ModelConfig) -> jax.Array:
     return final_logits(params, x_BD[:, None], cfg)[:, 0]
 
 
-def _view(window_slots: jax.Array, segments: jax.Array, slots: jax.Array | None,
-          slot_offset: jax.Array | None) -> Any:  # fmt: skip
+def _view(
+    window_slots: jax.Array,
+    segments: jax.Array,
+    slots: jax.Array | None,
+    slot_offset: jax.Array | None,
+) -> Any:
     """This device's cache view, or a sequence shard's (slot_offset: its first global slot)."""
     if slot_offset is None:
         return SlotView(window_slots, segments, slots)
@@ -87,8 +91,17 @@ def _slots_and_window(
     return slot_offset + jnp.arange(s), cfg.window
 
 
-def read_pass(params: Params, cfg: ModelConfig, cache: KVCache, x_BD: jax.Array, *, impl: Impl,
-              base: bool, last_only: bool, slot_offset: jax.Array | None = None) -> jax.Array:  # fmt: skip
+def read_pass(
+    params: Params,
+    cfg: ModelConfig,
+    cache: KVCache,
+    x_BD: jax.Array,
+    *,
+    impl: Impl,
+    base: bool,
+    last_only: bool,
+    slot_offset: jax.Array | None = None,
+) -> jax.Array:
     """Queries only, over a filled cache, for the token at slot lengths-1 of each row: the
     orthros output stream through every layer (base=False), or a single-stream arm's last
     prompt token through the last layer only (base=True, last_only=True). Returns [B, D].
@@ -110,8 +123,15 @@ def read_pass(params: Params, cfg: ModelConfig, cache: KVCache, x_BD: jax.Array,
     return (carry[0] if base else carry[1]).x[:, 0]
 
 
-def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Array, *,
-            cfg: ModelConfig, impl: Impl | None = None) -> tuple[jax.Array, KVCache]:  # fmt: skip
+def prefill(
+    params: Params,
+    cache: KVCache,
+    tokens: jax.Array,
+    lengths: jax.Array,
+    *,
+    cfg: ModelConfig,
+    impl: Impl | None = None,
+) -> tuple[jax.Array, KVCache]:
     """Right-padded prompts tokens [B, T] (T <= C or a multiple of C), lengths [B] >= 1, written
     after each row's cache.lengths. Returns (logits [B, V] at each prompt's last token, cache).
 
@@ -166,9 +186,16 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
     return logits_of(params, last_x, cfg), cache
 
 
-def decode(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array, *,
-           cfg: ModelConfig, impl: Impl | None = None,
-           slot_offset: jax.Array | None = None) -> tuple[jax.Array, KVCache]:  # fmt: skip
+def decode(
+    params: Params,
+    cache: KVCache,
+    tokens: jax.Array,
+    active: jax.Array,
+    *,
+    cfg: ModelConfig,
+    impl: Impl | None = None,
+    slot_offset: jax.Array | None = None,
+) -> tuple[jax.Array, KVCache]:
     """tokens [B] at position cache.lengths -> (logits [B, V] for the next token, cache).
 
     Each row writes its state at its own length. Rows with active=False write nothing and

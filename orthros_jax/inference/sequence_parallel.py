@@ -67,8 +67,9 @@ def mesh_of(cache: KVCache) -> Mesh | None:
     return None
 
 
-def specs(cfg: ModelConfig, mesh: Mesh, batch: int, max_len: int,
-          kv_dtype: str | None = None) -> tuple[KVCache, Any]:  # fmt: skip
+def specs(
+    cfg: ModelConfig, mesh: Mesh, batch: int, max_len: int, kv_dtype: str | None = None
+) -> tuple[KVCache, Any]:
     """shard_map specs: the cache's (by the rules; kv_dtype: a quantized cache's) and the rows'
     mesh axes (or None)."""
     sh = cache_shardings(cfg, batch, max_len, mesh, kv_dtype)
@@ -91,8 +92,15 @@ def slot_tokens(
 # ---------------------------------------------------------------- prefill
 
 
-def _prefill_shard(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Array, *,
-                   cfg: ModelConfig, mesh: Mesh) -> tuple[jax.Array, KVCache]:  # fmt: skip
+def _prefill_shard(
+    params: Params,
+    cache: KVCache,
+    tokens: jax.Array,
+    lengths: jax.Array,
+    *,
+    cfg: ModelConfig,
+    mesh: Mesh,
+) -> tuple[jax.Array, KVCache]:
     """One shard's prefill (inside shard_map). cache: this shard's slots [.., b, K, Ls, H];
     tokens [b, Ls]: the tokens at its slots; lengths [b] prompt lengths. Returns (logits
     [b, V], cache)."""
@@ -114,8 +122,17 @@ def _prefill_shard(params: Params, cache: KVCache, tokens: jax.Array, lengths: j
     hi = jnp.where(has.any(), n_chunks - jnp.argmax(has[::-1]), 0)
     x = fwd.embed(params, jnp.pad(tokens, ((0, 0), (0, grid.size - ls))), cfg)
 
-    def run(x: jax.Array, states: dict[str, Any], kind: LayerKind, p: Params, li: Any,
-            first: Any, size: int, compute_base: bool, **remote: Any) -> tuple[jax.Array, Any]:  # fmt: skip
+    def run(
+        x: jax.Array,
+        states: dict[str, Any],
+        kind: LayerKind,
+        p: Params,
+        li: Any,
+        first: Any,
+        size: int,
+        compute_base: bool,
+        **remote: Any,
+    ) -> tuple[jax.Array, Any]:
         """The step over local rows [first, first + size) of the grid (a chunk)."""
         idx = first + jnp.arange(size, dtype=jnp.int32)
         pos = jnp.broadcast_to(off + idx, (bsz, size))
@@ -136,8 +153,9 @@ def _prefill_shard(params: Params, cache: KVCache, tokens: jax.Array, lengths: j
             x = jax.lax.dynamic_update_slice_in_dim(x, new.x, first, 1)
         return x, {**states, kind.name: st}
 
-    def chunks(carry: Any, kind: LayerKind, p: Params, li: Any, compute_base: bool,
-               **remote: Any) -> Any:  # fmt: skip
+    def chunks(
+        carry: Any, kind: LayerKind, p: Params, li: Any, compute_base: bool, **remote: Any
+    ) -> Any:
         body = lambda c, xs: run(
             xs[0], xs[1], kind, p, li, c * chunk, chunk, compute_base, **remote
         )
@@ -183,8 +201,15 @@ def _prefill_shard(params: Params, cache: KVCache, tokens: jax.Array, lengths: j
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "mesh"), donate_argnames=("cache",))
-def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Array, *,
-            cfg: ModelConfig, mesh: Mesh) -> tuple[jax.Array, KVCache]:  # fmt: skip
+def prefill(
+    params: Params,
+    cache: KVCache,
+    tokens: jax.Array,
+    lengths: jax.Array,
+    *,
+    cfg: ModelConfig,
+    mesh: Mesh,
+) -> tuple[jax.Array, KVCache]:
     """Prefill of a cache split over `mesh` (see the module docstring). tokens [B, S]: the
     prompts on the slot grid (`slot_tokens`), split like the cache's slots; lengths [B] >= 1.
     Returns (logits [B, V] at each prompt's last token, the cache split the same way)."""
@@ -203,8 +228,15 @@ def prefill(params: Params, cache: KVCache, tokens: jax.Array, lengths: jax.Arra
 # ---------------------------------------------------------------- decode
 
 
-def decode(params: Params, cache: KVCache, tokens: jax.Array, active: jax.Array, *,
-           cfg: ModelConfig, mesh: Mesh) -> tuple[jax.Array, KVCache]:  # fmt: skip
+def decode(
+    params: Params,
+    cache: KVCache,
+    tokens: jax.Array,
+    active: jax.Array,
+    *,
+    cfg: ModelConfig,
+    mesh: Mesh,
+) -> tuple[jax.Array, KVCache]:
     """drivers.decode on a cache split over `mesh` (traceable inside jit: generate's
     loop). tokens, active [B] -> (logits [B, V], cache split the same way)."""
     cache_spec, rows = specs(cfg, mesh, cache.batch_size, cache.max_len, kv_cache_dtype(cache))

@@ -214,7 +214,9 @@ def _block_kinds(queries: QueryBlocks, keys: KeyBlocks) -> jax.Array:
     """Per (query block, key block), over the batch: 0 = no query sees a key (skipped), 1 =
     some do (masked), 2 = every query sees every key (no mask). Conservative: built from
     position and segment ranges. Returns int [nq, nk]."""
-    q_lo, q_hi, qs_lo, qs_hi = (r.T[:, :, None] for r in _ranges(queries.pos, queries.seg, QUERY_PAD_SEGMENT))  # fmt: skip
+    q_lo, q_hi, qs_lo, qs_hi = (
+        r.T[:, :, None] for r in _ranges(queries.pos, queries.seg, QUERY_PAD_SEGMENT)
+    )
     k_lo, k_hi, ks_lo, ks_hi = (r[:, None] for r in _ranges(keys.pos, keys.seg, KEY_PAD_SEGMENT))
     some = (k_lo <= q_hi) & (ks_lo <= qs_hi) & (ks_hi >= qs_lo)  # [B, nq, nk]
     every = (k_hi <= q_lo) & (ks_lo == ks_hi) & (qs_lo == qs_hi) & (ks_lo == qs_lo)
@@ -249,9 +251,11 @@ def _attend_key_blocks(
         p = jnp.exp(s - m_new[..., None])
         corr = jnp.exp(m - m_new)
         pv = jnp.einsum(
-            "bkxy,bkyh->bkxh", p.astype(keys.v.dtype), keys.v[:, :, j],
+            "bkxy,bkyh->bkxh",
+            p.astype(keys.v.dtype),
+            keys.v[:, :, j],
             preferred_element_type=jnp.float32,
-        )  # fmt: skip
+        )
         return acc * corr[..., None] + pv, m_new, total * corr + p.sum(axis=-1)
 
     def visit(carry: Any, j: Any) -> tuple[Any, None]:

@@ -11,8 +11,8 @@ their segment (KEY_PAD_SEGMENT), never by array index.
   sharded_global_attention_partial, merge_partials
                                 split-K attention for a few replicated queries per row over
                                 sharded keys, merged across shards by log-sum-exp
-The prefill driver (inference/sequence_parallel.py) builds the base stream's window from `halo` and the
-Transformer arm's keys by all-gathering each layer's K/V; bytes per collective from compiled
+The prefill driver (inference/sequence_parallel.py) builds the base stream's window from `halo` and
+the Transformer arm's keys by all-gathering each layer's K/V; bytes per collective from compiled
 HLO in hlo_stats.py.
 """
 
@@ -58,8 +58,8 @@ def halo(
     shape[axis] = halo_len; the last row is the one right before this shard's first row.
     Rows before the start of the sequence (shard 0, or near shards when the halo spans more
     shards than exist before this one) are `fill`: give positions attention.PAD_POSITION and
-    segments KEY_PAD_SEGMENT so that attention masks them. Hop j receives from shard i - j: every hop
-    but the farthest moves a whole shard, the farthest only the rows still needed, so each
+    segments KEY_PAD_SEGMENT so that attention masks them. Hop j receives from shard i - j: every
+    hop but the farthest moves a whole shard, the farthest only the rows still needed, so each
     shard receives exactly halo_len rows whatever T is.
     """
     if not isinstance(halo_len, int) or halo_len < 0:
@@ -138,9 +138,12 @@ def sharded_global_attention_partial(
     q_seg = ones(nq) if q_segment_ids is None else jnp.asarray(q_segment_ids, jnp.int32)
     k_seg = ones(ls) if k_segment_ids_shard is None else jnp.asarray(k_segment_ids_shard, jnp.int32)
     visible = visibility(
-        jnp.asarray(q_positions, jnp.int32), q_seg, jnp.asarray(k_positions_shard, jnp.int32),
-        k_seg, window,
-    )  # fmt: skip
+        jnp.asarray(q_positions, jnp.int32),
+        q_seg,
+        jnp.asarray(k_positions_shard, jnp.int32),
+        k_seg,
+        window,
+    )
     if not kv_head_major:
         k_shard, v_shard = jnp.swapaxes(k_shard, 1, 2), jnp.swapaxes(v_shard, 1, 2)
     acc, m, total = few_query_partial(q, k_shard, v_shard, visible)

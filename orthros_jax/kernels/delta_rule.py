@@ -251,8 +251,9 @@ def delta_step_stacked(
     a = jnp.exp(g_BH.astype(f32))[..., None, None]
     old = jnp.take(stack, li, axis=0, mode="clip").astype(f32)
     delta = (v - jnp.einsum("bhk,bhkv->bhv", k, a * old)) * beta_BH.astype(f32)[..., None]
-    new = jnp.where(active_B[:, None, None, None], a * old + k[..., :, None] * delta[..., None, :],
-                    old)  # fmt: skip
+    new = jnp.where(
+        active_B[:, None, None, None], a * old + k[..., :, None] * delta[..., None, :], old
+    )
     stack = jax.lax.dynamic_update_index_in_dim(stack, new.astype(stack.dtype), li, 0)
     s = jax.lax.dynamic_index_in_dim(stack, li, keepdims=False).astype(f32)
     return tuple(jnp.einsum("bhk,bhkv->bhv", q.astype(f32), s) for q in queries), stack

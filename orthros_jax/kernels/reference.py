@@ -22,7 +22,8 @@ def reference_attention(
     k_segment_ids: jax.Array | None = None,
     window: int | None = None,
 ) -> jax.Array:
-    """Dense masked attention (Lq x Lk scores) — the specification the kernels are tested against."""
+    """Dense masked attention (Lq x Lk scores) — the specification the kernels are tested
+    against."""
     bsz, lq, n, h = q.shape
     kv = k.shape[2]
     q_seg = _default_segments(q_segment_ids, q)

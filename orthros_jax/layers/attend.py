@@ -108,16 +108,27 @@ def few(
 
 
 def _xla(
-    q: jax.Array, q_pos: jax.Array, q_seg: jax.Array, keys: Keys, window: int | None,
+    q: jax.Array,
+    q_pos: jax.Array,
+    q_seg: jax.Array,
+    keys: Keys,
+    window: int | None,
     cfg: ModelConfig,
-) -> jax.Array:  # fmt: skip
+) -> jax.Array:
     if keys.aligned and window is not None:
         k, v = keys.seq_major()
         return local_attention(
-            q, k, v, q_positions=q_pos, k_positions=keys.positions, window=window,
-            q_segment_ids=q_seg, k_segment_ids=keys.segment_ids, prefix=keys.prefix,
+            q,
+            k,
+            v,
+            q_positions=q_pos,
+            k_positions=keys.positions,
+            window=window,
+            q_segment_ids=q_seg,
+            k_segment_ids=keys.segment_ids,
+            prefix=keys.prefix,
             block_size=cfg.attention_block_local,
-        )  # fmt: skip
+        )
     if q.shape[1] <= FEW_QUERIES:
         return few(q, q_pos, q_seg, keys, window)
     if window is not None:
@@ -127,17 +138,27 @@ def _xla(
         )
     keys = keys.with_prefix()
     return global_attention(
-        q, keys.k, keys.v, q_positions=q_pos, k_positions=keys.positions,
-        q_segment_ids=q_seg, k_segment_ids=keys.segment_ids,
-        block_q=cfg.attention_block_q, block_k=cfg.attention_block_k,
+        q,
+        keys.k,
+        keys.v,
+        q_positions=q_pos,
+        k_positions=keys.positions,
+        q_segment_ids=q_seg,
+        k_segment_ids=keys.segment_ids,
+        block_q=cfg.attention_block_q,
+        block_k=cfg.attention_block_k,
         kv_head_major=keys.head_major,
-    )  # fmt: skip
+    )
 
 
 def _dot_product(
-    q: jax.Array, q_pos: jax.Array, q_seg: jax.Array, keys: Keys, window: int | None,
+    q: jax.Array,
+    q_pos: jax.Array,
+    q_seg: jax.Array,
+    keys: Keys,
+    window: int | None,
     cfg: ModelConfig,
-) -> jax.Array:  # fmt: skip
+) -> jax.Array:
     if keys.aligned and keys.default_positions and keys.prefix is None:
         k, v = keys.seq_major()
         local = None if window is None else (window - 1, 0)

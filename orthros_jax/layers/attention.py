@@ -122,9 +122,13 @@ def step(
     if ctx.mode == SEQUENCE:
         assert base is not None and kv is not None
         local = full = Keys(
-            kv[0], kv[1], base.positions, base.segment_ids, aligned=True,
+            kv[0],
+            kv[1],
+            base.positions,
+            base.segment_ids,
+            aligned=True,
             default_positions=ctx.default_positions,
-        )  # fmt: skip
+        )
     else:  # the cache view says where K/V go and which keys are visible
         ck, cv = state
         if ctx.mode in (CHUNK, DECODE):
@@ -216,6 +220,9 @@ KIND = Kind(
     flops=flops,
     recurrent=False,
     # Llama / Qwen3 / Qwen3.5's full attention; modeling_orthros.py's too (with the SO).
-    export=Export(hf="full_attention", remote="full_attention",
-                  note="fla's hybrid attention layers are not mapped"),
-)  # fmt: skip
+    export=Export(
+        hf="full_attention",
+        remote="full_attention",
+        note="fla's hybrid attention layers are not mapped",
+    ),
+)

@@ -33,8 +33,9 @@ class CacheView(Protocol):
         """The K or V stack with this mode's base tokens [B, L, K, H] written at layer li."""
         ...
 
-    def keys(self, ck: jax.Array, cv: jax.Array, li: Any, mode: Mode, base: Stream | None,
-             kv: KV | None) -> tuple[Keys, Keys]:  # fmt: skip
+    def keys(
+        self, ck: jax.Array, cv: jax.Array, li: Any, mode: Mode, base: Stream | None, kv: KV | None
+    ) -> tuple[Keys, Keys]:
         """(window keys, global keys) of layer li after this mode's writes. kv: the chunk's
         own (k, v) [B, L, K, H] (chunk mode)."""
         ...
@@ -45,8 +46,14 @@ def slot_segments(visible_BS: jax.Array) -> jax.Array:
     return jnp.where(visible_BS, 1, KEY_PAD_SEGMENT).astype(jnp.int32)
 
 
-def read_slots(ck: jax.Array, cv: jax.Array, li: Any, slots_BL: jax.Array,
-               segments_BS: jax.Array, first: Any = 0) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+def read_slots(
+    ck: jax.Array,
+    cv: jax.Array,
+    li: Any,
+    slots_BL: jax.Array,
+    segments_BS: jax.Array,
+    first: Any = 0,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """K/V [B, K, L, H] and segments [B, L] of layer li at slots [B, L] (global ids; this
     cache holds slots first .. first + S - 1); any other slot is padding."""
     s = segments_BS.shape[1]
@@ -57,8 +64,13 @@ def read_slots(ck: jax.Array, cv: jax.Array, li: Any, slots_BL: jax.Array,
     return slot_ops.read(ck, li, local), slot_ops.read(cv, li, local), seg
 
 
-def chunk_keys(k_BLKH: jax.Array, v_BLKH: jax.Array, seg_BL: jax.Array, base: Stream,
-               window: tuple[jax.Array, jax.Array, jax.Array, jax.Array]) -> Keys:  # fmt: skip
+def chunk_keys(
+    k_BLKH: jax.Array,
+    v_BLKH: jax.Array,
+    seg_BL: jax.Array,
+    base: Stream,
+    window: tuple[jax.Array, jax.Array, jax.Array, jax.Array],
+) -> Keys:
     """A prefill chunk's window keys: its own K/V aligned with its queries, after the W-1 slots
     before it (window: head-major k, v [B, K, W-1, H], their slots and segments [B, W-1])."""
     wk, wv, win, win_seg = window
@@ -83,14 +95,18 @@ class SlotView(flax.struct.PyTreeNode):
         assert self.slots is not None, "a view without slots is read-only (read mode)"
         return slot_ops.write(stack, li, self.slots, x_BLKH)
 
-    def keys(self, ck: jax.Array, cv: jax.Array, li: Any, mode: Mode, base: Stream | None,
-             kv: KV | None) -> tuple[Keys, Keys]:  # fmt: skip
+    def keys(
+        self, ck: jax.Array, cv: jax.Array, li: Any, mode: Mode, base: Stream | None, kv: KV | None
+    ) -> tuple[Keys, Keys]:
         bsz, s = self.slot_segments.shape
         slot_ids = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (bsz, s))
         full = Keys(
-            slot_ops.layer_view(ck, li), slot_ops.layer_view(cv, li), slot_ids,
-            self.slot_segments, head_major=True,
-        )  # fmt: skip
+            slot_ops.layer_view(ck, li),
+            slot_ops.layer_view(cv, li),
+            slot_ids,
+            self.slot_segments,
+            head_major=True,
+        )
         win = self.window_slots
         wk, wv, win_seg = read_slots(ck, cv, li, win, self.slot_segments)
         if mode == CHUNK:

@@ -53,8 +53,14 @@ def check_supported(q: jax.Array) -> None:
         )
 
 
-def cudnn_attention(q: jax.Array, q_pos: jax.Array, q_seg: jax.Array, keys: Keys,
-                    window: int | None, cfg: ModelConfig) -> jax.Array:  # fmt: skip
+def cudnn_attention(
+    q: jax.Array,
+    q_pos: jax.Array,
+    q_seg: jax.Array,
+    keys: Keys,
+    window: int | None,
+    cfg: ModelConfig,
+) -> jax.Array:
     """The seam's "cudnn" implementation (see the module docstring). q [B, Lq, N, H] at
     (positions, segment ids) [B, Lq]; returns [B, Lq, N, H] in q's dtype."""
 

@@ -37,10 +37,14 @@ def prefill_flops(cfg: ModelConfig, t: int) -> int:
     whose output copy of the last token runs every layer."""
     n, two = cfg.n_layers, cfg.two_streams
     work = [
-        Work(tokens=t, context=t, base_outputs=t if i < n - 1 else (0 if two else 1),
-             copies=1 if two else 0)
+        Work(
+            tokens=t,
+            context=t,
+            base_outputs=t if i < n - 1 else (0 if two else 1),
+            copies=1 if two else 0,
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
     return _head(cfg, 1) + _layers(cfg, work)
 
 
@@ -48,10 +52,14 @@ def decode_flops(cfg: ModelConfig, context: int) -> int:
     """FLOPs of one decode step for one row at a cache of `context` tokens (new one included)."""
     n, two = cfg.n_layers, cfg.two_streams
     work = [
-        Work(tokens=1, context=context, base_outputs=0 if two and i == n - 1 else 1,
-             copies=1 if two else 0)
+        Work(
+            tokens=1,
+            context=context,
+            base_outputs=0 if two and i == n - 1 else 1,
+            copies=1 if two else 0,
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
     return _head(cfg, 1) + _layers(cfg, work)
 
 
@@ -66,10 +74,14 @@ def train_forward_flops(cfg: ModelConfig, t: int, out_len: int) -> int:
     positions, counted as the last out_len positions: an upper bound on their keys)."""
     n, two = cfg.n_layers, cfg.two_streams
     work = [
-        Work(tokens=t, context=t, base_outputs=0 if two and i == n - 1 else t,
-             copies=out_len if two else 0)
+        Work(
+            tokens=t,
+            context=t,
+            base_outputs=0 if two and i == n - 1 else t,
+            copies=out_len if two else 0,
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
     return _head(cfg, out_len) + _layers(cfg, work)
 
 

@@ -11,7 +11,9 @@ is the Orthros-H model with identity cross SO.
 Per-layer parameters (the stack adds a leading layers axis, under "gdn_layers"): the shared
 block, gdn_mixer.gdn_params, and gdn_so_out_scale / gdn_so_out_offset [Hk, dk] (orthros_h with
 scale_offset). The cache state is gdn_mixer.GDNState with every field stacked over the GDN layers
-(KVCache.states['gdn']): conv windows [layers, B, Kc-1, heads, dim], recurrent [layers, B, Hv, dk, dv].
+(KVCache.states['gdn']): conv windows [layers, B, Kc-1, heads, dim], recurrent
+[layers, B, Hv, dk, dv].
+
 
 Modes: sequence (chunked rule; the state restarts where segment_ids change or positions do not
 increase, i.e. at packed-document starts; padding, segment 0 and last, is its own document so
@@ -164,9 +166,15 @@ def step(
             cross_h = None if out is None else norm(p, out.x, "attn_norm", cfg)
             # the stacked state, updated in place at li (no copy of the stack per layer)
             y, cross_y, state = gdn_mixer.gdn_decode(
-                p, h, cfg, state=state, layer=li, active_B=ctx.valid[:, 0], cross_h_B1D=cross_h,
+                p,
+                h,
+                cfg,
+                state=state,
+                layer=li,
+                active_B=ctx.valid[:, 0],
+                cross_h_B1D=cross_h,
                 cross_so=_cross_so(p, cfg),
-            )  # fmt: skip
+            )
         else:
             raise ValueError(f"unknown mode {ctx.mode!r}")
         if ctx.mode == CHUNK:
@@ -207,11 +215,12 @@ def per_token_flops(cfg: ModelConfig) -> dict[str, int]:
     d, kc = cfg.d_model, cfg.kinds.gdn.conv_kernel
     hk, hv, dk, dv = gdn_mixer.gdn_dims(cfg)
     return {
-        "state": 2 * d * (hk * dk + hv * dv + 2 * hv) + 2 * kc * (hk * dk + hv * dv)
+        "state": 2 * d * (hk * dk + hv * dv + 2 * hv)
+        + 2 * kc * (hk * dk + hv * dv)
         + 4 * hv * dk * dv,
         "q": 2 * d * hk * dk + 2 * kc * hk * dk,
         "read": 2 * d * hv * dv + 2 * hv * dk * dv + 2 * hv * dv * d + 2 * 3 * d * cfg.d_ff,
-    }  # fmt: skip
+    }
 
 
 def flops(cfg: ModelConfig, work: Work) -> int:

@@ -298,8 +298,14 @@ def gdn_mix(
         y, hist = causal_conv(x, w, stored.reshape(b, stored.shape[1], -1), valid, doc)
         return y, hist.reshape(stored.shape)
 
-    def rule(queries: tuple[jax.Array, ...], k: jax.Array, v: jax.Array, beta: jax.Array,
-             g: jax.Array, s: jax.Array) -> tuple[tuple[jax.Array, ...], jax.Array]:  # fmt: skip
+    def rule(
+        queries: tuple[jax.Array, ...],
+        k: jax.Array,
+        v: jax.Array,
+        beta: jax.Array,
+        g: jax.Array,
+        s: jax.Array,
+    ) -> tuple[tuple[jax.Array, ...], jax.Array]:
         return chunked_delta_rule(queries, k, v, beta, g, reset, s, cfg.kinds.gdn.chunk)
 
     return _mix(p, h_BLD, cross_h_BLD, valid, cfg, state, conv, rule, cross_so, cross_silu)
@@ -344,8 +350,14 @@ def gdn_decode(
             hist = jax.lax.dynamic_update_index_in_dim(stored, hist, layer, 0)
         return y[:, None], hist
 
-    def rule(queries: tuple[jax.Array, ...], k: jax.Array, v: jax.Array, beta: jax.Array,
-             g: jax.Array, s: jax.Array) -> tuple[tuple[jax.Array, ...], jax.Array]:  # fmt: skip
+    def rule(
+        queries: tuple[jax.Array, ...],
+        k: jax.Array,
+        v: jax.Array,
+        beta: jax.Array,
+        g: jax.Array,
+        s: jax.Array,
+    ) -> tuple[tuple[jax.Array, ...], jax.Array]:
         args = (tuple(q[:, 0] for q in queries), k[:, 0], v[:, 0], beta[:, 0], g[:, 0], active)
         outs, s = delta_step(*args, s) if layer is None else delta_step_stacked(*args, s, layer)
         return tuple(o[:, None] for o in outs), s

@@ -54,11 +54,18 @@ def spec(cfg: ModelConfig) -> lm.Spec:
     """The GLA mixer's spec from cfg.kinds.gla."""
     o = cfg.kinds.gla
     return lm.Spec(
-        prefix="gla", heads=o.heads, kv_heads=o.kv_heads, k_dim=o.k_head_dim,
-        v_dim=o.v_head_dim, feature_map=o.feature_map, output_gate=o.output_gate,
-        norm_affine=o.norm_affine, chunk=o.chunk, conv_kernel=o.conv_kernel if o.short_conv else 0,
+        prefix="gla",
+        heads=o.heads,
+        kv_heads=o.kv_heads,
+        k_dim=o.k_head_dim,
+        v_dim=o.v_head_dim,
+        feature_map=o.feature_map,
+        output_gate=o.output_gate,
+        norm_affine=o.norm_affine,
+        chunk=o.chunk,
+        conv_kernel=o.conv_kernel if o.short_conv else 0,
         norm_eps=cfg.norm_eps,
-    )  # fmt: skip
+    )
 
 
 def mixer_params(cfg: ModelConfig) -> dict[str, ParamDecl]:

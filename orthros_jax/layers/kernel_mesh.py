@@ -5,8 +5,8 @@ cuDNN's partitioner needs q, k and v sharded alike), so under a mesh an attentio
 inside jax.shard_map: rows over the batch axes whose product divides B (the trailing axes
 dropped first, as parallel/mesh.shard_spec does), heads over "tensor" when both the query and the
 kv head counts divide by it, every other free axis replicated. The mesh is
-jax.sharding.get_abstract_mesh() (parallel/sharding.traced_under sets it for the train / eval steps and
-launch/compile.py's programs); axes that are already manual (the sequence-parallel drivers'
+jax.sharding.get_abstract_mesh() (parallel/sharding.traced_under sets it for the train / eval steps
+and launch/compile.py's programs); axes that are already manual (the sequence-parallel drivers'
 shard_map) are left to their owner. No mesh, or one device: the kernel is called as is.
 """
 

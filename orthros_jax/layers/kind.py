@@ -118,13 +118,16 @@ def gain(shape: tuple[int, ...], axes: tuple[str | None, ...], cfg: ModelConfig)
     return vector(shape, axes, init)
 
 
-def scale_offsets(names: tuple[str, str], shape: tuple[int, ...],
-                  axes: tuple[str | None, ...]) -> dict[str, ParamDecl]:  # fmt: skip
+def scale_offsets(
+    names: tuple[str, str], shape: tuple[int, ...], axes: tuple[str | None, ...]
+) -> dict[str, ParamDecl]:
     """A query scale-offset (scale 1, offset 0): per-head affine gains, not decayed (decay
     would pull the scale towards 0, not towards the identity)."""
     scale, offset = names
-    return {scale: vector(shape, axes, nn.initializers.ones),
-            offset: vector(shape, axes, nn.initializers.zeros)}  # fmt: skip
+    return {
+        scale: vector(shape, axes, nn.initializers.ones),
+        offset: vector(shape, axes, nn.initializers.zeros),
+    }
 
 
 # The export formats: transformers' own classes, flash-linear-attention's, trust_remote_code.
@@ -227,14 +230,23 @@ class LayerKind(Protocol):
         """Every per-layer parameter under cfg, in creation order (the stack's init keys)."""
         ...
 
-    def init_state(self, cfg: ModelConfig, n_layers: int, batch: int, max_len: int,
-                   dtype: Any) -> Any: ...  # fmt: skip
+    def init_state(
+        self, cfg: ModelConfig, n_layers: int, batch: int, max_len: int, dtype: Any
+    ) -> Any: ...
 
     def state_axes(self, cfg: ModelConfig) -> Any: ...
 
-    def step(self, p: Params, cfg: ModelConfig, base: Stream | None, out: Stream | None,
-             state: Any, li: Any, ctx: StepContext,
-             compute_base: bool = True) -> tuple[Stream | None, Stream | None, Any]: ...  # fmt: skip
+    def step(
+        self,
+        p: Params,
+        cfg: ModelConfig,
+        base: Stream | None,
+        out: Stream | None,
+        state: Any,
+        li: Any,
+        ctx: StepContext,
+        compute_base: bool = True,
+    ) -> tuple[Stream | None, Stream | None, Any]: ...
 
     def flops(self, cfg: ModelConfig, work: Work) -> int: ...
 

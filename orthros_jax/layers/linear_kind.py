@@ -54,14 +54,22 @@ def per_token_flops(cfg: ModelConfig, spec: lm.Spec, gate: int) -> dict[str, int
     """FLOPs one token spends in one layer, by part (as the GDN kind's): what carries the state
     (k / v projections and conv, the decay gate's `gate` FLOPs, the update diag(a) S + k^T v)
     and what reads it (q projection and conv, the output gate, q S, out_proj, FFN)."""
-    d, n, k, h, e, kc = (cfg.d_model, spec.heads, spec.kv_heads, spec.k_dim, spec.v_dim,
-                         spec.conv_kernel)  # fmt: skip
+    d, n, k, h, e, kc = (
+        cfg.d_model,
+        spec.heads,
+        spec.kv_heads,
+        spec.k_dim,
+        spec.v_dim,
+        spec.conv_kernel,
+    )
     return {
         "state": 2 * d * k * (h + e) + 2 * kc * k * (h + e) + gate + 3 * n * h * e,
         "q": 2 * d * n * h + 2 * kc * n * h,
-        "read": 2 * d * n * e * spec.output_gate + 2 * n * h * e + 2 * n * e * d
+        "read": 2 * d * n * e * spec.output_gate
+        + 2 * n * h * e
+        + 2 * n * e * d
         + 2 * 3 * d * cfg.d_ff,
-    }  # fmt: skip
+    }
 
 
 def so_names(spec: lm.Spec) -> tuple[str, str]:
@@ -93,8 +101,9 @@ def make(
             return p[scale], p[offset]
         return None
 
-    def sequence(p: Params, cfg: ModelConfig, base: Stream, out: Stream | None,
-                 ctx: StepContext) -> tuple[jax.Array, jax.Array | None]:  # fmt: skip
+    def sequence(
+        p: Params, cfg: ModelConfig, base: Stream, out: Stream | None, ctx: StepContext
+    ) -> tuple[jax.Array, jax.Array | None]:
         """(y [B, T, D], cross_y [B, T_out, D] or None); SFT's output copies (ctx.out_index)
         are scattered to their base tokens and taken back, as in the GDN kind."""
         spec, decay = spec_of(cfg), decay_of(cfg)
@@ -109,16 +118,24 @@ def make(
         if idx is not None:
             rows = jnp.arange(idx.shape[0], dtype=jnp.int32)[:, None]
             h_out = jnp.zeros_like(h).at[rows, idx].set(h_out)
-        y, cross_y, _ = lm.mix(p, h, spec, decay, cross_h_BLD=h_out, cross_so=cross_so(p, cfg),
-                               **kw)  # fmt: skip
+        y, cross_y, _ = lm.mix(
+            p, h, spec, decay, cross_h_BLD=h_out, cross_so=cross_so(p, cfg), **kw
+        )
         if idx is not None:
             assert cross_y is not None
             cross_y = jnp.take_along_axis(cross_y, idx[:, :, None], axis=1)
         return y, cross_y
 
-    def step(p: Params, cfg: ModelConfig, base: Stream | None, out: Stream | None, state: Any,
-             li: Any, ctx: StepContext,
-             compute_base: bool = True) -> tuple[Stream | None, Stream | None, Any]:  # fmt: skip
+    def step(
+        p: Params,
+        cfg: ModelConfig,
+        base: Stream | None,
+        out: Stream | None,
+        state: Any,
+        li: Any,
+        ctx: StepContext,
+        compute_base: bool = True,
+    ) -> tuple[Stream | None, Stream | None, Any]:
         """One layer for both streams in any mode. Returns (base, out, state)."""
         spec, decay = spec_of(cfg), decay_of(cfg)
         y: jax.Array | None = None
@@ -130,24 +147,46 @@ def make(
             if base is not None or out is None:
                 raise ValueError(f"a {name} layer cannot read a base token alone")
             h_out = norm(p, out.x, "attn_norm", cfg)
-            cross_y = lm.read(p, h_out, spec, state=layer_of(state, li),
-                              positions_B1=out.positions, cross_so=cross_so(p, cfg))  # fmt: skip
+            cross_y = lm.read(
+                p,
+                h_out,
+                spec,
+                state=layer_of(state, li),
+                positions_B1=out.positions,
+                cross_so=cross_so(p, cfg),
+            )
         elif ctx.mode == CHUNK:
             if out is not None or base is None:
                 raise ValueError("prefill chunks run the base stream only")
             h = norm(p, base.x, "attn_norm", cfg)
-            y, _, new = lm.mix(p, h, spec, decay, state=layer_of(state, li),
-                               positions_BL=base.positions, valid_BL=ctx.valid,
-                               reset_BL=ctx.reset)  # fmt: skip
+            y, _, new = lm.mix(
+                p,
+                h,
+                spec,
+                decay,
+                state=layer_of(state, li),
+                positions_BL=base.positions,
+                valid_BL=ctx.valid,
+                reset_BL=ctx.reset,
+            )
             state = with_layer(state, li, new)
         elif ctx.mode == DECODE:
             assert base is not None
             h = norm(p, base.x, "attn_norm", cfg)
             cross_h = None if out is None else norm(p, out.x, "attn_norm", cfg)
-            y, cross_y, state = lm.mix(p, h, spec, decay, state=state, layer=li,
-                                       positions_BL=base.positions, valid_BL=ctx.valid,
-                                       cross_h_BLD=cross_h, cross_so=cross_so(p, cfg),
-                                       decode=True)  # fmt: skip
+            y, cross_y, state = lm.mix(
+                p,
+                h,
+                spec,
+                decay,
+                state=state,
+                layer=li,
+                positions_BL=base.positions,
+                valid_BL=ctx.valid,
+                cross_h_BLD=cross_h,
+                cross_so=cross_so(p, cfg),
+                decode=True,
+            )
         else:
             raise ValueError(f"unknown mode {ctx.mode!r}")
         if not compute_base:
@@ -156,8 +195,9 @@ def make(
         base, out = finish_streams(base, out, y, cross_y, finish, ctx.mode == DECODE)
         return base, out, state
 
-    def init_state(cfg: ModelConfig, n_layers: int, batch: int, max_len: int,
-                   dtype: Any) -> lm.LinearState:  # fmt: skip
+    def init_state(
+        cfg: ModelConfig, n_layers: int, batch: int, max_len: int, dtype: Any
+    ) -> lm.LinearState:
         """linear_mixer.init_state stacked on a leading [layers] axis; max_len is unused."""
         one = jax.eval_shape(lambda: lm.init_state(spec_of(cfg), batch, dtype))
         return jax.tree.map(lambda a: jnp.zeros((n_layers, *a.shape), a.dtype), one)
@@ -166,8 +206,9 @@ def make(
         """The recurrent state over batch and heads; conv windows over batch and heads."""
         conv: tuple[Any, ...] = ()
         if spec_of(cfg).conv_kernel:
-            conv = tuple((LAYERS, BATCH, None, heads, HEAD_DIM)
-                         for heads in (HEADS, KV_HEADS, KV_HEADS))  # fmt: skip
+            conv = tuple(
+                (LAYERS, BATCH, None, heads, HEAD_DIM) for heads in (HEADS, KV_HEADS, KV_HEADS)
+            )
         return lm.LinearState(recurrent=(LAYERS, BATCH, HEADS, None, None), conv=conv)
 
     def flops(cfg: ModelConfig, work: Work) -> int:

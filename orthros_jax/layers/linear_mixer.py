@@ -139,8 +139,11 @@ def state_shapes(spec: Spec, batch: int) -> LinearState:
     conv: tuple[Any, ...] = ()
     if spec.conv_kernel:
         j = spec.conv_kernel - 1
-        conv = ((batch, j, spec.heads, spec.k_dim), (batch, j, spec.kv_heads, spec.k_dim),
-                (batch, j, spec.kv_heads, spec.v_dim))  # fmt: skip
+        conv = (
+            (batch, j, spec.heads, spec.k_dim),
+            (batch, j, spec.kv_heads, spec.k_dim),
+            (batch, j, spec.kv_heads, spec.v_dim),
+        )
     return LinearState(recurrent=(batch, spec.heads, spec.k_dim, spec.v_dim), conv=conv)
 
 

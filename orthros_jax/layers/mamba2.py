@@ -101,8 +101,16 @@ def _sequence(
     if idx is not None:
         rows = jnp.arange(idx.shape[0], dtype=jnp.int32)[:, None]
         h_out = jnp.zeros_like(h).at[rows, idx].set(h_out)
-    y, cross_y, _ = mm.mix(p, h, o, cfg.norm_eps, state=empty, reset_BL=ctx.reset,
-                           cross_h_BLD=h_out, cross_so=_cross_so(p, cfg))  # fmt: skip
+    y, cross_y, _ = mm.mix(
+        p,
+        h,
+        o,
+        cfg.norm_eps,
+        state=empty,
+        reset_BL=ctx.reset,
+        cross_h_BLD=h_out,
+        cross_so=_cross_so(p, cfg),
+    )
     if idx is not None:
         assert cross_y is not None
         cross_y = jnp.take_along_axis(cross_y, idx[:, :, None], axis=1)
@@ -135,16 +143,26 @@ def step(
         if out is not None or base is None:
             raise ValueError("prefill chunks run the base stream only")
         h = norm(p, base.x, "attn_norm", cfg)
-        y, _, new = mm.mix(p, h, o, eps, state=layer_of(state, li), valid_BL=ctx.valid,
-                           reset_BL=ctx.reset)  # fmt: skip
+        y, _, new = mm.mix(
+            p, h, o, eps, state=layer_of(state, li), valid_BL=ctx.valid, reset_BL=ctx.reset
+        )
         state = with_layer(state, li, new)
     elif ctx.mode == DECODE:
         assert base is not None
         h = norm(p, base.x, "attn_norm", cfg)
         cross_h = None if out is None else norm(p, out.x, "attn_norm", cfg)
-        y, cross_y, state = mm.mix(p, h, o, eps, state=state, layer=li, valid_BL=ctx.valid,
-                                   cross_h_BLD=cross_h, cross_so=_cross_so(p, cfg),
-                                   decode=True)  # fmt: skip
+        y, cross_y, state = mm.mix(
+            p,
+            h,
+            o,
+            eps,
+            state=state,
+            layer=li,
+            valid_BL=ctx.valid,
+            cross_h_BLD=cross_h,
+            cross_so=_cross_so(p, cfg),
+            decode=True,
+        )
     else:
         raise ValueError(f"unknown mode {ctx.mode!r}")
     if not compute_base:

@@ -4,9 +4,9 @@ multiscale_retention.py of flash-linear-attention) inside the shared block.
 The mixer is layers/linear_mixer.py without a conv, with rotary on q and k (rotate-half over
 the whole key head dim, base 10000, at each token's position) and a fixed decay per head,
 gamma_n = 1 - 2^(-5-n). Per-layer parameters (under "retention_layers"): the shared block,
-linear_mixer.params(spec) (retention_wq, retention_wk, retention_wv, retention_out; retention_wg with the output gate,
-retention_norm with norm_affine), and retention_so_out_scale / retention_so_out_offset [N, H] (orthros_h with
-scale_offset).
+linear_mixer.params(spec) (retention_wq, retention_wk, retention_wv, retention_out; retention_wg
+with the output gate, retention_norm with norm_affine), and retention_so_out_scale /
+retention_so_out_offset [N, H] (orthros_h with scale_offset).
 """
 
 from __future__ import annotations

@@ -85,16 +85,24 @@ def _kernel(heads: int, tq: int, s: int, window: int | None, offset: int, interp
         one = sa.LocalMask((tq, s), (window - 1, 0), offset)
     bq, bkv = min(MAX_BLOCK, tq), min(MAX_BLOCK, s)
     blocks = sa.BlockSizes(
-        block_q=bq, block_kv=bkv, block_kv_compute=bkv,
-        block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
-        block_q_dq=bq, block_kv_dq=bkv,
-    )  # fmt: skip
+        block_q=bq,
+        block_kv=bkv,
+        block_kv_compute=bkv,
+        block_q_dkv=bq,
+        block_kv_dkv=bkv,
+        block_kv_dkv_compute=bkv,
+        block_q_dq=bq,
+        block_kv_dq=bkv,
+    )
     # Concrete mask arrays even when first built inside a trace (the cache outlives it).
     with jax.ensure_compile_time_eval():
         return sa.make_splash_mha(
-            sa.MultiHeadMask([one] * heads), block_sizes=blocks, head_shards=1, q_seq_shards=1,
+            sa.MultiHeadMask([one] * heads),
+            block_sizes=blocks,
+            head_shards=1,
+            q_seq_shards=1,
             interpret=interpret,
-        )  # fmt: skip
+        )
 
 
 def _pad_to(x: jax.Array, axis: int, length: int, value: Any = 0) -> jax.Array:
@@ -103,8 +111,16 @@ def _pad_to(x: jax.Array, axis: int, length: int, value: Any = 0) -> jax.Array:
     return jnp.pad(x, widths, constant_values=value)
 
 
-def _local_call(q: jax.Array, k: jax.Array, v: jax.Array, q_seg: jax.Array, k_seg: jax.Array,
-                window: int | None, offset: int, interpret: bool) -> jax.Array:  # fmt: skip
+def _local_call(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_seg: jax.Array,
+    k_seg: jax.Array,
+    window: int | None,
+    offset: int,
+    interpret: bool,
+) -> jax.Array:
     """One shard's rows: q [b, n, Tq, H] (pre-scaled), k, v [b, kv, S, H], segments [b, Tq] /
     [b, S]. Query i's own key is key offset + i. Returns [b, n, Tq, H]."""
     tq, s = q.shape[2], k.shape[2]
@@ -153,8 +169,14 @@ def _scatter_copies(x: jax.Array, index: jax.Array, length: int) -> jax.Array:
     return jax.vmap(scatter)(x, index)
 
 
-def splash(q: jax.Array, q_pos: jax.Array, q_seg: jax.Array, keys: Keys, window: int | None,
-           cfg: ModelConfig) -> jax.Array:  # fmt: skip
+def splash(
+    q: jax.Array,
+    q_pos: jax.Array,
+    q_seg: jax.Array,
+    keys: Keys,
+    window: int | None,
+    cfg: ModelConfig,
+) -> jax.Array:
     """The seam's "splash" implementation (see the module docstring for what goes where).
     q [B, Lq, N, H] at (positions, segment ids) [B, Lq]; returns [B, Lq, N, H] in q's dtype."""
 

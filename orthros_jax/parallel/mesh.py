@@ -1,7 +1,7 @@
 """The mesh, and shardings by the logical-axis rules (axes.RULES, the one table).
 
-One table, RULES, maps the logical axis names that parameters carry (each kind's ParamDecl) to axes of the
-mesh ("data", "fsdp", "tensor"; "sequence" in an inference mesh, `sequence_mesh`):
+One table, RULES, maps the logical axis names that parameters carry (each kind's ParamDecl) to
+axes of the mesh ("data", "fsdp", "tensor"; "sequence" in an inference mesh, `sequence_mesh`):
   * batch dims are split over data x fsdp (every device gets distinct examples);
   * parameters are split over fsdp along their embed dim (ZeRO-3 style: all-gathered per use)
     and over tensor along heads / kv heads / mlp / vocab (Megatron-style tensor parallelism);

@@ -9,7 +9,8 @@ positions, window slots and masks stay global slot ids. A shard writes only its 
 (every slot of the layer, which a chunk's global queries read); without `gathered`, global keys
 and decode's window are `split`: this shard's share, attended split-K by `SequenceAttention`
 and merged across shards by log-sum-exp. Only kinds whose state is K/V over slots
-(the kinds that are not LayerKind.recurrent; a (k, v) pair of [layers, B, K, S, H] stacks) run this way.
+(the kinds that are not LayerKind.recurrent; a (k, v) pair of [layers, B, K, S, H] stacks) run this
+way.
 
 Shapes: B batch (per shard), L base tokens, S (= Ls) slots per shard, W window.
 """
@@ -104,8 +105,9 @@ class ShardView(flax.struct.PyTreeNode):
         seg = jnp.where(in_halo, jnp.take_along_axis(h.segment_ids, idx, 1), seg)
         return k, v, seg
 
-    def keys(self, ck: jax.Array, cv: jax.Array, li: Any, mode: Mode, base: Stream | None,
-             kv: KV | None) -> tuple[Keys, Keys]:  # fmt: skip
+    def keys(
+        self, ck: jax.Array, cv: jax.Array, li: Any, mode: Mode, base: Stream | None, kv: KV | None
+    ) -> tuple[Keys, Keys]:
         """A chunk's own keys are read back from the cache after its write (a slot inside the
         chunk that holds an earlier prompt keeps it); its window's slots before the shard come
         from the halo; its global queries read `gathered` when given. Decode / read keys are
@@ -115,9 +117,13 @@ class ShardView(flax.struct.PyTreeNode):
         if full is None:
             slot_ids = jnp.broadcast_to(self.slot_offset + jnp.arange(s, dtype=jnp.int32), (bsz, s))
             full = Keys(
-                slot_ops.layer_view(ck, li), slot_ops.layer_view(cv, li), slot_ids,
-                self.slot_segments, head_major=True, split=True,
-            )  # fmt: skip
+                slot_ops.layer_view(ck, li),
+                slot_ops.layer_view(cv, li),
+                slot_ids,
+                self.slot_segments,
+                head_major=True,
+                split=True,
+            )
         win = self.window_slots
         wk, wv, win_seg = self._read(ck, cv, li, win)
         if mode == CHUNK:
@@ -157,8 +163,15 @@ class SequenceAttention:
 
     inner: str
 
-    def __call__(self, q: jax.Array, q_pos: jax.Array, q_seg: jax.Array, keys: Keys,
-                 window: int | None, cfg: ModelConfig) -> jax.Array:  # fmt: skip
+    def __call__(
+        self,
+        q: jax.Array,
+        q_pos: jax.Array,
+        q_seg: jax.Array,
+        keys: Keys,
+        window: int | None,
+        cfg: ModelConfig,
+    ) -> jax.Array:
         if not keys.split:
             return attend_lib.attend(self.inner, q, q_pos, q_seg, keys, window, cfg)
         if q.shape[1] > FEW_QUERIES or keys.prefix is not None or keys.aligned:
@@ -167,7 +180,14 @@ class SequenceAttention:
                 f" no prefix); got {q.shape[1]} queries: gather the keys first"
             )
         part = collectives.sharded_global_attention_partial(
-            q, keys.k, keys.v, q_pos, keys.positions, q_seg, keys.segment_ids,
-            kv_head_major=keys.head_major, window=window,
-        )  # fmt: skip
+            q,
+            keys.k,
+            keys.v,
+            q_pos,
+            keys.positions,
+            q_seg,
+            keys.segment_ids,
+            kv_head_major=keys.head_major,
+            window=window,
+        )
         return collectives.merge_partials(*part, SEQ).astype(q.dtype)

@@ -73,6 +73,7 @@ def jit_eval_step(eval_step: Any, params_sh: Any, mesh: Mesh, batch_keys: Mappin
     """The eval step as one jax.jit: params and the batch in, replicated metrics out."""
     batch_sh = {k: batch_sharding(mesh, nd) for k, nd in batch_keys.items()}
     return jax.jit(
-        traced_under(eval_step, mesh), in_shardings=(params_sh, batch_sh),
+        traced_under(eval_step, mesh),
+        in_shardings=(params_sh, batch_sh),
         out_shardings=replicated(mesh),
-    )  # fmt: skip
+    )

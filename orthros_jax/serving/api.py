@@ -119,8 +119,13 @@ def create_app(
                 f"unknown model {name!r}; this server serves {model_name!r}", "model"
             )
 
-    async def run(request: Request, req: CompletionRequest | ChatCompletionRequest,
-                  prompts: list[list[int]], sp: SamplingParams, echo: list[str] | None) -> Response:  # fmt: skip
+    async def run(
+        request: Request,
+        req: CompletionRequest | ChatCompletionRequest,
+        prompts: list[list[int]],
+        sp: SamplingParams,
+        echo: list[str] | None,
+    ) -> Response:
         chat = isinstance(req, ChatCompletionRequest)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
@@ -188,8 +193,13 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> dict:
-        card = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "orthros-jax",
-                "max_model_len": engine.max_len}  # fmt: skip
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "orthros-jax",
+            "max_model_len": engine.max_len,
+        }
         return {"object": "list", "data": [card]}
 
     @app.get("/health")
@@ -223,9 +233,16 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-async def _stream(request: Request, engine: Engine, reqs: list[EngineRequest], queue: asyncio.Queue,
-                  fmt: Formatter, choices: list[Choice], include_usage: bool,
-                  echo: list[str] | None) -> AsyncIterator[str]:  # fmt: skip
+async def _stream(
+    request: Request,
+    engine: Engine,
+    reqs: list[EngineRequest],
+    queue: asyncio.Queue,
+    fmt: Formatter,
+    choices: list[Choice],
+    include_usage: bool,
+    echo: list[str] | None,
+) -> AsyncIterator[str]:
     """Server-sent events: each choice's echoed prompt (echo), one chunk per token with text, a
     last chunk per choice with its finish_reason, [DONE]. An engine error ends the stream with
     an error event."""

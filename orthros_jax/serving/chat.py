@@ -42,9 +42,11 @@ class ChatTemplate:
                 )
         try:
             return self._template.render(
-                messages=messages, add_generation_prompt=True, bos_token=self.bos_token,
+                messages=messages,
+                add_generation_prompt=True,
+                bos_token=self.bos_token,
                 eos_token=self.eos_token,
-            )  # fmt: skip
+            )
         except RequestError:
             raise
         except Exception as e:  # a template error is about these messages, not the server

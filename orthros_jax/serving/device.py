@@ -3,8 +3,11 @@
 Shapes: B slots (cache rows), P rows prefilled in one call (a bucket <= B), T prompt tokens
 of each of them this call (a bucket), S cache slots per row, V vocab.
 
-    prefill_rows(params, cache, hist, rows, reset, tokens, lengths, sampling, pen) -> (Sampled, cache, hist)
-    decode_rows(params, cache, hist, tokens, budget, stops, sampling, pen, steps=K) -> (Sampled [K, B], fed [K, B], cache, hist)
+    prefill_rows(params, cache, hist, rows, reset, tokens, lengths, sampling, pen)
+        -> (Sampled, cache, hist)
+    decode_rows(params, cache, hist, tokens, budget, stops, sampling, pen, steps=K)
+        -> (Sampled [K, B], fed [K, B], cache, hist)
+
 
 prefill_rows gathers rows [P] of the cache (every leaf along the axis its kind's `state_axes`
 names BATCH, lengths along 0), resets those with reset=True to an empty row (length 0 and
@@ -90,9 +93,16 @@ def reset_rows(cfg: ModelConfig, cache: KVCache, reset_B: jax.Array) -> KVCache:
     return cache.replace(states=states, lengths=jnp.where(reset_B, 0, cache.lengths))
 
 
-def sample_prefilled(logits_PV: jax.Array, hist: lp.History, rows_P: jax.Array,
-                     reset_P: jax.Array, tokens_PT: jax.Array, lengths_P: jax.Array,
-                     sampling: RowSampling, pen: lp.Penalties) -> tuple[Sampled, lp.History]:  # fmt: skip
+def sample_prefilled(
+    logits_PV: jax.Array,
+    hist: lp.History,
+    rows_P: jax.Array,
+    reset_P: jax.Array,
+    tokens_PT: jax.Array,
+    lengths_P: jax.Array,
+    sampling: RowSampling,
+    pen: lp.Penalties,
+) -> tuple[Sampled, lp.History]:
     """The first tokens of prefilled rows [P] under their penalties; hist with the chunk's
     prompt tokens recorded (reset rows emptied first)."""
     sub = lp.record_prompt(lp.gather(hist, rows_P), tokens_PT, lengths_P, reset_P)
@@ -100,25 +110,52 @@ def sample_prefilled(logits_PV: jax.Array, hist: lp.History, rows_P: jax.Array,
     return out, lp.scatter(hist, rows_P, sub)
 
 
-def _prefill_rows(params: Params, cache: KVCache, hist: lp.History, rows_P: jax.Array,
-                  reset_P: jax.Array, tokens_PT: jax.Array, lengths_P: jax.Array,
-                  sampling: RowSampling, pen: lp.Penalties, *,
-                  cfg: ModelConfig) -> tuple[Sampled, KVCache, lp.History]:  # fmt: skip
+def _prefill_rows(
+    params: Params,
+    cache: KVCache,
+    hist: lp.History,
+    rows_P: jax.Array,
+    reset_P: jax.Array,
+    tokens_PT: jax.Array,
+    lengths_P: jax.Array,
+    sampling: RowSampling,
+    pen: lp.Penalties,
+    *,
+    cfg: ModelConfig,
+) -> tuple[Sampled, KVCache, lp.History]:
     sub = reset_rows(cfg, gather_rows(cfg, cache, rows_P), reset_P)
     logits, sub = fwd.prefill(params, sub, tokens_PT, lengths_P, cfg=cfg)
     out, hist = sample_prefilled(logits, hist, rows_P, reset_P, tokens_PT, lengths_P, sampling, pen)
     return out, scatter_rows(cfg, cache, rows_P, sub), hist
 
 
-def _decode_rows(params: Params, cache: KVCache, hist: lp.History, tokens_B: jax.Array,
-                 budget_B: jax.Array, stops_BN: jax.Array, sampling: RowSampling,
-                 pen: lp.Penalties, *, cfg: ModelConfig,
-                 steps: int) -> tuple[Sampled, jax.Array, KVCache, lp.History]:  # fmt: skip
+def _decode_rows(
+    params: Params,
+    cache: KVCache,
+    hist: lp.History,
+    tokens_B: jax.Array,
+    budget_B: jax.Array,
+    stops_BN: jax.Array,
+    sampling: RowSampling,
+    pen: lp.Penalties,
+    *,
+    cfg: ModelConfig,
+    steps: int,
+) -> tuple[Sampled, jax.Array, KVCache, lp.History]:
     decode = functools.partial(fwd.decode, cfg=cfg)
     out = decode_loop(
-        decode, params, cache, tokens_B, budget_B, stops_BN, sampling, steps=steps,
-        vocab_size=cfg.vocab_size, hist=hist, pen=pen,
-    )  # fmt: skip
+        decode,
+        params,
+        cache,
+        tokens_B,
+        budget_B,
+        stops_BN,
+        sampling,
+        steps=steps,
+        vocab_size=cfg.vocab_size,
+        hist=hist,
+        pen=pen,
+    )
     return out.sampled, out.fed, out.cache, out.hist
 
 

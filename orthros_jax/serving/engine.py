@@ -67,9 +67,9 @@ class Engine:
                  decode_text: Callable[[list[int]], str] | None = None, eos_id: int | None = None,
                  prefill_lengths: tuple[int, ...] | None = None,
                  prefill_batches: tuple[int, ...] | None = None, seed: int = 0,
-                 metrics: Metrics | None = None, decode_steps: int = 1,
-                 batch_wait_s: float = 0.0, mesh: Mesh | None = None,
-                 kv_cache_dtype: str | None = None, prefix_caching: bool = False) -> None:  # fmt: skip
+                 metrics: Metrics | None = None, decode_steps: int = 1, batch_wait_s: float = 0.0,
+                 mesh: Mesh | None = None, kv_cache_dtype: str | None = None,
+                 prefix_caching: bool = False) -> None:  # fmt: skip
         chunk_budget = cfg.prefill_chunk if chunk_budget is None else chunk_budget
         for name, v in (("max_batch", max_batch), ("max_len", max_len),
                         ("chunk_budget", chunk_budget), ("max_queue", max_queue),
@@ -356,8 +356,8 @@ class Engine:
         event = Event("token", text=slot.text.add(tok), token=tok, sample_logprob=sample_lp)
         if p.logprobs is not None:
             event.logprob = float(sampled.logprob[j])
-            event.top = [(int(a), float(b)) for a, b in
-                         zip(sampled.top_ids[j][: p.logprobs], sampled.top_logprobs[j][: p.logprobs], strict=True)]  # fmt: skip
+            event.top = [(int(a), float(b)) for a, b in zip(sampled.top_ids[j][: p.logprobs],
+                         sampled.top_logprobs[j][: p.logprobs], strict=True)]  # fmt: skip
         req.on_event(event)
         in_cache = len(req.ids) + slot.generated - 1  # the new token is not fed yet
         if slot.text.stopped:

@@ -35,8 +35,9 @@ class Event:
 class Request:
     """A submitted request. cancel() frees its slot at the next engine step."""
 
-    def __init__(self, ids: list[int], params: SamplingParams, on_event: Callable[[Event], Any],
-                 seed: int) -> None:  # fmt: skip
+    def __init__(
+        self, ids: list[int], params: SamplingParams, on_event: Callable[[Event], Any], seed: int
+    ) -> None:
         self.ids, self.params, self.on_event, self.seed = list(ids), params, on_event, seed
         self.cancelled = False
         self.arrival = time.perf_counter()
@@ -86,8 +87,13 @@ class Slot:
         if error is not None:
             return Event("error", error=error)
         rest = "" if reason == "cancelled" else self.text.finish()
-        event = Event("done", text=rest, finish_reason=reason, prompt_tokens=len(self.req.ids),
-                      completion_tokens=self.generated)  # fmt: skip
+        event = Event(
+            "done",
+            text=rest,
+            finish_reason=reason,
+            prompt_tokens=len(self.req.ids),
+            completion_tokens=self.generated,
+        )
         if stop is not None:
             event.token, event.sample_logprob = stop
         return event

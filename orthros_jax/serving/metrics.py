@@ -105,7 +105,8 @@ class Metrics:
                 f"# HELP {p}_active_slots Slots holding a request.",
                 f"# TYPE {p}_active_slots gauge",
                 f"{p}_active_slots {self.active_slots}",
-                f"# HELP {p}_tokens_per_second Generated tokens per second over the last {RATE_WINDOW_S:g} s.",
+                f"# HELP {p}_tokens_per_second Generated tokens per second "
+                f"over the last {RATE_WINDOW_S:g} s.",
                 f"# TYPE {p}_tokens_per_second gauge",
                 f"{p}_tokens_per_second {rate}",
                 f"# HELP {p}_generated_tokens_total Tokens generated.",

@@ -93,16 +93,22 @@ class PrefixIndex:
         self.ids[m.dst] = self.ids[m.src][: m.length]
         self.touch(m.dst)
 
-    def admit(self, prompt: list[int], free: list[int], cache: KVCache, hist: lp.History,
-              cfg: ModelConfig) -> tuple[int, int, KVCache, lp.History]:  # fmt: skip
+    def admit(
+        self, prompt: list[int], free: list[int], cache: KVCache, hist: lp.History, cfg: ModelConfig
+    ) -> tuple[int, int, KVCache, lp.History]:
         """(row, reused tokens, cache, hist) for a new request: the lookup's row, holding the
         matched prefix (copy_prefix; nothing to do without one: its prefill resets the row)."""
         m = self.lookup(prompt, free)
         if m.length:
             cache, hist = copy_prefix(
-                cache, hist, np.int32(m.src), np.int32(m.dst), np.int32(m.length),
-                prefix_tokens(prompt, m.length, cache.max_len), cfg=cfg,
-            )  # fmt: skip
+                cache,
+                hist,
+                np.int32(m.src),
+                np.int32(m.dst),
+                np.int32(m.length),
+                prefix_tokens(prompt, m.length, cache.max_len),
+                cfg=cfg,
+            )
         self.take(m)
         return m.dst, m.length, cache, hist
 
@@ -114,9 +120,16 @@ class PrefixIndex:
             self.append(i, [t for t, f in zip(ids, fed[:, i], strict=True) if f])
 
 
-def _copy_prefix(cache: KVCache, hist: lp.History, src: jax.Array, dst: jax.Array,
-                 length: jax.Array, prefix_S: jax.Array, *,
-                 cfg: ModelConfig) -> tuple[KVCache, lp.History]:  # fmt: skip
+def _copy_prefix(
+    cache: KVCache,
+    hist: lp.History,
+    src: jax.Array,
+    dst: jax.Array,
+    length: jax.Array,
+    prefix_S: jax.Array,
+    *,
+    cfg: ModelConfig,
+) -> tuple[KVCache, lp.History]:
     """cache with row dst = row src's state at length `length`; hist row dst emptied with
     in_prompt = prefix_S[:length] (prefix_S: [S] token ids, zero padded)."""
     row = gather_rows(cfg, cache, src[None])

@@ -119,13 +119,21 @@ class _Sampling(_Strict):
         if self.top_k > vocab:
             raise RequestError(f"'top_k' must be in [0, {vocab}], got {self.top_k}", "top_k")
         return SamplingParams(
-            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, seed=self.seed, stop=tuple(check_utf8(s, "stop") for s in stops),
-            stop_token_ids=tuple(self.stop_token_ids), logprobs=logprobs,
-            ignore_eos=self.ignore_eos, presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
-            logit_bias=_logit_bias(self.logit_bias, vocab), min_tokens=self.min_tokens,
-        )  # fmt: skip
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            stop=tuple(check_utf8(s, "stop") for s in stops),
+            stop_token_ids=tuple(self.stop_token_ids),
+            logprobs=logprobs,
+            ignore_eos=self.ignore_eos,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias=_logit_bias(self.logit_bias, vocab),
+            min_tokens=self.min_tokens,
+        )
 
     def refuse_set(self, names: tuple[str, ...]) -> None:
         """RequestError naming the first of these (declared, unimplemented) fields that is set."""
@@ -210,8 +218,18 @@ class ChatCompletionRequest(_Sampling):
     reasoning_effort: str | None = _refused("reasoning effort")
     web_search_options: dict[str, Any] | None = _refused("web search")
 
-    REFUSED: ClassVar[tuple[str, ...]] = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
-               "audio", "modalities", "prediction", "reasoning_effort", "web_search_options")  # fmt: skip
+    REFUSED: ClassVar[tuple[str, ...]] = (
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+        "audio",
+        "modalities",
+        "prediction",
+        "reasoning_effort",
+        "web_search_options",
+    )
 
     def checked(self) -> ChatCompletionRequest:
         self.refuse_set(self.REFUSED)

@@ -116,8 +116,15 @@ class Formatter:
         obj = "chat.completion" if self.chat else "text_completion"
         return self._head(obj) | {"choices": out, "usage": self.usage(choices)}
 
-    def chunk(self, c: Choice, text: str, events: list[Event], offset: int, finish: str | None,
-              first: bool = False) -> dict:  # fmt: skip
+    def chunk(
+        self,
+        c: Choice,
+        text: str,
+        events: list[Event],
+        offset: int,
+        finish: str | None,
+        first: bool = False,
+    ) -> dict:
         """A stream chunk of choice c: its new text (and the token events behind it)."""
         lp = None
         if self.logprobs and events:

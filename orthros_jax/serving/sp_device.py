@@ -5,8 +5,11 @@ over that axis (rows over the batch axes, e.g. "data"); inference/sequence_paral
 Shapes as device.py: B slots (cache rows), P rows prefilled in one call, T prompt tokens of each
 this call (the engine's buckets), S cache slots per row, K decode steps per call.
 
-    SequenceParallel(mesh).prefill_rows(params, cache, hist, rows, reset, tokens, lengths, sampling, pen, cfg=)
-    SequenceParallel(mesh).decode_rows(params, cache, hist, tokens, budget, stops, sampling, pen, cfg=, steps=)
+    SequenceParallel(mesh).prefill_rows(params, cache, hist, rows, reset, tokens, lengths,
+                                        sampling, pen, cfg=)
+    SequenceParallel(mesh).decode_rows(params, cache, hist, tokens, budget, stops, sampling, pen,
+                                       cfg=, steps=)
+
 
 take and return what device.prefill_rows / decode_rows do. prefill_rows gathers and resets rows
 [P] (device.gather_rows / reset_rows), lays each row's T tokens on the sub-cache's slot grid
@@ -39,10 +42,10 @@ from orthros_jax.serving.device import gather_rows, reset_rows, sample_prefilled
 
 
 def check(cfg: ModelConfig, mesh: object, max_batch: int, max_len: int) -> None:
-    """Nothing for mesh=None (one device); else ValueError (before any array or compile) unless the engine can serve on this mesh: a
-    "sequence" axis > 1 and what init_cache(..., mesh=) accepts (max_len a multiple of the
-    sequence size, max_batch of the batch axes, layer kinds whose cache grows with slots, no
-    tensor axis). A mesh of shapes (jax.sharding.AbstractMesh) is enough."""
+    """Nothing for mesh=None (one device); else ValueError (before any array or compile) unless the
+    engine can serve on this mesh: a "sequence" axis > 1 and what init_cache(..., mesh=) accepts
+    (max_len a multiple of the sequence size, max_batch of the batch axes, layer kinds whose cache
+    grows with slots, no tensor axis). A mesh of shapes (jax.sharding.AbstractMesh) is enough."""
     if mesh is None:
         return
     shape = getattr(mesh, "shape", None)
@@ -71,10 +74,20 @@ def _replicated(hist: lp.History, mesh: Mesh) -> lp.History:
     return jax.lax.with_sharding_constraint(hist, NamedSharding(mesh, P()))
 
 
-def _prefill_rows(params: Params, cache: KVCache, hist: lp.History, rows_P: jax.Array,
-                  reset_P: jax.Array, tokens_PT: jax.Array, lengths_P: jax.Array,
-                  sampling: RowSampling, pen: lp.Penalties, *, cfg: ModelConfig,
-                  mesh: Mesh) -> tuple[Sampled, KVCache, lp.History]:  # fmt: skip
+def _prefill_rows(
+    params: Params,
+    cache: KVCache,
+    hist: lp.History,
+    rows_P: jax.Array,
+    reset_P: jax.Array,
+    tokens_PT: jax.Array,
+    lengths_P: jax.Array,
+    sampling: RowSampling,
+    pen: lp.Penalties,
+    *,
+    cfg: ModelConfig,
+    mesh: Mesh,
+) -> tuple[Sampled, KVCache, lp.History]:
     sub = _constrain(cfg, reset_rows(cfg, gather_rows(cfg, cache, rows_P), reset_P), mesh)
     p, t = tokens_PT.shape
     # Row j's token i at slot held_j + i (sequence_parallel.slot_tokens, on device: T ids in,
@@ -92,15 +105,34 @@ def _prefill_rows(params: Params, cache: KVCache, hist: lp.History, rows_P: jax.
     return out, cache, _replicated(hist, mesh)
 
 
-def _decode_rows(params: Params, cache: KVCache, hist: lp.History, tokens_B: jax.Array,
-                 budget_B: jax.Array, stops_BN: jax.Array, sampling: RowSampling,
-                 pen: lp.Penalties, *, cfg: ModelConfig, steps: int,
-                 mesh: Mesh) -> tuple[Sampled, jax.Array, KVCache, lp.History]:  # fmt: skip
+def _decode_rows(
+    params: Params,
+    cache: KVCache,
+    hist: lp.History,
+    tokens_B: jax.Array,
+    budget_B: jax.Array,
+    stops_BN: jax.Array,
+    sampling: RowSampling,
+    pen: lp.Penalties,
+    *,
+    cfg: ModelConfig,
+    steps: int,
+    mesh: Mesh,
+) -> tuple[Sampled, jax.Array, KVCache, lp.History]:
     decode = functools.partial(sequence_parallel.decode, cfg=cfg, mesh=mesh)
     out = decode_loop(
-        decode, params, cache, tokens_B, budget_B, stops_BN, sampling, steps=steps,
-        vocab_size=cfg.vocab_size, hist=hist, pen=pen,
-    )  # fmt: skip
+        decode,
+        params,
+        cache,
+        tokens_B,
+        budget_B,
+        stops_BN,
+        sampling,
+        steps=steps,
+        vocab_size=cfg.vocab_size,
+        hist=hist,
+        pen=pen,
+    )
     return out.sampled, out.fed, _constrain(cfg, out.cache, mesh), _replicated(out.hist, mesh)
 
 
@@ -121,8 +153,9 @@ class SequenceParallel:
     def prefill_rows(self, *args: Any, cfg: ModelConfig) -> tuple[Sampled, KVCache, lp.History]:
         return prefill_rows(*args, cfg=cfg, mesh=self.mesh)
 
-    def decode_rows(self, *args: Any, cfg: ModelConfig,
-                    steps: int) -> tuple[Sampled, jax.Array, KVCache, lp.History]:  # fmt: skip
+    def decode_rows(
+        self, *args: Any, cfg: ModelConfig, steps: int
+    ) -> tuple[Sampled, jax.Array, KVCache, lp.History]:
         return decode_rows(*args, cfg=cfg, steps=steps, mesh=self.mesh)
 
 

@@ -149,6 +149,7 @@ def train(
     train_iterator / eval_batches default to orthros_jax.data's pipelines for cfg.data; give
     a grain DatasetIterator to have the data position checkpointed too.
     """
+
     if cfg.distributed.initialize and not jax.distributed.is_initialized():
         pmesh.initialize_distributed(cfg.distributed)
     workdir = os.path.abspath(workdir)
@@ -191,9 +192,10 @@ def train(
         else:
             state = fresh_state(cfg, tx, abstract, params_sh)
             source = (
-                f"initialised from {cfg.init_from}" if cfg.init_from
+                f"initialised from {cfg.init_from}"
+                if cfg.init_from
                 else f"random init (seed {cfg.train.seed})"
-            )  # fmt: skip
+            )
         _write_model_json(cfg, workdir)
         micro = int(state.step)
         shape = (
@@ -241,6 +243,7 @@ class _Run:
 
     def loop(self, state: TrainState, micro: int, it: Iterator[Batch], evals: Sequence[Batch],
              watcher: PreemptionWatcher) -> TrainState:  # fmt: skip
+
         tc, accum = self.cfg.train, self.cfg.optimizer.grad_accum_steps
         self.last_eval, self.preempted = None, False
         total_micro = tc.steps * accum
@@ -337,7 +340,8 @@ class _Run:
                 step = micro // accum + 1
                 where = f"step {step}" + (f" (micro-batch {micro % accum})" if accum > 1 else "")
                 last = (
-                    f"the last checkpoint, step {self.last_saved} in {self.ckpt.directory}, is intact"
+                    f"the last checkpoint, step {self.last_saved} in {self.ckpt.directory}, "
+                    "is intact"
                     if self.last_saved is not None
                     else "no checkpoint was written"
                 )

@@ -98,8 +98,14 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_z = nn.Linear(d, self.hv * self.dv, bias=False)
         self.in_proj_b = nn.Linear(d, self.hv, bias=False)
         self.in_proj_a = nn.Linear(d, self.hv, bias=False)
-        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kc, groups=self.conv_dim,
-                                bias=False, padding=self.kc - 1)  # fmt: skip
+        self.conv1d = nn.Conv1d(
+            self.conv_dim,
+            self.conv_dim,
+            self.kc,
+            groups=self.conv_dim,
+            bias=False,
+            padding=self.kc - 1,
+        )
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
         self.A_log = nn.Parameter(torch.zeros(self.hv))
         self.norm = nn.Module()

@@ -145,8 +145,12 @@ class Attention(nn.Module):
 
     def __init__(self, config: OrthrosConfig, layer_idx: int) -> None:
         super().__init__()
-        d, n, k, h = (config.hidden_size, config.num_attention_heads,
-                      config.num_key_value_heads, config.head_dim)  # fmt: skip
+        d, n, k, h = (
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
         self.config, self.layer_idx, self.n, self.k, self.h = config, layer_idx, n, k, h
         self.q_proj = nn.Linear(d, n * h, bias=False)
         self.k_proj = nn.Linear(d, k * h, bias=False)
@@ -271,8 +275,15 @@ class OrthrosModel(OrthrosPreTrainedModel):
         self.norm = Norm(config.hidden_size, config.rms_norm_eps, config.norm_zero_centered)
         self.post_init()
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None,
-                inputs_embeds=None, logits_to_keep=0):  # fmt: skip
+    def forward(
+        self,
+        input_ids,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        inputs_embeds=None,
+        logits_to_keep=0,
+    ):
         """Final hidden states [B, L_out, D] of the output copies (single-stream arms: of the
         base tokens) at the last `logits_to_keep` new tokens (0: every new token)."""
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
@@ -295,8 +306,15 @@ class OrthrosModel(OrthrosPreTrainedModel):
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
         keep = seq if logits_to_keep in (0, None) else min(int(logits_to_keep), seq)
         out_index = torch.arange(seq - keep, seq, device=x.device)
-        s = Streams(x, x[:, out_index] if self.config.two_streams else None, out_index,
-                    position_ids, key_valid, valid, past)  # fmt: skip
+        s = Streams(
+            x,
+            x[:, out_index] if self.config.two_streams else None,
+            out_index,
+            position_ids,
+            key_valid,
+            valid,
+            past,
+        )
         for layer in self.layers:
             s = layer(s, cache)
         final = s.out if self.config.two_streams else s.base[:, out_index]
@@ -337,8 +355,14 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
-        hidden = self.model(input_ids, attention_mask, position_ids, cache if use_cache else None,
-                            inputs_embeds, logits_to_keep)  # fmt: skip
+        hidden = self.model(
+            input_ids,
+            attention_mask,
+            position_ids,
+            cache if use_cache else None,
+            inputs_embeds,
+            logits_to_keep,
+        )
         logits = self.lm_head(hidden)
         loss = None
         if labels is not None:

@@ -218,8 +218,9 @@ def part_prepare(work: str, bpe: str) -> list:
     return rows
 
 
-def part_step(work: str, rounds: int, steps: int) -> dict:
-    """Tiny-config train steps: prepared iterator vs in-memory batches, interleaved."""
+def part_step(work: str, rounds: int, steps: int, model_config: str) -> dict:
+    """Train steps of tiny_pt.py's run with model_config's model section (tiny_pt.py's own or
+    e.g. configs/bench.py's): prepared iterator vs in-memory batches, interleaved."""
     import jax
 
     from orthros_jax import configlib
@@ -240,8 +241,13 @@ def part_step(work: str, rounds: int, steps: int) -> dict:
     cfg = TrainConfig.from_config(
         configlib.load_config_file(os.path.join(REPO, "configs/tiny_pt.py"))
     )
+    from orthros_jax.config import ModelConfig
+
+    model = configlib.load_config_file(os.path.join(REPO, model_config)).model
     cfg = dataclasses.replace(
-        cfg, data=DataConfig(prepared=(data,), seq_len=SEQ_LEN, batch_size=BATCH)
+        cfg,
+        model=ModelConfig.from_dict(configlib.to_plain(model)),
+        data=DataConfig(prepared=(data,), seq_len=SEQ_LEN, batch_size=BATCH),
     )
     mesh = pmesh.make_mesh(cfg.mesh)
     tx = make_optimizer(cfg.optimizer, cfg.train.steps, cfg.model)
@@ -353,6 +359,7 @@ def main() -> None:
     p.add_argument("--parts", default="prepare,ttfb,format,step")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--model_config", default="configs/tiny_pt.py", help="its model section")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--pipeline", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
@@ -391,7 +398,7 @@ def main() -> None:
         print(results["format"], flush=True)
     if "step" in parts:
         results["load_step"] = [round(x, 1) for x in os.getloadavg()]
-        results["step"] = part_step(args.work, args.rounds, args.steps)
+        results["step"] = part_step(args.work, args.rounds, args.steps, args.model_config)
     write_report(args.out, results)
     print(open(os.path.join(args.out, "data_pipeline.md")).read())
 

@@ -27,6 +27,7 @@ _SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "RL seeds (train.seed of launch/
 _WARM = flags.DEFINE_integer("warm_steps", 150, "SFT warm-up updates on passkey.")
 _RL = flags.DEFINE_integer("rl_steps", 40, "GRPO steps.")
 _OUT = flags.DEFINE_string("out", "runs/rl_reward", "Output directory (workdirs inside).")
+_LR = flags.DEFINE_float("rl_lr", 1e-4, "GRPO learning rate (optimizer.lr of launch/rl.py).")
 
 
 def _run(args: list[str]) -> None:
@@ -45,7 +46,8 @@ def _rewards(workdir: str) -> dict[int, float]:
 def main(argv: list[str]) -> None:
     del argv
     out = os.path.abspath(_OUT.value)
-    results: dict = {"warm_steps": _WARM.value, "rl_steps": _RL.value, "arms": {}}
+    results: dict = {"warm_steps": _WARM.value, "rl_steps": _RL.value, "rl_lr": _LR.value}
+    results["arms"] = {}
     for arm in _ARMS.value:
         warm = os.path.join(out, f"warm_{arm}")
         _run(
@@ -65,6 +67,7 @@ def main(argv: list[str]) -> None:
                     f"--config=configs/rl_passkey.py:{warm}",
                     f"--config.train.steps={_RL.value}",
                     f"--config.train.seed={seed}",
+                    f"--config.optimizer.lr={_LR.value}",
                     f"--workdir={wd}",
                 ]
             )

@@ -40,7 +40,7 @@ def get_config(init_from: str = "") -> ml_collections.ConfigDict:
     )
     c.grpo = section(GRPOConfig(rows=16, seq_len=512, out_len=8, kl_coef=0.0))
     c.optimizer = warm.optimizer
-    c.optimizer.lr = 1e-3
+    c.optimizer.lr = 1e-4
     c.optimizer.warmup_steps = 0
     c.optimizer.weight_decay = 0.0
     c.train = section(

@@ -47,7 +47,7 @@ def test_arms_and_fields_validated():
     bad = [
         (dict(architecture="gla", layer_types=("gla", "attention")), "architecture 'gla'"),
         (dict(architecture="retnet", layer_types=("gla",)), "architecture 'retnet'"),
-        (dict(architecture="hybrid", layer_types=("gla", "retention")), "may stand for gdn"),
+        (dict(architecture="hybrid", layer_types=("gla", "retention")), r"recurrent ones \(any"),
         (
             dict(architecture="gla", kinds=dict(gla=dict(heads=4, kv_heads=3))),
             "kinds.gla.heads=4 must be a multiple",

@@ -33,7 +33,7 @@ from orthros_jax.convert.hf_config import CONFIG_JSON, hf_config_from
 from orthros_jax.convert.hf_weights import hf_from_params, write_safetensors
 from orthros_jax.convert.mamba2_hf import MAMBA2, mamba2_config_from, mamba2_from_params
 from orthros_jax.convert.qwen35 import qwen35_config_from, qwen35_from_params
-from orthros_jax.layers.kind import FLA, FORMATS, REMOTE
+from orthros_jax.layers.kind import FLA, FORMATS, HF, REMOTE
 from orthros_jax.layers.registry import kinds_of
 
 Params = dict[str, Any]
@@ -71,7 +71,10 @@ def export_hf(
         raise ValueError(f"export dtype {dtype!r} is unknown; allowed: {', '.join(_DTYPE_NAMES)}")
     if fmt not in (None, *FORMATS):
         raise ValueError(f"export fmt {fmt!r} is unknown; allowed: {', '.join(FORMATS)}")
-    fmt = REMOTE if remote else fmt or default_format(cfg, source)
+    if remote:
+        fmt = REMOTE
+    elif fmt is None:  # remote=False asks for transformers' own classes
+        fmt = HF if remote is False else default_format(cfg, source)
     check_format(cfg, fmt)
     fla = fmt == FLA
     if fmt == REMOTE:

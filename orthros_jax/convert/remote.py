@@ -163,9 +163,10 @@ def config_from_remote(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
         raise ValueError(f"config.json model_type {hf.get('model_type')!r} is not {MODEL_TYPE!r}")
     fields = {name: hf[key] for name, key in _RENAMED.items() if key in hf}
     fields.update({name: hf[name] for name in _SAME if name in hf})
-    fields["kinds"] = {
+    fields["kinds"] = {  # the option sections (a kind without options, e.g. attention, has none)
         k.name: {n: hf[key] for n, key in _codec(k).options.items() if key in hf}
         for k in _remote_kinds()
+        if _codec(k).options
     }
     ours = {k.export.remote: k.name for k in _remote_kinds()}
     unknown = sorted(set(hf["layer_types"]) - set(ours))

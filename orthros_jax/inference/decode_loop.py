@@ -119,5 +119,7 @@ def decode_loop(
         fed=jnp.zeros((steps, bsz), bool),
         hist=hist,
     )
+    if steps == 0:  # nothing to run (e.g. generate's max_new_tokens=1: the prefill's token)
+        return LoopOut(st.sampled, st.fed, st.hit, st.cache, st.hist)
     st = jax.lax.while_loop(lambda st: (st.k < steps) & (st.left > 0).any(), body, st)
     return LoopOut(st.sampled, st.fed, st.hit, st.cache, st.hist)

@@ -212,10 +212,11 @@ def script_flags(script: str) -> tuple[frozenset[str], str | None]:
                 )
             elif fn == "add_argument" and isinstance(first, ast.Constant):  # argparse scripts
                 hidden = any(  # help=argparse.SUPPRESS: internal, not listed by --help
-                    k.arg == "help" and isinstance(k.value, ast.Attribute)
+                    k.arg == "help"
+                    and isinstance(k.value, ast.Attribute)
                     and k.value.attr == "SUPPRESS"
                     for k in node.keywords
-                )  # fmt: skip
+                )
                 if str(first.value).startswith("--") and not hidden:
                     names.add(str(first.value)[2:])
             elif fn == "define_config_flag" and first is not None:

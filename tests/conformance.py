@@ -95,6 +95,10 @@ def profile(kind: str) -> Profile:
             bench=heads64,
             variants=({"kinds": {"retention": {"norm_affine": False}}},),
         ),
+        # transformers' Mamba2ForCausalLM blocks have no FFN.
+        "mamba2": Profile(
+            options={}, bench={}, export_needs={"hf": {"kinds": {"mamba2": {"ffn": False}}}}
+        ),
     }
     # A kind without an entry runs at its own default options.
     return table.get(kind, Profile(options={}, bench={}))

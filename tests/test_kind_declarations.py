@@ -17,6 +17,7 @@ from jax.sharding import AbstractMesh, PartitionSpec
 from orthros_jax import inference as inf
 from orthros_jax.axes import BATCH, EMBED, RULES
 from orthros_jax.convert import export_hf, load_hf
+from orthros_jax.convert.export import WHOLE_MODELS
 from orthros_jax.convert.remote import load_remote
 from orthros_jax.inference import drivers
 from orthros_jax.layers.kind import FORMATS
@@ -153,6 +154,9 @@ def declared(case, fmt: str) -> bool:
     (kind.Export); fla holds pure stacks only, transformers' own classes single streams only."""
     cfg = config(case)
     if fmt == "fla" and len(cfg.layer_types) > 1 or fmt == "hf" and cfg.two_streams:
+        return False
+    whole = any(KINDS[k].export.hf in WHOLE_MODELS for k in cfg.layer_types)
+    if fmt == "hf" and whole and len(set(cfg.layer_types)) > 1:  # a whole-model class: pure only
         return False
     return all(KINDS[k].export.name(fmt) is not None for k in cfg.layer_types)
 

@@ -1,7 +1,6 @@
 """Prepared (tokenised once, memory-mapped) vs in-memory training data: start-up, memory, throughput.
 
     python benchmarks/data_pipeline.py --out=results/data              # everything (~15 min)
-    python benchmarks/data_pipeline.py --out=results/data --sizes_mb=20,200 --parts=ttfb
 
 Writes a synthetic corpus (Zipf-distributed pseudo-words, documents of ~2 KB, .jsonl) in a
 work directory under runs/ and measures, each figure in a fresh process:
@@ -12,9 +11,8 @@ work directory under runs/ and measures, each figure in a fresh process:
             target: 2 GB within 1.3x of 20 MB;
   prepare   launch/prepare_data.py's throughput (MB/s of text, tokens/s) with a 32K BPE
             trained here on the embedded corpus, with 1 and 2 processes;
-  step      the tiny config's training step fed by the prepared iterator vs by batches
-            already in memory, interleaved rounds in one process; target: <= 5 % slower.
-The 2 GB corpus and its tokens are deleted afterwards. Results: <out>/data_pipeline.json/.md.
+  step      a training step (--model_config's model) fed by the prepared iterator vs by
+            in-memory batches, interleaved; target <= 5 % slower. Results: <out>/data_pipeline.*
 """  # noqa: E501 (the first line is --help's description: __doc__.split("\n")[0])
 
 from __future__ import annotations
@@ -219,8 +217,7 @@ def part_prepare(work: str, bpe: str) -> list:
 
 
 def part_step(work: str, rounds: int, steps: int, model_config: str) -> dict:
-    """Train steps of tiny_pt.py's run with model_config's model section (tiny_pt.py's own or
-    e.g. configs/bench.py's): prepared iterator vs in-memory batches, interleaved."""
+    """Train steps (model_config's model on tiny_pt.py's run): prepared vs in-memory batches."""
     import jax
 
     from orthros_jax import configlib
@@ -241,14 +238,10 @@ def part_step(work: str, rounds: int, steps: int, model_config: str) -> dict:
     cfg = TrainConfig.from_config(
         configlib.load_config_file(os.path.join(REPO, "configs/tiny_pt.py"))
     )
-    from orthros_jax.config import ModelConfig
-
     model = configlib.load_config_file(os.path.join(REPO, model_config)).model
-    cfg = dataclasses.replace(
-        cfg,
-        model=ModelConfig.from_dict(configlib.to_plain(model)),
-        data=DataConfig(prepared=(data,), seq_len=SEQ_LEN, batch_size=BATCH),
-    )
+    data_cfg = DataConfig(prepared=(data,), seq_len=SEQ_LEN, batch_size=BATCH)
+    model_cfg = type(cfg.model).from_dict(configlib.to_plain(model))
+    cfg = dataclasses.replace(cfg, model=model_cfg, data=data_cfg)
     mesh = pmesh.make_mesh(cfg.mesh)
     tx = make_optimizer(cfg.optimizer, cfg.train.steps, cfg.model)
     abstract, params_sh = abstract_state(cfg, tx, mesh)

@@ -5,8 +5,8 @@ An arm is a model architecture (ModelConfig.architecture: its default cycle of l
 the streams) or a variant of one (`variant_of` with config `overrides`, e.g. Orthros without
 scale-offsets). The evaluation report (labels, colours, order), launch/experiments.py and
 launch/mqar.py (the arms they accept and run by default) and launch/convert.py read it; nothing
-else lists arms. Kinds are named here as data (the cycles), by the names layers/registry.py
-registers.
+else lists arms. The rows are declared beside the kinds in layers/registry.py, whose kind names
+they use, and registered with `register` when the package is imported (as the kinds are).
 """
 
 from __future__ import annotations
@@ -48,67 +48,31 @@ class Arm:
         return frozenset(self.layer_types)
 
 
-_ATTN = frozenset({RECALL, LM})
-_CONV = frozenset({RECALL, LM, CONVERT})
-# The hybrids use Qwen3.5's cycle of three GDN layers and one attention layer.
-_HYBRID = ("gdn", "gdn", "gdn", "attention")
-# Listed in the tables' order.
-ARMS: dict[str, Arm] = {
-    "transformer": Arm(
-        "Transformer",
-        "C0",
-        ("attention",),
-        runs=_CONV,
-        default_in=frozenset({RECALL, LM, CONVERT, MQAR}),
-        two_stream_form="orthros",
-    ),
-    "swa": Arm(
-        "SWA",
-        "C7",
-        ("attention",),
-        base_window=True,
-        runs=_ATTN,
-        default_in=frozenset({RECALL, LM, MQAR}),
-    ),
-    "orthros": Arm(
-        "Orthros",
-        "C3",
-        ("attention",),
-        two_streams=True,
-        base_window=True,
-        runs=_CONV,
-        default_in=frozenset({RECALL, LM, CONVERT, MQAR}),
-    ),
-    "orthros_noso": Arm(
-        "Orthros w/o SO",
-        "C1",
-        variant_of="orthros",
-        overrides=(("scale_offset", False),),
-        runs=_CONV,
-        default_in=frozenset({RECALL, LM}),
-    ),
-    "gdn": Arm("GDN", "C2", ("gdn",)),
-    "hybrid": Arm("Linear Hybrid", "C4", _HYBRID, any_recurrent=True, two_stream_form="orthros_h"),
-    "orthros_h": Arm(
-        "Orthros-H", "C5", _HYBRID, two_streams=True, base_window=True, any_recurrent=True
-    ),
-    # Table 1's other linear baselines (fla's GLA and RetNet), pure stacks.
-    "gla": Arm("GLA", "C6", ("gla",), runs=_ATTN),
-    "retnet": Arm("RetNet", "C8", ("retention",), runs=_ATTN),
-    # Mamba-2's SSD (layers/mamba2.py), a pure stack.
-    "mamba2": Arm("Mamba-2", "C9", ("mamba2",), runs=_ATTN),
-}
+ATTN_RUNS = frozenset({RECALL, LM})  # the recall and byte-LM experiments
+CONVERT_RUNS = frozenset({RECALL, LM, CONVERT})
+# The table, in the order of results' tables: filled once by register() from the kind registry
+# (layers/registry.py declares the arms with its kinds' own names).
+ARMS: dict[str, Arm] = {}
 # The model architectures: the arms that are not variants.
-ARCHITECTURES: dict[str, Arm] = {n: a for n, a in ARMS.items() if a.variant_of is None}
-for _name, _arm in ARMS.items():
-    if _arm.variant_of is not None:  # a variant is its architecture's cycle and streams
-        ARMS[_name] = dataclasses.replace(
-            ARCHITECTURES[_arm.variant_of],
-            **{
-                f: getattr(_arm, f)
-                for f in ("label", "colour", "variant_of", "overrides", "runs", "default_in")
-            },
-        )
+ARCHITECTURES: dict[str, Arm] = {}
+# Single-stream architecture -> its two-stream conversion (transformer -> orthros, ...).
+TWO_STREAM_FORM: dict[str, str] = {}
+
+
+def register(table: dict[str, Arm]) -> None:
+    """Fills ARMS, ARCHITECTURES and TWO_STREAM_FORM from `table` (a variant takes its
+    architecture's cycle and streams)."""
+    ARCHITECTURES.update({n: a for n, a in table.items() if a.variant_of is None})
+    for name, arm in table.items():
+        if arm.variant_of is not None:
+            fields = ("label", "colour", "variant_of", "overrides", "runs", "default_in")
+            arm = dataclasses.replace(
+                ARCHITECTURES[arm.variant_of], **{f: getattr(arm, f) for f in fields}
+            )
+        ARMS[name] = arm
+    TWO_STREAM_FORM.update(
+        {n: a.two_stream_form for n, a in ARCHITECTURES.items() if a.two_stream_form}
+    )
 
 
 def architecture_of(arm: str) -> str:
@@ -119,12 +83,6 @@ def architecture_of(arm: str) -> str:
 def arms_for(experiment: str, *, default: bool = False) -> tuple[str, ...]:
     """The arms an experiment may run (default=True: those it runs when none are named)."""
     return tuple(n for n, a in ARMS.items() if experiment in (a.default_in if default else a.runs))
-
-
-# Single-stream architecture -> its two-stream conversion (transformer -> orthros, ...).
-TWO_STREAM_FORM: dict[str, str] = {
-    n: a.two_stream_form for n, a in ARCHITECTURES.items() if a.two_stream_form
-}
 
 
 def label(arm: str) -> str:

@@ -13,8 +13,9 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from orthros_jax import arms as arms_lib
 from orthros_jax.arms import ARCHITECTURES as ARMS
-from orthros_jax.arms import Arm  # noqa: F401 (API: the arm table's rows)
+from orthros_jax.arms import Arm
 from orthros_jax.options import (
     Options,
     Sections,
@@ -26,9 +27,10 @@ from orthros_jax.options import (
     unknown_keys,
 )
 
-ARCHITECTURES: tuple[str, ...] = tuple(ARMS)
-TWO_STREAM_ARCHITECTURES: tuple[str, ...] = tuple(a for a, arm in ARMS.items() if arm.two_streams)
-DEFAULT_LAYER_TYPES: dict[str, tuple[str, ...]] = {a: arm.layer_types for a, arm in ARMS.items()}
+# Filled by register_arms (layers/registry.py, on import of the package), like the kinds.
+ARCHITECTURES: list[str] = []
+TWO_STREAM_ARCHITECTURES: list[str] = []
+DEFAULT_LAYER_TYPES: dict[str, tuple[str, ...]] = {}
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots")
 ROPE_TYPES: tuple[str, ...] = ("default", "llama3")
 
@@ -65,6 +67,15 @@ RUNTIME_FIELDS = frozenset(
         "init_std",
     }
 )
+
+
+def register_arms(table: dict[str, Arm]) -> None:
+    """Makes the arms of `table` (orthros_jax/arms.py's rows) valid architectures."""
+    arms_lib.register(table)
+    ARCHITECTURES[:] = list(ARMS)
+    TWO_STREAM_ARCHITECTURES[:] = [a for a, arm in ARMS.items() if arm.two_streams]
+    DEFAULT_LAYER_TYPES.clear()
+    DEFAULT_LAYER_TYPES.update({a: arm.layer_types for a, arm in ARMS.items()})
 
 
 def register_layer_kind(

@@ -1,11 +1,13 @@
-"""The layer kinds by name. Adding a kind = its module in layers/ and one line in KINDS
-(docs/adding_a_layer_kind.md); config validation and options sections, the cache, shardings,
+"""The layer kinds by name, and the arms made of them. Adding a kind = its module in layers/
+and one line in KINDS (plus a row in the arms' table for a pure stack of it;
+docs/adding_a_layer_kind.md); config validation and options sections, the cache, shardings,
 FLOP and parameter counts, the weight-decay mask, export and scale-offset discovery all read
-this table."""
+these tables."""
 
 from __future__ import annotations
 
 from orthros_jax import config as config_lib
+from orthros_jax.arms import ATTN_RUNS, CONVERT, CONVERT_RUNS, LM, MQAR, RECALL, Arm
 from orthros_jax.config import ModelConfig
 from orthros_jax.layers import attend, attention, gdn, gla, mamba2, retention
 from orthros_jax.layers.cudnn import cudnn_attention
@@ -28,6 +30,35 @@ for _kind in KINDS.values():
     config_lib.register_layer_kind(
         _kind.name, _kind.validate, recurrent=_kind.recurrent, options=_kind.options
     )
+
+# The paper's arms (orthros_jax/arms.py), in the order of results' tables, made of the kinds
+# above; a table, one arm a row (hence unformatted).
+_ATTENTION = (attention.KIND.name,)
+# The hybrids use Qwen3.5's cycle of three GDN layers and one attention layer.
+_HYBRID = (gdn.KIND.name,) * 3 + _ATTENTION
+_EVERYWHERE = frozenset({RECALL, LM, CONVERT, MQAR})
+config_lib.register_arms(
+    {
+        "transformer": Arm("Transformer", "C0", _ATTENTION, runs=CONVERT_RUNS,
+                           default_in=_EVERYWHERE, two_stream_form="orthros"),
+        "swa": Arm("SWA", "C7", _ATTENTION, base_window=True, runs=ATTN_RUNS,
+                   default_in=frozenset({RECALL, LM, MQAR})),
+        "orthros": Arm("Orthros", "C3", _ATTENTION, two_streams=True, base_window=True,
+                       runs=CONVERT_RUNS, default_in=_EVERYWHERE),
+        "orthros_noso": Arm("Orthros w/o SO", "C1", variant_of="orthros",
+                            overrides=(("scale_offset", False),), runs=CONVERT_RUNS,
+                            default_in=frozenset({RECALL, LM})),
+        "gdn": Arm("GDN", "C2", (gdn.KIND.name,)),
+        "hybrid": Arm("Linear Hybrid", "C4", _HYBRID, any_recurrent=True,
+                      two_stream_form="orthros_h"),
+        "orthros_h": Arm("Orthros-H", "C5", _HYBRID, two_streams=True, base_window=True,
+                         any_recurrent=True),
+        # Table 1's other linear baselines (fla's GLA and RetNet) and Mamba-2: pure stacks.
+        "gla": Arm("GLA", "C6", (gla.KIND.name,), runs=ATTN_RUNS),
+        "retnet": Arm("RetNet", "C8", (retention.KIND.name,), runs=ATTN_RUNS),
+        "mamba2": Arm("Mamba-2", "C9", (mamba2.KIND.name,), runs=ATTN_RUNS),
+    }
+)  # fmt: skip
 
 
 def kinds_of(cfg: ModelConfig) -> list[LayerKind]:

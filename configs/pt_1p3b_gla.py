@@ -15,7 +15,7 @@ import os
 import ml_collections
 
 from orthros_jax.configlib import load_config_file, section
-from orthros_jax.convert.fla import config_from_fla
+from orthros_jax.convert.fla_config import config_from_fla
 
 # fla's config.json of the 1.3B model (the options we compute; the rest are fla's defaults).
 FLA_1P3B = {

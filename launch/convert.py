@@ -43,7 +43,7 @@ from orthros_jax.convert import (
     load_hf,
     read_hf_config,
 )
-from orthros_jax.convert.fla import is_fla
+from orthros_jax.convert.fla_config import is_fla
 from orthros_jax.convert.remote import is_remote, load_remote
 from orthros_jax.layers.kind import FLA, FORMATS, HF, REMOTE
 from orthros_jax.layers.registry import kinds_of

@@ -21,7 +21,8 @@ if importlib.util.find_spec("fla") is None:  # found, not imported (see fla_refe
 import fla_reference  # noqa: E402
 
 from orthros_jax.convert import export_hf, load_hf  # noqa: E402
-from orthros_jax.convert.fla import config_from_fla, d_ff_of, fla_tensor_shapes  # noqa: E402
+from orthros_jax.convert.fla import fla_tensor_shapes  # noqa: E402
+from orthros_jax.convert.fla_config import config_from_fla, d_ff_of  # noqa: E402
 from orthros_jax.convert.hf_weights import SafetensorsCheckpoint  # noqa: E402
 from orthros_jax.model import OrthrosLM  # noqa: E402
 from orthros_jax.model import num_params as model_num_params  # noqa: E402

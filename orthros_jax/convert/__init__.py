@@ -15,7 +15,8 @@ from typing import Any
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.convert.export import check_params, expected_param_shapes, export_hf
-from orthros_jax.convert.fla import config_from_fla, is_fla, params_from_fla
+from orthros_jax.convert.fla import params_from_fla
+from orthros_jax.convert.fla_config import config_from_fla, is_fla
 from orthros_jax.convert.hf_config import (
     SUPPORTED_ARCHITECTURES,
     config_from_hf,

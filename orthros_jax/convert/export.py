@@ -28,7 +28,8 @@ from orthros_jax.convert.common import (  # noqa: F401 (check_params, expected_p
     expected_param_shapes,
     fits,
 )
-from orthros_jax.convert.fla import fla_config_from, fla_from_params
+from orthros_jax.convert.fla import fla_from_params
+from orthros_jax.convert.fla_config import fla_config_from
 from orthros_jax.convert.hf_config import CONFIG_JSON, hf_config_from
 from orthros_jax.convert.hf_weights import hf_from_params, write_safetensors
 from orthros_jax.convert.mamba2_hf import MAMBA2, mamba2_config_from, mamba2_from_params

@@ -1,9 +1,14 @@
-"""The engine's bucketed shapes: the prefill call takes [P, T] for P in its batch buckets and T
-in its length buckets, so every shape it runs is compiled once, at warm-up."""
+"""The engine's sizes, checked, and its bucketed shapes: the prefill call takes [P, T] for P in
+its batch buckets and T in its length buckets, so every shape it runs is compiled once, at
+warm-up."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from orthros_jax.config import ModelConfig
+from orthros_jax.options import check_positive_int
+from orthros_jax.serving import sp_device
 
 
 def pow2_upto(lo: int, hi: int) -> tuple[int, ...]:
@@ -40,3 +45,24 @@ def prefill_buckets(
 def fit(buckets: tuple[int, ...], n: int) -> int:
     """The smallest bucket that holds n."""
     return next(b for b in buckets if b >= n)
+
+
+def check_engine(
+    cfg: ModelConfig,
+    mesh: Any,
+    *,
+    batch_wait_s: float,
+    prefix_caching: bool,
+    **sizes: int,
+) -> None:
+    """ValueError naming the Engine argument that does not fit: sizes (max_batch, max_len,
+    chunk_budget, max_queue, decode_steps) positive ints, the mesh (sp_device.check),
+    batch_wait_s in [0, 1] seconds, prefix caching on one device only."""
+    for name, v in sizes.items():
+        check_positive_int(f"Engine: {name}", v)
+    sp_device.check(cfg, mesh, sizes["max_batch"], sizes["max_len"])
+    if prefix_caching and mesh is not None:
+        raise ValueError("Engine: prefix_caching is for one device (mesh=None)")
+    number = isinstance(batch_wait_s, int | float) and not isinstance(batch_wait_s, bool)
+    if not number or not 0 <= batch_wait_s <= 1:
+        raise ValueError(f"Engine: batch_wait_s must be in [0, 1] seconds, got {batch_wait_s!r}")

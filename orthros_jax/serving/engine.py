@@ -12,10 +12,9 @@ One engine step (Engine.step):
 Shapes are bucketed: the prefill takes [P, T] for P in `prefill_batches` and T in
 `prefill_lengths`, the decode [B]; `warmup()` compiles every bucket once, so the steady state
 never compiles (tests/test_serving_engine.py counts it). The cache is donated to every call.
-With mesh= (a sequence-split cache) the two calls are sp_device.py's, chunking included.
-A failure while handling one request fails that request only; a failed device call fails the
-requests in it and restarts the cache. `start()` runs the loop on a thread;
-`shutdown(drain=True)` refuses new requests, finishes the running ones and stops.
+With mesh= (a sequence-split cache) the two calls are sp_device.py's. A failure in one request
+fails it alone; a failed device call fails the requests in it and restarts the cache.
+`start()` runs the loop on a thread; `shutdown(drain=True)` finishes the running ones and stops.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from orthros_jax.serving import buckets, device, row_inputs, sp_device
 from orthros_jax.serving.events import Event, Request, Slot
 from orthros_jax.serving.metrics import Metrics
 from orthros_jax.serving.prefix import PrefixIndex
-from orthros_jax.serving.requests import MAX_STOP_IDS, RequestError, SamplingParams
+from orthros_jax.serving.requests import RequestError, SamplingParams, check_request
 from orthros_jax.serving.text import TextStream
 
 log = logging.getLogger(__name__)
@@ -62,30 +61,42 @@ class Engine:
     cache: Any  # the KVCache (donated to every call)
     hist: lp.History  # the penalties' token history, a row per cache row
 
-    def __init__(self, params: Any, cfg: ModelConfig, *, max_batch: int = 4, max_len: int = 2048,
-                 chunk_budget: int | None = None, max_queue: int = 64,
-                 decode_text: Callable[[list[int]], str] | None = None, eos_id: int | None = None,
-                 prefill_lengths: tuple[int, ...] | None = None,
-                 prefill_batches: tuple[int, ...] | None = None, seed: int = 0,
-                 metrics: Metrics | None = None, decode_steps: int = 1, batch_wait_s: float = 0.0,
-                 mesh: Mesh | None = None, kv_cache_dtype: str | None = None,
-                 prefix_caching: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        params: Any,
+        cfg: ModelConfig,
+        *,
+        max_batch: int = 4,
+        max_len: int = 2048,
+        chunk_budget: int | None = None,
+        max_queue: int = 64,
+        decode_text: Callable[[list[int]], str] | None = None,
+        eos_id: int | None = None,
+        prefill_lengths: tuple[int, ...] | None = None,
+        prefill_batches: tuple[int, ...] | None = None,
+        seed: int = 0,
+        metrics: Metrics | None = None,
+        decode_steps: int = 1,
+        batch_wait_s: float = 0.0,
+        mesh: Mesh | None = None,
+        kv_cache_dtype: str | None = None,
+        prefix_caching: bool = False,
+    ) -> None:
         chunk_budget = cfg.prefill_chunk if chunk_budget is None else chunk_budget
-        for name, v in (("max_batch", max_batch), ("max_len", max_len),
-                        ("chunk_budget", chunk_budget), ("max_queue", max_queue),
-                        ("decode_steps", decode_steps)):  # fmt: skip
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"Engine: {name} must be a positive int, got {v!r}")
-        sp_device.check(cfg, mesh, max_batch, max_len)  # first: a refused mesh compiles nothing
-        if prefix_caching and mesh is not None:
-            raise ValueError("Engine: prefix_caching is for one device (mesh=None)")
+        buckets.check_engine(
+            cfg,
+            mesh,
+            max_batch=max_batch,
+            max_len=max_len,
+            chunk_budget=chunk_budget,
+            max_queue=max_queue,
+            decode_steps=decode_steps,
+            batch_wait_s=batch_wait_s,
+            prefix_caching=prefix_caching,
+        )  # first: a refusal compiles nothing
         self.cfg, self.max_batch, self.max_len, self.mesh = cfg, max_batch, max_len, mesh
         self._dev: Any = device if mesh is None else sp_device.SequenceParallel(mesh)
         self.decode_steps = decode_steps
-        if not isinstance(batch_wait_s, int | float) or not 0 <= batch_wait_s <= 1:
-            raise ValueError(
-                f"Engine: batch_wait_s must be in [0, 1] seconds, got {batch_wait_s!r}"
-            )
         self.batch_wait_s = float(batch_wait_s)
         self.chunk_budget, self.max_queue = chunk_budget, max_queue
         self.prefill_lengths, self.prefill_batches = buckets.prefill_buckets(
@@ -115,12 +126,7 @@ class Engine:
     ) -> Request:
         """Queues a request (ids: a valid, non-empty prompt; see requests.prompt_ids). Raises
         RequestError 429 when the queue is full, 503 when the engine is shutting down."""
-        if not ids or len(ids) > self.max_len:
-            raise RequestError(
-                f"prompt must have 1 to {self.max_len} tokens, got {len(ids)}", "prompt"
-            )
-        if len(params.stop_token_ids) > MAX_STOP_IDS:
-            raise RequestError(f"at most {MAX_STOP_IDS} stop_token_ids", "stop_token_ids")
+        check_request(ids, params, self.max_len)
         with self._cond:
             if self._closed:
                 self.metrics.rejected("shutting_down")
@@ -164,12 +170,8 @@ class Engine:
         """Refuses new requests; with drain, lets queued and running ones finish; then stops."""
         with self._cond:
             self._closed = True
-            if not drain:
-                for req in self.queue:
-                    req.cancelled = True
-                for s in self.slots:
-                    if s is not None:
-                        s.req.cancelled = True
+            for req in () if drain else [*self.queue, *(s.req for s in self.slots if s)]:
+                req.cancelled = True
             self._stop = True
             self._cond.notify_all()
         if self._thread is not None:
@@ -228,7 +230,9 @@ class Engine:
             self._free_cancelled()
             self._admit()
             self._publish_load()
-        chunks = self._plan_prefill()
+        chunks = row_inputs.plan_prefill(
+            self.slots, self.chunk_budget, self.prefill_batches[-1], self.max_chunk
+        )
         decoding = [i for i, s in enumerate(self.slots) if s is not None and s.decoding]
         pre = dec = None
         try:
@@ -267,11 +271,9 @@ class Engine:
     # ------------------------------------------------------------ pieces of a step
 
     def _free_cancelled(self) -> None:
-        kept = collections.deque(r for r in self.queue if not r.cancelled)
-        for r in self.queue:
-            if r.cancelled:
-                self.metrics.finished("cancelled", len(r.ids), None, None)
-        self.queue = kept
+        for r in [r for r in self.queue if r.cancelled]:
+            self.metrics.finished("cancelled", len(r.ids), None, None)
+        self.queue = collections.deque(r for r in self.queue if not r.cancelled)
         for i, s in enumerate(self.slots):
             if s is not None and s.req.cancelled:
                 self._finish(i, "cancelled")
@@ -287,32 +289,24 @@ class Engine:
                 )
                 self.metrics.prefix(reused)
             free.remove(i)
-            self.slots[i] = Slot.of(req, TextStream(self.decode_text, req.params.stop),
-                                    self.eos_id, reused)  # fmt: skip
+            self.slots[i] = Slot.of(
+                req, TextStream(self.decode_text, req.params.stop), self.eos_id, reused
+            )
 
     def _held(self, i: int) -> Slot:
         slot = self.slots[i]
         assert slot is not None, f"slot {i} is free"
         return slot
 
-    def _plan_prefill(self) -> list[tuple[int, int]]:
-        """(slot, prompt tokens this step) for the slots still prefilling, oldest first."""
-        waiting = [i for i, s in enumerate(self.slots) if s is not None and not s.decoding]
-        waiting.sort(key=lambda i: self._held(i).req.arrival)
-        budget, out = self.chunk_budget, []
-        for i in waiting[: self.prefill_batches[-1]]:
-            s = self._held(i)
-            n = min(len(s.req.ids) - s.prefilled, budget, self.max_chunk)
-            if n < 1:
-                break
-            out.append((i, n))
-            budget -= n
-        return out
-
     def _fresh(self) -> None:
         """An empty cache and penalty history."""
-        self.cache = init_cache(self.cfg, self.max_batch, self.max_len, mesh=self.mesh,
-                                kv_cache_dtype=self.kv_cache_dtype)  # fmt: skip
+        self.cache = init_cache(
+            self.cfg,
+            self.max_batch,
+            self.max_len,
+            mesh=self.mesh,
+            kv_cache_dtype=self.kv_cache_dtype,
+        )
         hist = lp.init_history(self.max_batch, self.cfg.vocab_size)
         self.hist = jax.device_put(hist, sp_device.replicated(self.mesh))
 
@@ -337,9 +331,13 @@ class Engine:
             left = min(s.req.params.max_tokens - s.generated, self.max_len - in_cache)
             rows.append((i, s, min(self.decode_steps, left)))
         sampled, fed, self.cache, self.hist = self._dev.decode_rows(
-            self.params, self.cache, self.hist, *row_inputs.decode_args(self.max_batch, rows),
-            cfg=self.cfg, steps=self.decode_steps,
-        )  # fmt: skip
+            self.params,
+            self.cache,
+            self.hist,
+            *row_inputs.decode_args(self.max_batch, rows),
+            cfg=self.cfg,
+            steps=self.decode_steps,
+        )
         return sampled, fed
 
     def _accept(self, slot: Slot, sampled: Sampled, j: int, now: float) -> None:
@@ -350,15 +348,10 @@ class Engine:
         if req.first_token_at is None:
             req.first_token_at = now
         self.metrics.tokens(1)
-        sample_lp = float(sampled.sample_logprob[j])
         if tok in slot.stop_ids:
-            return self._finish(self.slots.index(slot), "stop", stop=(tok, sample_lp))
-        event = Event("token", text=slot.text.add(tok), token=tok, sample_logprob=sample_lp)
-        if p.logprobs is not None:
-            event.logprob = float(sampled.logprob[j])
-            event.top = [(int(a), float(b)) for a, b in zip(sampled.top_ids[j][: p.logprobs],
-                         sampled.top_logprobs[j][: p.logprobs], strict=True)]  # fmt: skip
-        req.on_event(event)
+            stop = (tok, float(sampled.sample_logprob[j]))
+            return self._finish(self.slots.index(slot), "stop", stop=stop)
+        req.on_event(slot.token_event(tok, sampled, j))
         in_cache = len(req.ids) + slot.generated - 1  # the new token is not fed yet
         if slot.text.stopped:
             self._finish(self.slots.index(slot), "stop")

@@ -68,6 +68,18 @@ class Slot:
     def decoding(self) -> bool:
         return self.prefilled == len(self.req.ids)
 
+    def token_event(self, tok: int, sampled: Any, j: int) -> Event:
+        """The "token" event of row j of a sampled batch (inference.sampling.Sampled, on the
+        host), with the API's log-probs when the request asked for them."""
+        n = self.req.params.logprobs
+        lp = float(sampled.sample_logprob[j])
+        event = Event("token", text=self.text.add(tok), token=tok, sample_logprob=lp)
+        if n is not None:
+            event.logprob = float(sampled.logprob[j])
+            ids, lps = sampled.top_ids[j][:n].tolist(), sampled.top_logprobs[j][:n].tolist()
+            event.top = list(zip(ids, lps, strict=True))
+        return event
+
     def timings(self) -> tuple[float | None, float | None]:
         """(time to the first token, time per output token after it) in seconds; None where
         there is no such token."""

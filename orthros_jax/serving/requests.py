@@ -46,6 +46,15 @@ class SamplingParams:
     min_tokens: int = 0
 
 
+def check_request(ids: list[int], params: SamplingParams, max_len: int) -> None:
+    """RequestError (400) unless ids is a prompt of 1 to max_len tokens and the stop ids fit
+    the engine's stop table."""
+    if not ids or len(ids) > max_len:
+        raise RequestError(f"prompt must have 1 to {max_len} tokens, got {len(ids)}", "prompt")
+    if len(params.stop_token_ids) > MAX_STOP_IDS:
+        raise RequestError(f"at most {MAX_STOP_IDS} stop_token_ids", "stop_token_ids")
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 

@@ -79,3 +79,22 @@ def decode_args(max_batch: int, rows: list[tuple[int, Slot, int]]) -> tuple:
     for i, s, n in rows:
         tokens[i], budget[i], slots[i] = s.last, n, s
     return tokens, budget, stops(slots), sampling(slots), penalties(slots)
+
+
+def plan_prefill(
+    slots: list[Slot | None], budget: int, max_rows: int, max_chunk: int
+) -> list[tuple[int, int]]:
+    """(slot, prompt tokens this step) for the slots still prefilling, oldest first: at most
+    max_rows of them, `budget` tokens in all, max_chunk per slot."""
+    waiting = [i for i, s in enumerate(slots) if s is not None and not s.decoding]
+    waiting.sort(key=lambda i: slots[i].req.arrival)  # type: ignore[union-attr]
+    out = []
+    for i in waiting[:max_rows]:
+        s = slots[i]
+        assert s is not None
+        n = min(len(s.req.ids) - s.prefilled, budget, max_chunk)
+        if n < 1:
+            break
+        out.append((i, n))
+        budget -= n
+    return out

@@ -116,8 +116,8 @@ def _model_summary(cfg: ModelConfig) -> dict[str, Any]:
 def train_program(config: Any, devices: list[Any]) -> Program:
     """The train step launch/train.py would run, over `devices` (one micro-batch)."""
     from orthros_jax.training import TrainConfig
-    from orthros_jax.training.loop import abstract_state
     from orthros_jax.training.optimizer import make_optimizer
+    from orthros_jax.training.start import abstract_state
     from orthros_jax.training.steps import make_train_step
 
     plain = to_plain(config)

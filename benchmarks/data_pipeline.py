@@ -225,8 +225,8 @@ def part_step(work: str, rounds: int, steps: int, model_config: str) -> dict:
     from orthros_jax.parallel import mesh as pmesh
     from orthros_jax.parallel import sharding
     from orthros_jax.training import TrainConfig
-    from orthros_jax.training.loop import abstract_state, fresh_state
     from orthros_jax.training.optimizer import make_optimizer
+    from orthros_jax.training.start import abstract_state, fresh_state
     from orthros_jax.training.steps import make_train_step
 
     data = os.path.join(work, "prepared_20mb")

@@ -150,7 +150,7 @@ def test_checksums_are_sharding_independent_and_catch_single_changes():
 def test_init_from_loads_params_and_fills_identity_scale_offsets(tmp_path):
     from orthros_jax.model import init_params
     from orthros_jax.parallel import mesh as pmesh
-    from orthros_jax.training.loop import abstract_state, fresh_state
+    from orthros_jax.training.start import abstract_state, fresh_state
 
     cfg = tiny_train_config()
     tx = make_optimizer(cfg.optimizer, cfg.train.steps, cfg.model)

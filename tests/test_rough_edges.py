@@ -17,8 +17,8 @@ from training_helpers import REPO, TINY_FLAGS, run_train
 from orthros_jax import checkpoint, configlib
 from orthros_jax.config import ModelConfig
 from orthros_jax.training import TrainConfig, train
-from orthros_jax.training.loop import check_resumed_model, config_warnings
 from orthros_jax.training.metrics import drop_replayed
+from orthros_jax.training.start import check_resumed_model, config_warnings
 
 
 def _cfg(**model) -> TrainConfig:

@@ -34,7 +34,7 @@ from orthros_jax.rl.config import RLConfig
 from orthros_jax.rl.loss import make_update_step
 from orthros_jax.rl.rollout import Rollout, rollout
 from orthros_jax.serving.engine import Engine
-from orthros_jax.training import loop as train_loop
+from orthros_jax.training import start as train_start
 from orthros_jax.training.config import TrainConfig
 from orthros_jax.training.metrics import MetricsLogger, console
 from orthros_jax.training.optimizer import make_optimizer
@@ -86,7 +86,7 @@ class _Run:
         )
         self.mesh = pmesh.make_mesh(cfg.mesh)
         self.tx = make_optimizer(cfg.optimizer, cfg.train.steps, cfg.model)
-        self.abstract, self.params_sh = train_loop.abstract_state(self.tcfg, self.tx, self.mesh)
+        self.abstract, self.params_sh = train_start.abstract_state(self.tcfg, self.tx, self.mesh)
         state_sh = jax.tree.map(lambda a: a.sharding, self.abstract)
         g = cfg.grpo
         batch_sh = {k: pmesh.batch_sharding(self.mesh, 2) for k in batch_lib.RL_KEYS}
@@ -177,13 +177,13 @@ def run(cfg: RLConfig, workdir: str) -> TrainState:
     returns the final state. workdir is a model directory of the policy (launch/generate.py)."""
     check(cfg)
     workdir = os.path.abspath(workdir)
-    train_loop.check_resumed_model(TrainConfig(model=cfg.model, data=None), workdir)
+    train_start.check_resumed_model(TrainConfig(model=cfg.model, data=None), workdir)
     rr = _Run(cfg, workdir)
     os.makedirs(workdir, exist_ok=True)
     ckpt = checkpoint.TrainCheckpointer(workdir, cfg.train.keep_checkpoints, False)
     logger = None
     try:
-        start = train_loop.fresh_state(rr.tcfg, rr.tx, rr.abstract, rr.params_sh)
+        start = train_start.fresh_state(rr.tcfg, rr.tx, rr.abstract, rr.params_sh)
         ref = jax.tree.map(lambda x: x.copy(), start.params)  # the update donates the state
         state = ckpt.restore_latest(rr.abstract, None)
         state = start if state is None else state

@@ -23,12 +23,10 @@ import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import grain
 import jax
 import numpy as np
 
 from orthros_jax import checkpoint
-from orthros_jax.layers import stack
 from orthros_jax.model import num_params
 from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel import sharding
@@ -37,7 +35,15 @@ from orthros_jax.training.config import TrainConfig
 from orthros_jax.training.metrics import MetricsLogger, console
 from orthros_jax.training.optimizer import make_optimizer
 from orthros_jax.training.preemption import PreemptionWatcher
-from orthros_jax.training.state import TrainState, init_train_state
+from orthros_jax.training.start import (
+    abstract_state,
+    check_resumed_model,
+    config_warnings,
+    fresh_state,
+    is_checkpointable,
+    write_model_json,
+)
+from orthros_jax.training.state import TrainState
 from orthros_jax.training.steps import make_eval_step, make_train_step
 
 Batch = Mapping[str, np.ndarray]
@@ -46,95 +52,6 @@ CHECKED = ("loss", "grad_norm", "param_norm")
 
 class NonFiniteLossError(RuntimeError):
     """Raised when a step's loss / grad norm / param norm is NaN or inf."""
-
-
-def initial_params(cfg: TrainConfig, abstract_params: Any) -> Any:
-    """Host params from cfg.init_from (a model dir or training workdir). Scale-offset vectors a
-    Transformer checkpoint lacks are filled with the identity (scale 1, offset 0), which is the
-    paper's Transformer -> Orthros conversion; any other difference is a ValueError."""
-    loaded = checkpoint.load_model(cfg.init_from)
-    params = jax.tree.map(np.asarray, loaded.params)
-    params, added = stack.fill_identity_so(params, cfg.model)  # every kind's stack
-    for name in added:
-        logging.info("init_from: %s not in %s, using the identity", name, cfg.init_from)
-    checkpoint.check_same_shapes(abstract_params, params, f"init_from={cfg.init_from!r}")
-    return jax.tree.map(lambda p, a: p.astype(a.dtype), params, abstract_params)
-
-
-def abstract_state(cfg: TrainConfig, tx: Any, mesh: jax.sharding.Mesh) -> tuple[Any, Any]:
-    """The TrainState's shapes with their shardings (ShapeDtypeStructs), and the params'
-    shardings: the restore target and the init out_shardings."""
-    rng = jax.random.PRNGKey(cfg.train.seed)
-    shapes = jax.eval_shape(lambda r: init_train_state(cfg.model, tx, r), rng)
-    params_sh = sharding.param_shardings(cfg.model, mesh)
-    state_sh = sharding.state_shardings(shapes, params_sh, tx, mesh)
-    abstract = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, state_sh
-    )
-    return abstract, params_sh
-
-
-def fresh_state(cfg: TrainConfig, tx: Any, abstract: Any, params_sh: Any) -> TrainState:
-    """A new state created directly in its shardings (jit with out_shardings): random init
-    from train.seed, or the params of cfg.init_from with a fresh optimizer state."""
-    rng = jax.random.PRNGKey(cfg.train.seed)
-    state_sh = jax.tree.map(lambda a: a.sharding, abstract)
-    if cfg.init_from:
-        params = pmesh.put_tree(initial_params(cfg, abstract.params), params_sh)
-        init = lambda p, r: init_train_state(cfg.model, tx, r, params=p)
-        return jax.jit(init, out_shardings=state_sh)(params, rng)
-    init = lambda r: init_train_state(cfg.model, tx, r)
-    return jax.jit(init, out_shardings=state_sh)(rng)
-
-
-def _is_checkpointable(it: Any) -> bool:
-    return isinstance(it, grain.DatasetIterator | grain.DataLoaderIterator)
-
-
-def check_resumed_model(cfg: TrainConfig, workdir: str) -> None:
-    """ValueError naming every model field that differs from the workdir's model.json when
-    the workdir holds checkpoints (their weights were trained with model.json's config). The
-    fields that change how the model runs, not the function its weights compute
-    (ModelConfig.runtime_keys), may change; model.json then records the new value."""
-    ckpt_dir = os.path.join(workdir, checkpoint.CHECKPOINTS_DIR)
-    has_ckpt = os.path.isdir(ckpt_dir) and any(d.isdigit() for d in os.listdir(ckpt_dir))
-    if not (has_ckpt and os.path.isfile(os.path.join(workdir, checkpoint.MODEL_JSON))):
-        return
-    old, _ = checkpoint.read_model_json(workdir)
-    new, runtime = cfg.model.flat(), cfg.model.runtime_keys()
-    changed = {
-        k: (v, new.get(k)) for k, v in old.flat().items() if new.get(k) != v and k not in runtime
-    }
-    if changed:
-        what = ", ".join(
-            f"model.{k}={new!r} (trained with {was!r})" for k, (was, new) in changed.items()
-        )
-        raise ValueError(
-            f"{workdir} holds checkpoints of a different model shape or math: {what}; resume "
-            "with the workdir's config, or train the changed model in a new workdir"
-        )
-
-
-def config_warnings(cfg: TrainConfig) -> list[str]:
-    """Settings that are valid but almost certainly not meant."""
-    out = []
-    if cfg.optimizer.warmup_steps >= cfg.train.steps:
-        out.append(
-            f"optimizer.warmup_steps={cfg.optimizer.warmup_steps} >= train.steps="
-            f"{cfg.train.steps}: the whole run is warmup (lr never reaches optimizer.lr="
-            f"{cfg.optimizer.lr:g})"
-        )
-    return out
-
-
-def _write_model_json(cfg: TrainConfig, workdir: str) -> None:
-    """workdir/model.json, so checkpoint.load_model(workdir) and launch/generate.py work; it
-    records the training sequence length as the model's context."""
-    if jax.process_index() != 0:
-        return
-    tokenizer = getattr(cfg.data, "tokenizer", None)
-    seq_len = getattr(cfg.data, "seq_len", None)
-    checkpoint.write_model_json(workdir, cfg.model, tokenizer, seq_len)
 
 
 def train(
@@ -168,7 +85,7 @@ def train(
             train_iterator = data_lib.make_train_iterator(cfg.data)
         if eval_batches is None:
             eval_batches = data_lib.make_eval_batches(cfg.data, cfg.train.eval_batches)
-    data_state = train_iterator if _is_checkpointable(train_iterator) else None
+    data_state = train_iterator if is_checkpointable(train_iterator) else None
     if data_state is None:
         logging.warning(
             "train_iterator is not a grain iterator: resuming will not restore its position"
@@ -196,7 +113,7 @@ def train(
                 if cfg.init_from
                 else f"random init (seed {cfg.train.seed})"
             )
-        _write_model_json(cfg, workdir)
+        write_model_json(cfg, workdir)
         micro = int(state.step)
         shape = (
             f" of {cfg.data.batch_size} x {cfg.data.seq_len} tokens" if cfg.data is not None else ""
@@ -241,8 +158,14 @@ class _Run:
     logger: MetricsLogger
     data_state: Any
 
-    def loop(self, state: TrainState, micro: int, it: Iterator[Batch], evals: Sequence[Batch],
-             watcher: PreemptionWatcher) -> TrainState:  # fmt: skip
+    def loop(
+        self,
+        state: TrainState,
+        micro: int,
+        it: Iterator[Batch],
+        evals: Sequence[Batch],
+        watcher: PreemptionWatcher,
+    ) -> TrainState:
 
         tc, accum = self.cfg.train, self.cfg.optimizer.grad_accum_steps
         self.last_eval, self.preempted = None, False

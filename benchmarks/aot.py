@@ -80,9 +80,11 @@ def target_devices(target: str) -> list[Any]:
             )
         with open(GPU_TARGET_FILE) as f:
             topo = topologies.get_topology_desc(
-                platform="cuda", topology_name="", target_config=f.read(),
+                platform="cuda",
+                topology_name="",
+                target_config=f.read(),
                 topology=f"1x1x{m['n']}",
-            )  # fmt: skip
+            )
         return list(topo.devices)
     raise ValueError(f"unknown target {target!r}; allowed: {TARGETS_HELP}")
 
@@ -108,9 +110,13 @@ def _abstract(tree: Any, shardings: Any) -> Any:
 
 def _model_summary(cfg: ModelConfig) -> dict[str, Any]:
     return {
-        "architecture": cfg.architecture, "params": num_params(cfg), "remat": cfg.remat,
-        "attention_impl": cfg.attention_impl, "dtype": cfg.dtype, "window": cfg.window,
-    }  # fmt: skip
+        "architecture": cfg.architecture,
+        "params": num_params(cfg),
+        "remat": cfg.remat,
+        "attention_impl": cfg.attention_impl,
+        "dtype": cfg.dtype,
+        "window": cfg.window,
+    }
 
 
 def train_program(config: Any, devices: list[Any]) -> Program:
@@ -140,14 +146,17 @@ def train_program(config: Any, devices: list[Any]) -> Program:
         for k, s in shapes.items()
     }
     step = make_train_step(cfg.model, cfg.optimizer, tx, cfg.train.steps, cfg.train.loss_chunk)
-    fn = sharding.jit_train_step(step, jax.tree.map(lambda a: a.sharding, state), mesh,
-                                 dict.fromkeys(shapes, 2))  # fmt: skip
+    fn = sharding.jit_train_step(
+        step, jax.tree.map(lambda a: a.sharding, state), mesh, dict.fromkeys(shapes, 2)
+    )
     summary = _model_summary(cfg.model) | {
-        "mode": f"train ({data.kind})", "batch": bsz, "seq_len": t,
+        "mode": f"train ({data.kind})",
+        "batch": bsz,
+        "seq_len": t,
         "grad_accum_steps": cfg.optimizer.grad_accum_steps,
         "tokens_per_update": bsz * t * cfg.optimizer.grad_accum_steps,
         "mesh": dict(mesh.shape),
-    }  # fmt: skip
+    }
     step_flops = flops.train_step_flops(cfg.model, bsz, t, out_len)
     return Program(fn, (state, batch), mesh, "train", step_flops, summary)
 
@@ -185,8 +194,9 @@ def inference_program(config: Any, devices: list[Any]) -> Program:
     m = {"data": 1, "sequence": 1, "tensor": 1} | dict(plain.get("mesh", {}))
     unknown = sorted(set(m) - {"data", "sequence", "tensor"})
     if unknown:
-        raise ValueError(f"unknown mesh key(s) {unknown} of an inference config: "
-                         "data, sequence, tensor")  # fmt: skip
+        raise ValueError(
+            f"unknown mesh key(s) {unknown} of an inference config: data, sequence, tensor"
+        )
     need = m["data"] * m["sequence"] * m["tensor"]
     if need > len(devices) or len(devices) % need:
         raise ValueError(
@@ -213,8 +223,12 @@ def inference_program(config: Any, devices: list[Any]) -> Program:
     rows = NamedSharding(mesh, pmesh.shard_spec(("batch",), (bsz,), mesh))
     row_spec = rows.spec[0] if len(rows.spec) else None
     vec = lambda dtype: jax.ShapeDtypeStruct((bsz,), dtype, sharding=rows)
-    summary = _model_summary(cfg) | {"mode": inf.mode, "batch": bsz, "max_len": s,
-                                     "mesh": dict(mesh.shape)}  # fmt: skip
+    summary = _model_summary(cfg) | {
+        "mode": inf.mode,
+        "batch": bsz,
+        "max_len": s,
+        "mesh": dict(mesh.shape),
+    }
     seq = m["sequence"] > 1
     if inf.mode == "prefill":
         t = s if seq else inf.prompt_len  # sequence parallel: prompts on the slot grid
@@ -255,8 +269,10 @@ def program_of(config: Any, devices: list[Any]) -> Program:
     )
 
 
-_OOM = re.compile(r"(?P<what>[\w ]+?) \((?P<need>[\d.]+)(?P<unit>[KMGT])\) exceeds available HBM "
-                  r"\((?P<have>[\d.]+)(?P<unit2>[KMGT])\)")  # fmt: skip
+_OOM = re.compile(
+    r"(?P<what>[\w ]+?) \((?P<need>[\d.]+)(?P<unit>[KMGT])\) exceeds available HBM "
+    r"\((?P<have>[\d.]+)(?P<unit2>[KMGT])\)"
+)
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -283,9 +299,11 @@ def compile_program(program: Program, spec: DeviceSpec) -> dict[str, Any]:
         return rec
     mem = compiled.memory_analysis()
     b = {
-        "argument": mem.argument_size_in_bytes, "output": mem.output_size_in_bytes,
-        "alias": mem.alias_size_in_bytes, "temp": mem.temp_size_in_bytes,
-    }  # fmt: skip
+        "argument": mem.argument_size_in_bytes,
+        "output": mem.output_size_in_bytes,
+        "alias": mem.alias_size_in_bytes,
+        "temp": mem.temp_size_in_bytes,
+    }
     b["peak"] = b["argument"] + b["output"] - b["alias"] + b["temp"]
     rec["bytes_per_device"] = b
     rec["fits"] = b["peak"] <= spec.hbm_bytes
@@ -327,59 +345,3 @@ def refresh(out_dir: str) -> dict[str, Any]:
     with open(os.path.join(out_dir, "compile.json"), "w") as f:
         json.dump(rec, f, indent=1)
     return rec
-
-
-def _gib(x: float) -> str:
-    """Bytes in GiB (MiB / KiB below one)."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(x) >= size:
-            return f"{x / size:.2f} {unit}"
-    return f"{x:.0f} B"
-
-
-def markdown(rec: dict[str, Any], command: str = "") -> str:
-    """The compile.json record as a markdown table (one row per figure)."""
-    s, dev = rec["summary"], rec["device"]
-    rows = [
-        ("target", f"{rec.get('target', '?')}: {rec['devices']} x {dev['name']}"),
-        ("program", f"{s['mode']}, {s['architecture']}, {s['params'] / 1e9:.2f}B params"),
-        ("mesh", ", ".join(f"{k}={v}" for k, v in s["mesh"].items())),
-        ("remat / attention", f"{s['remat']} / {s['attention_impl']}"),
-        (
-            "shape",
-            ", ".join(
-                f"{k}={s[k]}"
-                for k in ("batch", "seq_len", "prompt_len", "max_len", "grad_accum_steps")
-                if k in s
-            ),
-        ),  # fmt: skip
-        ("device HBM", _gib(dev["hbm_bytes"])),
-    ]
-    if "bytes_per_device" in rec:
-        b = rec["bytes_per_device"]
-        for k in ("argument", "output", "alias", "temp", "peak"):
-            rows.append((f"{k} bytes / device", _gib(b[k])))
-        verdict = "fits" if rec["fits"] else "does not fit"
-        rows.append(("fits", f"{verdict} ({_gib(abs(rec['headroom_bytes']))} "
-                             f"{'free' if rec['fits'] else 'over'})"))  # fmt: skip
-        c = rec["collective_bytes_per_device"]
-        rows.append(("collectives / device",
-                     ", ".join(f"{k} {_gib(v)}" for k, v in c.items() if v) or "none"))  # fmt: skip
-        r = rec["roofline_s"]
-        rows.append(("FLOPs / step (analytic)",
-                     f"{rec['flops_per_step']:.3e} "
-                     f"({rec['flops_per_device']:.3e} / device)"))  # fmt: skip
-        rows.append(("roofline (compute, memory, collectives)",
-                     f"{r['compute'] * 1e3:.2f}, {r['memory'] * 1e3:.2f}, "
-                     f"{r['collectives'] * 1e3:.2f} ms"))  # fmt: skip
-        rows.append(("step time >= / MFU <=", f"{r['step'] * 1e3:.2f} ms / {rec['mfu_bound']:.1%}"))
-    else:
-        need = rec.get("oom_need_bytes")
-        what = (f"{rec.get('oom_what', 'program')} {_gib(need)} > "
-                f"{_gib(rec['oom_available_bytes'])} available"
-                if need else rec["error"])  # fmt: skip
-        rows.append(("fits", f"does not fit (compiler: {what})"))
-    lines = ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
-    if command:
-        lines.append(f"\n`{command}`")
-    return "\n".join(lines) + "\n"

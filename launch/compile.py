@@ -48,7 +48,7 @@ flags.mark_flags_as_required(["target", "out"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from benchmarks import aot
+    from benchmarks import aot, aot_table
     from orthros_jax.parallel.device_specs import spec_of
 
     try:
@@ -69,7 +69,7 @@ def main(argv: list[str]) -> None:
             f.write(hlo)
     with open(os.path.join(_OUT.value, "compile.json"), "w") as f:
         json.dump(rec, f, indent=1)
-    table = aot.markdown(rec, rec["command"])
+    table = aot_table.markdown(rec, rec["command"])
     with open(os.path.join(_OUT.value, "compile.md"), "w") as f:
         f.write(table)
     print(table)

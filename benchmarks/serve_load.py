@@ -32,38 +32,29 @@ Writes --out/serve_load.json (every number), serve_load.md (the tables), serve_l
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
 import datetime
 import json
-import multiprocessing
 import os
 import statistics
 import sys
-import threading
 import time
 
 import jax
 import numpy as np
-import openai
 from absl import app, flags
 
 from orthros_jax import inference
 from orthros_jax.configlib import load_config_file
-from orthros_jax.data.tokenizers import ByteTokenizer
 from orthros_jax.model import init_params
 from orthros_jax.serving import device
-from orthros_jax.serving.api import create_app
-from orthros_jax.serving.background import BackgroundServer
-from orthros_jax.serving.engine import Engine
-from orthros_jax.serving.requests import SamplingParams
 
 # benchmarks/ lives beside launch/, outside the installed package.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks import common as bench  # noqa: E402
 from benchmarks import table4 as bench_table4  # noqa: E402
+from benchmarks.serve_clients import CLIENT, direct, serve  # noqa: E402
 from benchmarks.serve_load_report import write_report  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -90,109 +81,6 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_float("batch_wait_ms", 50.0, "Sweep: how long an idle engine lets a burst gather.")
 flags.mark_flags_as_required(["out"])
-NAME = "bench"
-TOK = ByteTokenizer()
-
-
-async def _one(client, ids: list[int], new: int, t0: float) -> dict:
-    """One streamed greedy request: its first-token and end times (from t0) and its tokens."""
-    first, n = None, 0
-    stream = await client.completions.create(
-        model=NAME, prompt=ids, max_tokens=new, temperature=0, stream=True, logprobs=0,
-        extra_body={"ignore_eos": True},
-    )  # fmt: skip
-    async for chunk in stream:
-        lp = chunk.choices[0].logprobs if chunk.choices else None
-        got = len(lp.tokens) if lp and lp.tokens else 0
-        if got and first is None:
-            first = time.perf_counter() - t0
-        n += got
-    return {"ttft_s": first, "end_s": time.perf_counter() - t0, "tokens": n}
-
-
-async def _burst(url: str, prompts: list[list[int]], new: int) -> dict:
-    """All prompts sent at once; the batch's Table 4 metrics."""
-    async with openai.AsyncOpenAI(
-        base_url=url + "/v1", api_key="none", max_retries=0, timeout=3600
-    ) as client:
-        t0 = time.perf_counter()
-        reqs = await asyncio.gather(*(_one(client, p, new, t0) for p in prompts))
-    e2e = max(r["end_s"] for r in reqs)
-    tokens = sum(r["tokens"] for r in reqs)
-    last_first = max(r["ttft_s"] for r in reqs)
-    after_first = tokens - len(reqs)
-    return {
-        "ttft_s": statistics.mean(r["ttft_s"] for r in reqs),
-        "ttft_each_s": [r["ttft_s"] for r in reqs],
-        "e2e_s": e2e,
-        "tokens": tokens,
-        "output_tok_s": tokens / e2e,
-        "decode_tok_s": after_first / (e2e - last_first)
-        if after_first and e2e > last_first
-        else None,
-    }
-
-
-def _burst_in_process(url: str, prompts: list[list[int]], new: int) -> dict:
-    return asyncio.run(_burst(url, prompts, new))
-
-
-class _Client:
-    """The load generator's client in a process of its own (spawned once), so its HTTP and JSON
-    work does not share the server's interpreter lock, as a real client would not."""
-
-    def __init__(self) -> None:
-        self.pool = None
-
-    def burst(self, url: str, prompts: list[list[int]], new: int) -> dict:
-        if self.pool is None:
-            ctx = multiprocessing.get_context("spawn")
-            self.pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx)
-        return self.pool.submit(_burst_in_process, url, prompts, new).result()
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
-            self.pool = None
-
-
-_CLIENT = _Client()
-
-
-def _serve(cfg, params, *, slots: int, max_len: int, lengths: tuple[int, ...], batches=None,
-           batch_wait_s: float = 0.0):  # fmt: skip
-    engine = Engine(params, cfg, max_batch=slots, max_len=max_len,
-                    chunk_budget=max(lengths) * slots, prefill_lengths=lengths,
-                    prefill_batches=batches, decode_text=TOK.decode,
-                    decode_steps=FLAGS.decode_steps, batch_wait_s=batch_wait_s)  # fmt: skip
-    t = time.perf_counter()
-    engine.warmup()
-    return BackgroundServer(create_app(engine, TOK, NAME)), time.perf_counter() - t, engine
-
-
-def _direct(engine: Engine, prompts: list[list[int]], new: int) -> dict:
-    """The prompts submitted to the engine itself at once (no HTTP): the engine's own overhead
-    against generate. e2e: submit -> every request done; ttft: mean submit -> first token."""
-    done, first = threading.Semaphore(0), {}
-    greedy = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
-    t0 = time.perf_counter()
-
-    def listen(k: int):
-        def on_event(ev) -> None:
-            if ev.kind == "token" and k not in first:
-                first[k] = time.perf_counter() - t0
-            elif ev.kind in ("done", "error"):
-                done.release()
-
-        return on_event
-
-    for k, p in enumerate(prompts):
-        engine.submit(p, greedy, listen(k))
-    for _ in prompts:
-        done.acquire()
-    e2e = time.perf_counter() - t0
-    return {"e2e_s": e2e, "ttft_s": statistics.mean(first.values()),
-            "output_tok_s": len(prompts) * new / e2e}  # fmt: skip
 
 
 def table4(c, shapes: list[tuple[int, int]], pairs: list[tuple[str, str]]) -> dict:
@@ -213,19 +101,28 @@ def table4(c, shapes: list[tuple[int, int]], pairs: list[tuple[str, str]]) -> di
             # paper's two requests arrive together; the first prefills, then the second while
             # the first decodes.
             steps = tuple(chunk * k for k in range(1, FLAGS.t4_step_chunks + 1))
-            srv, compile_s[arm], _ = _serve(cfgs[arm], params[arm], slots=2, max_len=max_len,
-                                            lengths=steps, batches=(1,))  # fmt: skip
+            srv, compile_s[arm], _ = serve(
+                cfgs[arm],
+                params[arm],
+                slots=2,
+                max_len=max_len,
+                lengths=steps,
+                batches=(1,),
+                decode_steps=FLAGS.decode_steps,
+            )
             urls[arm] = stack.enter_context(srv).url
-            _CLIENT.burst(urls[arm], [[1, 2, 3]], 2)  # the HTTP path warm
+            CLIENT.burst(urls[arm], [[1, 2, 3]], 2)  # the HTTP path warm
         compiled = device.compile_count()
         for shape in shapes:
             for arm in arms:
-                row = _CLIENT.burst(urls[arm], prompts[shape], shape[1])
+                row = CLIENT.burst(urls[arm], prompts[shape], shape[1])
                 rows[f"{shape[0]}/{shape[1]}"][arm] = row
                 print(f"table4 {arm} {shape}: {json.dumps(_brief(row))}", flush=True)
         by_len = {i: prompts[(i, o)] for i, o in shapes}
-        calls = {t: {a: bench.prefill_call(cfgs[a], params[a], t, c, fresh_cache=True)
-                     for a in arms} for t in by_len}  # fmt: skip
+        calls = {
+            t: {a: bench.prefill_call(cfgs[a], params[a], t, c, fresh_cache=True) for a in arms}
+            for t in by_len
+        }
         for fns in calls.values():
             for fn in fns.values():
                 jax.block_until_ready(fn())  # compiles
@@ -234,18 +131,22 @@ def table4(c, shapes: list[tuple[int, int]], pairs: list[tuple[str, str]]) -> di
         for _ in range(FLAGS.repeats):
             for t, two_prompts in by_len.items():
                 for a in arms:
-                    server_s[t][a].append(_CLIENT.burst(urls[a], two_prompts, 1)["ttft_s"])
+                    server_s[t][a].append(CLIENT.burst(urls[a], two_prompts, 1)["ttft_s"])
                     t0 = time.perf_counter()
                     jax.block_until_ready(calls[t][a]())
                     prefill_s[t][a].append(time.perf_counter() - t0)
         recompiles = device.compile_count() - compiled
     ttft = []
     for t in by_len:
-        row = {"T": t} | {a: {"server_ttft_s": statistics.median(server_s[t][a]),
-                              "server_rounds_s": server_s[t][a],
-                              "prefill_s": statistics.median(prefill_s[t][a]),
-                              "prefill_rounds_s": prefill_s[t][a]}
-                          for a in arms}  # fmt: skip
+        row = {"T": t} | {
+            a: {
+                "server_ttft_s": statistics.median(server_s[t][a]),
+                "server_rounds_s": server_s[t][a],
+                "prefill_s": statistics.median(prefill_s[t][a]),
+                "prefill_rounds_s": prefill_s[t][a],
+            }
+            for a in arms
+        }
         for single, two in pairs:  # ratios round by round (a shared box drifts), then medians
             sx = _round_ratio(server_s[t][single], server_s[t][two])
             px = _round_ratio(prefill_s[t][single], prefill_s[t][two])
@@ -259,8 +160,13 @@ def table4(c, shapes: list[tuple[int, int]], pairs: list[tuple[str, str]]) -> di
             f"TTFT T={t}: " + json.dumps({k: v for k, v in row.items() if "_over_" in k}),
             flush=True,
         )
-    return {"rows": rows, "ttft": ttft, "compile_s": compile_s, "max_len": max_len,
-            "compiles_while_serving": recompiles}  # fmt: skip
+    return {
+        "rows": rows,
+        "ttft": ttft,
+        "compile_s": compile_s,
+        "max_len": max_len,
+        "compiles_while_serving": recompiles,
+    }
 
 
 def concurrency(c, counts: list[int]) -> list[dict]:
@@ -276,23 +182,34 @@ def concurrency(c, counts: list[int]) -> list[dict]:
         # The N prompts prefill in P-row calls (P a power of two <= N) of 64, 128, ... tokens;
         # an idle engine waits up to 50 ms for a burst to arrive, so a burst sent together
         # prefills in one call, as generate's does.
-        server, _, engine = _serve(cfg, params, slots=n, max_len=max_len, lengths=buckets,
-                                   batch_wait_s=FLAGS.batch_wait_ms / 1000)  # fmt: skip
+        server, _, engine = serve(
+            cfg,
+            params,
+            slots=n,
+            max_len=max_len,
+            lengths=buckets,
+            batch_wait_s=FLAGS.batch_wait_ms / 1000,
+            decode_steps=FLAGS.decode_steps,
+        )
         run = lambda: inference.generate(
             params, prompts, cfg, max_new_tokens=new, cache_size=max_len
         )
-        pre = lambda: inference.prefill(params, inference.init_cache(cfg, n, max_len),
-                                        _padded(prompts), [len(p) for p in prompts],
-                                        cfg)[0]  # fmt: skip
+        pre = lambda: inference.prefill(
+            params,
+            inference.init_cache(cfg, n, max_len),
+            _padded(prompts),
+            [len(p) for p in prompts],
+            cfg,
+        )[0]
         jax.block_until_ready(pre())
         gen_out = run()  # compiles
         srvs, engs, gens, pres = [], [], [], []
         with server:
-            _CLIENT.burst(server.url, prompts[:1], 2)  # the HTTP path warm
+            CLIENT.burst(server.url, prompts[:1], 2)  # the HTTP path warm
             compiled = device.compile_count()
             for _ in range(FLAGS.repeats):  # interleaved rounds: a shared box drifts
-                engs.append(_direct(engine, prompts, new))
-                srvs.append(_CLIENT.burst(server.url, prompts, new))
+                engs.append(direct(engine, prompts, new))
+                srvs.append(CLIENT.burst(server.url, prompts, new))
                 t = time.perf_counter()
                 gen_out = run()
                 gens.append(time.perf_counter() - t)
@@ -310,21 +227,29 @@ def concurrency(c, counts: list[int]) -> list[dict]:
         # the median over rounds: one round where the machine's load moved cannot decide them.
         per_round = lambda rs: _round_ratio(gens, [r["e2e_s"] for r in rs])
         row = {
-            "clients": n, "engine": eng, "server": srv,
-            "generate": {"e2e_s": gen_s, "output_tok_s": gen_tok_s, "ttft_s": gen_ttft,
-                         "e2e_rounds_s": gens},
+            "clients": n,
+            "engine": eng,
+            "server": srv,
+            "generate": {
+                "e2e_s": gen_s,
+                "output_tok_s": gen_tok_s,
+                "ttft_s": gen_ttft,
+                "e2e_rounds_s": gens,
+            },
             "compiles_while_serving": recompiles,
             "engine_over_generate_tok_s": per_round(engs),
             "server_over_generate_tok_s": per_round(srvs),
-        }  # fmt: skip
+        }
         row["generate"]["tokens"] = int(gen_out.lengths.sum())
         out.append(row)
-        print(f"concurrency {n}: engine {eng['output_tok_s']:.1f} tok/s"
-              f" TTFT {eng['ttft_s']:.3f}s"
-              f" | server {srv['output_tok_s']:.1f} tok/s TTFT {srv['ttft_s']:.3f}s"
-              f" | generate {gen_tok_s:.1f} tok/s"
-              f" | engine/generate {row['engine_over_generate_tok_s']:.3f}",
-              flush=True)  # fmt: skip
+        print(
+            f"concurrency {n}: engine {eng['output_tok_s']:.1f} tok/s"
+            f" TTFT {eng['ttft_s']:.3f}s"
+            f" | server {srv['output_tok_s']:.1f} tok/s TTFT {srv['ttft_s']:.3f}s"
+            f" | generate {gen_tok_s:.1f} tok/s"
+            f" | engine/generate {row['engine_over_generate_tok_s']:.3f}",
+            flush=True,
+        )
     return out
 
 
@@ -370,7 +295,7 @@ def main(argv: list[str]) -> None:
                 ("repeats", FLAGS.repeats),
                 ("out", FLAGS.out),
             )
-        ),  # fmt: skip
+        ),
         "table4": table4(c, shapes, pairs) if shapes else None,
         "concurrency": concurrency(c, [int(n) for n in FLAGS.concurrency if n]),
     }
@@ -378,7 +303,7 @@ def main(argv: list[str]) -> None:
     os.makedirs(FLAGS.out, exist_ok=True)
     with open(os.path.join(FLAGS.out, "serve_load.json"), "w") as f:
         json.dump(results, f, indent=1)
-    _CLIENT.close()
+    CLIENT.close()
     write_report(results, FLAGS.out, pairs)
     print(f"wrote {FLAGS.out}/serve_load.{{json,md,png}} in {results['wall_s']:.0f} s", flush=True)
 

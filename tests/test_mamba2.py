@@ -79,7 +79,7 @@ def test_kind_equals_float64_oracle_over_packed_documents(two_streams):
     out = base.replace(x=jnp.asarray(xc, jnp.float32)) if two_streams else None
     ctx = kind_lib.StepContext(mode=kind_lib.SEQUENCE, reset=kind_lib.document_starts(base))
     pj = {k: jnp.asarray(v, jnp.float32) for k, v in p.items()}
-    got, got_out, _ = mamba2.step(pj, cfg, base, out, None, 0, ctx)
+    got, got_out, _ = mamba2.KIND.step(pj, cfg, base, out, None, 0, ctx)
     reset = np.asarray(ctx.reset)
     for r in range(2):
         want, want_out = oracle_mamba2.layer(

@@ -30,31 +30,21 @@ import dataclasses
 from typing import Any, ClassVar
 
 import jax
-import jax.numpy as jnp
 
 from orthros_jax.axes import BATCH, GDN_K_HEADS, GDN_V_HEADS, HEAD_DIM, LAYERS
 from orthros_jax.config import ModelConfig
 from orthros_jax.layers import gdn_mixer
 from orthros_jax.layers.kind import (
-    CHUNK,
-    DECODE,
-    READ,
-    SEQUENCE,
     Export,
     Kind,
     ParamDecl,
     Params,
-    StepContext,
     Stream,
     Work,
     block_params,
-    ffn_residual,
-    finish_streams,
-    layer_of,
-    norm,
     scale_offsets,
-    with_layer,
 )
+from orthros_jax.layers.recurrent import CrossSO, RecurrentStep, cross_so_of, stacked_state
 from orthros_jax.options import Options, check_positive_int, option
 
 SO_NAMES = ("gdn_so_out_scale", "gdn_so_out_offset")
@@ -95,96 +85,74 @@ def params(cfg: ModelConfig) -> dict[str, ParamDecl]:
     return decls
 
 
-def _cross_so(p: Params, cfg: ModelConfig) -> gdn_mixer.CrossSO | None:
-    if cfg.two_streams and cfg.scale_offset:
-        return p[SO_NAMES[0]], p[SO_NAMES[1]]
-    return None
+class _Mixer:
+    """gdn_mixer as the recurrent skeleton's Mixer (layers/recurrent.py)."""
 
+    def cross_so(self, p: Params, cfg: ModelConfig) -> CrossSO | None:
+        return cross_so_of(p, cfg, SO_NAMES)
 
-def _sequence(
-    p: Params, cfg: ModelConfig, base: Stream, out: Stream | None, ctx: StepContext
-) -> tuple[jax.Array, jax.Array | None]:
-    """Sequence mode: (y [B, T, D], cross_y [B, T_out, D] or None). The state restarts at
-    ctx.reset (packed-document starts).
+    def has_ffn(self, cfg: ModelConfig) -> bool:
+        return True
 
-    The chunked rule needs each copy's query at its base token: with SFT's output copies
-    (ctx.out_index) their normed states are scattered to base alignment (zeros where no copy),
-    the cross outputs computed for every base token and taken back, so the cross query,
-    gated norm and out_proj run over T tokens instead of T_out."""
-    h = norm(p, base.x, "attn_norm", cfg)
-    if out is None:
-        y, _, _ = gdn_mixer.gdn_mix(p, h, cfg, reset_BL=ctx.reset)
-        return y, None
-    h_out = norm(p, out.x, "attn_norm", cfg).astype(h.dtype)
-    idx = ctx.out_index
-    if idx is not None:
-        rows = jnp.arange(idx.shape[0], dtype=jnp.int32)[:, None]
-        h_out = jnp.zeros_like(h).at[rows, idx].set(h_out)
-    y, cross_y, _ = gdn_mixer.gdn_mix(
-        p, h, cfg, reset_BL=ctx.reset, cross_h_BLD=h_out, cross_so=_cross_so(p, cfg)
-    )
-    if idx is not None:
-        assert cross_y is not None
-        cross_y = jnp.take_along_axis(cross_y, idx[:, :, None], axis=1)
-    return y, cross_y
+    def mix(
+        self,
+        p: Params,
+        h_BLD: jax.Array,
+        cfg: ModelConfig,
+        base: Stream,
+        *,
+        state: Any,
+        valid_BL: jax.Array | None,
+        reset_BL: jax.Array | None,
+        cross_h_BLD: jax.Array | None = None,
+        cross_so: CrossSO | None = None,
+    ) -> tuple[jax.Array, jax.Array | None, Any]:
+        return gdn_mixer.gdn_mix(
+            p,
+            h_BLD,
+            cfg,
+            state=state,
+            valid_BL=valid_BL,
+            reset_BL=reset_BL,
+            cross_h_BLD=cross_h_BLD,
+            cross_so=cross_so,
+        )
 
+    def decode(
+        self,
+        p: Params,
+        h_B1D: jax.Array,
+        cfg: ModelConfig,
+        base: Stream,
+        *,
+        state: Any,
+        layer: Any,
+        valid_B1: jax.Array,
+        cross_h_B1D: jax.Array | None,
+        cross_so: CrossSO | None,
+    ) -> tuple[jax.Array, jax.Array | None, Any]:
+        return gdn_mixer.gdn_decode(
+            p,
+            h_B1D,
+            cfg,
+            state=state,
+            layer=layer,
+            active_B=valid_B1[:, 0],
+            cross_h_B1D=cross_h_B1D,
+            cross_so=cross_so,
+        )
 
-def step(
-    p: Params,
-    cfg: ModelConfig,
-    base: Stream | None,
-    out: Stream | None,
-    state: Any,
-    li: Any,
-    ctx: StepContext,
-    compute_base: bool = True,
-) -> tuple[Stream | None, Stream | None, Any]:
-    """One GDN layer for both streams in any mode. Returns (base, out, state)."""
-    y: jax.Array | None = None
-    cross_y: jax.Array | None = None
-    if ctx.mode == SEQUENCE:
-        assert base is not None
-        y, cross_y = _sequence(p, cfg, base, out, ctx)
-    elif ctx.mode == READ:
-        if base is not None or out is None:
-            raise ValueError("a GDN layer cannot read a base token alone (reads_last_token)")
-        h_out = norm(p, out.x, "attn_norm", cfg)
-        st = layer_of(state, li)
-        cross_y = gdn_mixer.gdn_read(p, h_out, cfg, state=st, cross_so=_cross_so(p, cfg))
-    else:
-        assert base is not None
-        h = norm(p, base.x, "attn_norm", cfg)
-        st = layer_of(state, li)
-        if ctx.mode == CHUNK:
-            if out is not None:
-                raise ValueError("prefill chunks run the base stream only")
-            y, _, new = gdn_mixer.gdn_mix(
-                p, h, cfg, state=st, valid_BL=ctx.valid, reset_BL=ctx.reset
-            )
-        elif ctx.mode == DECODE:
-            assert ctx.valid is not None
-            cross_h = None if out is None else norm(p, out.x, "attn_norm", cfg)
-            # the stacked state, updated in place at li (no copy of the stack per layer)
-            y, cross_y, state = gdn_mixer.gdn_decode(
-                p,
-                h,
-                cfg,
-                state=state,
-                layer=li,
-                active_B=ctx.valid[:, 0],
-                cross_h_B1D=cross_h,
-                cross_so=_cross_so(p, cfg),
-            )
-        else:
-            raise ValueError(f"unknown mode {ctx.mode!r}")
-        if ctx.mode == CHUNK:
-            state = with_layer(state, li, new)
-    if not compute_base:
-        y = None
-    # The FFN is token-wise and shared (decode: both streams as one batch).
-    finish = lambda x, mixed: ffn_residual(p, x, mixed.astype(x.dtype), cfg)
-    base, out = finish_streams(base, out, y, cross_y, finish, ctx.mode == DECODE)
-    return base, out, state
+    def read(
+        self,
+        p: Params,
+        h_B1D: jax.Array,
+        cfg: ModelConfig,
+        out: Stream,
+        *,
+        state: Any,
+        cross_so: CrossSO | None,
+    ) -> jax.Array:
+        return gdn_mixer.gdn_read(p, h_B1D, cfg, state=state, cross_so=cross_so)
 
 
 def init_state(
@@ -192,8 +160,7 @@ def init_state(
 ) -> gdn_mixer.GDNState:
     """gdn_mixer.init_gdn_state (conv windows in dtype, recurrent float32) with every field stacked
     on a leading [layers] axis; max_len is unused (the state does not grow with the sequence)."""
-    one = jax.eval_shape(lambda: gdn_mixer.init_gdn_state(cfg, batch, dtype))
-    return jax.tree.map(lambda a: jnp.zeros((n_layers, *a.shape), a.dtype), one)
+    return stacked_state(lambda: gdn_mixer.init_gdn_state(cfg, batch, dtype), n_layers)
 
 
 def state_axes(cfg: ModelConfig) -> gdn_mixer.GDNState:
@@ -237,7 +204,7 @@ KIND = Kind(
     params=params,
     init_state=init_state,
     state_axes=state_axes,
-    step=step,
+    step=RecurrentStep("gdn", _Mixer()),
     flops=flops,
     recurrent=True,
     options=GDNOptions,

@@ -101,4 +101,14 @@ def gate_flops(cfg: ModelConfig) -> int:
 
 # fla's GatedLinearAttention; neither transformers nor modeling_orthros.py has a GLA layer.
 EXPORT = Export(fla="gla", note="GLA layers export only as fla's format, a pure gla stack")
-KIND = linear_kind.make("gla", spec, decay_fn, mixer_params, GLAOptions, gate_flops, EXPORT)
+
+
+class _GLA(linear_kind.LinearKind):
+    name = "gla"
+    spec = staticmethod(spec)
+    decay = staticmethod(decay_fn)
+    mixer_params = staticmethod(mixer_params)
+    gate_flops = staticmethod(gate_flops)
+
+
+KIND = _GLA().kind(GLAOptions, EXPORT)

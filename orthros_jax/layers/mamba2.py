@@ -29,32 +29,22 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from orthros_jax.axes import BATCH, HEAD_DIM, HEADS, KV_HEADS, LAYERS
 from orthros_jax.config import ModelConfig
 from orthros_jax.layers import mamba2_mixer as mm
 from orthros_jax.layers.kind import (
-    CHUNK,
-    DECODE,
-    READ,
-    SEQUENCE,
     Export,
     Kind,
     ParamDecl,
     Params,
-    StepContext,
     Stream,
     Work,
     block_params,
-    ffn_residual,
-    finish_streams,
-    layer_of,
-    norm,
     residual_std,
     scale_offsets,
-    with_layer,
 )
+from orthros_jax.layers.recurrent import CrossSO, RecurrentStep, cross_so_of, stacked_state
 
 SO_NAMES = ("mamba2_so_out_scale", "mamba2_so_out_offset")
 
@@ -79,108 +69,88 @@ def params(cfg: ModelConfig) -> dict[str, ParamDecl]:
     return decls
 
 
-def _cross_so(p: Params, cfg: ModelConfig) -> mm.CrossSO | None:
-    if cfg.two_streams and cfg.scale_offset:
-        return p[SO_NAMES[0]], p[SO_NAMES[1]]
-    return None
+class _Mixer:
+    """mamba2_mixer as the recurrent skeleton's Mixer (layers/recurrent.py); without the FFN
+    (kinds.mamba2.ffn=False, the HF block) a layer is x + mixer(norm(x))."""
 
+    def cross_so(self, p: Params, cfg: ModelConfig) -> CrossSO | None:
+        return cross_so_of(p, cfg, SO_NAMES)
 
-def _sequence(
-    p: Params, cfg: ModelConfig, base: Stream, out: Stream | None, ctx: StepContext
-) -> tuple[jax.Array, jax.Array | None]:
-    """Sequence mode: (y [B, T, D], cross_y [B, T_out, D] or None); SFT's output copies
-    (ctx.out_index) are scattered to their base tokens and taken back, as in the GDN kind."""
-    o = options(cfg)
-    h = norm(p, base.x, "attn_norm", cfg)
-    empty = mm.init_state(o, h.shape[0], cfg.jnp_dtype)
-    if out is None:
-        y, _, _ = mm.mix(p, h, o, cfg.norm_eps, state=empty, reset_BL=ctx.reset)
-        return y, None
-    h_out = norm(p, out.x, "attn_norm", cfg).astype(h.dtype)
-    idx = ctx.out_index
-    if idx is not None:
-        rows = jnp.arange(idx.shape[0], dtype=jnp.int32)[:, None]
-        h_out = jnp.zeros_like(h).at[rows, idx].set(h_out)
-    y, cross_y, _ = mm.mix(
-        p,
-        h,
-        o,
-        cfg.norm_eps,
-        state=empty,
-        reset_BL=ctx.reset,
-        cross_h_BLD=h_out,
-        cross_so=_cross_so(p, cfg),
-    )
-    if idx is not None:
-        assert cross_y is not None
-        cross_y = jnp.take_along_axis(cross_y, idx[:, :, None], axis=1)
-    return y, cross_y
+    def has_ffn(self, cfg: ModelConfig) -> bool:
+        return options(cfg).ffn
 
-
-def step(
-    p: Params,
-    cfg: ModelConfig,
-    base: Stream | None,
-    out: Stream | None,
-    state: Any,
-    li: Any,
-    ctx: StepContext,
-    compute_base: bool = True,
-) -> tuple[Stream | None, Stream | None, Any]:
-    """One Mamba-2 layer for both streams in any mode. Returns (base, out, state)."""
-    o, eps = options(cfg), cfg.norm_eps
-    y: jax.Array | None = None
-    cross_y: jax.Array | None = None
-    if ctx.mode == SEQUENCE:
-        assert base is not None
-        y, cross_y = _sequence(p, cfg, base, out, ctx)
-    elif ctx.mode == READ:
-        if base is not None or out is None:
-            raise ValueError("a mamba2 layer cannot read a base token alone (reads_last_token)")
-        h_out = norm(p, out.x, "attn_norm", cfg)
-        cross_y = mm.read(p, h_out, o, eps, state=layer_of(state, li), cross_so=_cross_so(p, cfg))
-    elif ctx.mode == CHUNK:
-        if out is not None or base is None:
-            raise ValueError("prefill chunks run the base stream only")
-        h = norm(p, base.x, "attn_norm", cfg)
-        y, _, new = mm.mix(
-            p, h, o, eps, state=layer_of(state, li), valid_BL=ctx.valid, reset_BL=ctx.reset
-        )
-        state = with_layer(state, li, new)
-    elif ctx.mode == DECODE:
-        assert base is not None
-        h = norm(p, base.x, "attn_norm", cfg)
-        cross_h = None if out is None else norm(p, out.x, "attn_norm", cfg)
-        y, cross_y, state = mm.mix(
+    def mix(
+        self,
+        p: Params,
+        h_BLD: jax.Array,
+        cfg: ModelConfig,
+        base: Stream,
+        *,
+        state: Any,
+        valid_BL: jax.Array | None,
+        reset_BL: jax.Array | None,
+        cross_h_BLD: jax.Array | None = None,
+        cross_so: CrossSO | None = None,
+    ) -> tuple[jax.Array, jax.Array | None, Any]:
+        o = options(cfg)
+        if state is None:
+            state = mm.init_state(o, h_BLD.shape[0], cfg.jnp_dtype)
+        return mm.mix(
             p,
-            h,
+            h_BLD,
             o,
-            eps,
+            cfg.norm_eps,
             state=state,
-            layer=li,
-            valid_BL=ctx.valid,
-            cross_h_BLD=cross_h,
-            cross_so=_cross_so(p, cfg),
+            valid_BL=valid_BL,
+            reset_BL=reset_BL,
+            cross_h_BLD=cross_h_BLD,
+            cross_so=cross_so,
+        )
+
+    def decode(
+        self,
+        p: Params,
+        h_B1D: jax.Array,
+        cfg: ModelConfig,
+        base: Stream,
+        *,
+        state: Any,
+        layer: Any,
+        valid_B1: jax.Array,
+        cross_h_B1D: jax.Array | None,
+        cross_so: CrossSO | None,
+    ) -> tuple[jax.Array, jax.Array | None, Any]:
+        return mm.mix(
+            p,
+            h_B1D,
+            options(cfg),
+            cfg.norm_eps,
+            state=state,
+            layer=layer,
+            valid_BL=valid_B1,
+            cross_h_BLD=cross_h_B1D,
+            cross_so=cross_so,
             decode=True,
         )
-    else:
-        raise ValueError(f"unknown mode {ctx.mode!r}")
-    if not compute_base:
-        y = None
-    if o.ffn:
-        finish = lambda x, mixed: ffn_residual(p, x, mixed.astype(x.dtype), cfg)
-    else:
-        finish = lambda x, mixed: x + mixed.astype(x.dtype)
-    base, out = finish_streams(base, out, y, cross_y, finish, ctx.mode == DECODE)
-    return base, out, state
+
+    def read(
+        self,
+        p: Params,
+        h_B1D: jax.Array,
+        cfg: ModelConfig,
+        out: Stream,
+        *,
+        state: Any,
+        cross_so: CrossSO | None,
+    ) -> jax.Array:
+        return mm.read(p, h_B1D, options(cfg), cfg.norm_eps, state=state, cross_so=cross_so)
 
 
 def init_state(
     cfg: ModelConfig, n_layers: int, batch: int, max_len: int, dtype: Any
 ) -> mm.Mamba2State:
     """mamba2_mixer.init_state stacked on a leading [layers] axis; max_len is unused."""
-    one = jax.eval_shape(lambda: mm.init_state(options(cfg), batch, dtype))
-    return jax.tree.map(lambda a: jnp.zeros((n_layers, *a.shape), a.dtype), one)
+    return stacked_state(lambda: mm.init_state(options(cfg), batch, dtype), n_layers)
 
 
 def state_axes(cfg: ModelConfig) -> mm.Mamba2State:
@@ -229,7 +199,7 @@ KIND = Kind(
     params=params,
     init_state=init_state,
     state_axes=state_axes,
-    step=step,
+    step=RecurrentStep("mamba2", _Mixer()),
     flops=flops,
     recurrent=True,
     options=mm.Mamba2Options,

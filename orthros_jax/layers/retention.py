@@ -74,6 +74,13 @@ def decay_fn(cfg: ModelConfig) -> lm.DecayFn:
 
 # fla's MultiScaleRetention; neither transformers nor modeling_orthros.py has a retention layer.
 EXPORT = Export(fla="retnet", note="retention layers export only as fla's format, a pure stack")
-KIND = linear_kind.make(
-    "retention", spec, decay_fn, mixer_params, RetentionOptions, lambda cfg: 0, EXPORT
-)
+
+
+class _Retention(linear_kind.LinearKind):
+    name = "retention"  # a fixed decay: no gate FLOPs (LinearKind.gate_flops)
+    spec = staticmethod(spec)
+    decay = staticmethod(decay_fn)
+    mixer_params = staticmethod(mixer_params)
+
+
+KIND = _Retention().kind(RetentionOptions, EXPORT)

@@ -13,10 +13,9 @@ import time
 
 import numpy as np
 import pytest
-from test_training_resume import _env, _fingerprints, _flatten
+from resume_helpers import assert_same_run, run_env, saved_steps
 from training_helpers import REPO, TINY_FLAGS, pt_dataset, run_train, tiny_train_config
 
-from orthros_jax import checkpoint
 from orthros_jax.training import train
 
 STEPS = 120
@@ -36,12 +35,9 @@ def _records(workdir: str) -> list[dict]:
         return [{k: v for k, v in r.items() if k not in TIMING} for r in map(json.loads, f)]
 
 
-def _saved_steps(workdir: str) -> list[int]:
-    ckpts = os.path.join(workdir, "checkpoints")
-    return sorted(int(d) for d in os.listdir(ckpts) if d.isdigit()) if os.path.isdir(ckpts) else []
-
-
-def _train_records(workdir: str) -> int:
+def _train_lines(workdir: str) -> int:
+    """How many train records metrics.jsonl holds (of a running process: a line may be
+    half-written, so it is counted, not parsed)."""
     path = os.path.join(workdir, "metrics.jsonl")
     if not os.path.isfile(path):
         return 0
@@ -51,7 +47,7 @@ def _train_records(workdir: str) -> int:
 
 @pytest.mark.slow
 def test_sigterm_checkpoints_exits_0_and_resumes_bit_for_bit(tmp_path):
-    env = _env(tmp_path)
+    env = run_env(tmp_path)
     full = str(tmp_path / "full")
     done = run_train([*FLAGS, f"--workdir={full}"], env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -66,13 +62,13 @@ def test_sigterm_checkpoints_exits_0_and_resumes_bit_for_bit(tmp_path):
         text=True,
     )
     deadline = time.time() + 300
-    while _train_records(cut) < 2 and time.time() < deadline and proc.poll() is None:
+    while _train_lines(cut) < 2 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)  # two log lines: compiled and training
     assert proc.poll() is None, "the run ended before the signal; raise STEPS"
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
-    saved = _saved_steps(cut)
+    saved = saved_steps(cut)
     assert len(saved) == 1 and 10 <= saved[0] < STEPS, saved
     assert f"preempted by SIGTERM: wrote the checkpoint of step {saved[0]}" in out, out[-2000:]
     assert "received SIGTERM: finishing the current update" in err
@@ -81,12 +77,7 @@ def test_sigterm_checkpoints_exits_0_and_resumes_bit_for_bit(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {os.path.join(cut, 'checkpoints')} at step {saved[0]}" in resumed.stdout
 
-    a, b = (_flatten(checkpoint.load_model(w).params) for w in (full, cut))
-    assert a.keys() == b.keys()
-    for k in a:
-        np.testing.assert_array_equal(np.asarray(b[k]), np.asarray(a[k]), err_msg=k)
-    fa, fb = _fingerprints(full), _fingerprints(cut)
-    assert sorted(fa) == list(range(STEPS)) and fb == fa
+    assert_same_run(full, cut, STEPS, atol=0.0)  # bit for bit
     # Every record equal, but the train line of the log window the preemption cut (after the
     # resume it averages only the steps since).
     straddling = (saved[0] // 5 + 1) * 5 if saved[0] % 5 else None
@@ -127,7 +118,7 @@ def test_sigint_in_process_checkpoints_and_resumes(tmp_path):
     it = iter(_signal_at(signal.SIGINT, 3, pt_dataset(4, 16)))
     cut = train(cfg, workdir, train_iterator=it, eval_batches=[])
     assert signal.getsignal(signal.SIGINT) is before
-    saved = _saved_steps(workdir)
+    saved = saved_steps(workdir)
     assert len(saved) == 1 and 3 <= saved[0] < steps and int(cut.step) == saved[0], saved
     resumed = train(cfg, workdir, train_iterator=iter(pt_dataset(4, 16)), eval_batches=[])
     assert int(resumed.step) == steps

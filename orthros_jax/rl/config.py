@@ -20,6 +20,7 @@ from typing import Any
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.configlib import dataclass_from_dict, to_plain
+from orthros_jax.options import check_choice, check_positive, check_positive_int
 from orthros_jax.training.config import LoopConfig, MeshConfig, OptimizerConfig
 
 
@@ -40,17 +41,10 @@ class Ratio(enum.Enum):
     SEQUENCE = "sequence"
 
 
-def _positive_int(section: str, name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{section}.{name} must be a positive int, got {value!r}")
-
-
 def _enum(section: str, name: str, value: Any, cls: type[enum.Enum]) -> enum.Enum:
     if isinstance(value, cls):
         return value
-    allowed = [m.value for m in cls]
-    if value not in allowed:
-        raise ValueError(f"{section}.{name}={value!r} is unknown; allowed: {', '.join(allowed)}")
+    check_choice(f"{section}.{name}", value, [m.value for m in cls])
     return cls(value)
 
 
@@ -74,7 +68,7 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         for name in ("context_len", "digits", "pairs", "queries", "gap", "eval_prompts"):
-            _positive_int("task", name, getattr(self, name))
+            check_positive_int(f"task.{name}", getattr(self, name))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,14 +88,13 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         for name in ("prompts", "max_new_tokens", "max_batch", "max_len"):
-            _positive_int("rollout", name, getattr(self, name))
+            check_positive_int(f"rollout.{name}", getattr(self, name))
         if not isinstance(self.group_size, int) or self.group_size < 2:
             raise ValueError(
                 f"rollout.group_size must be an int >= 2 (GRPO's advantage is relative to the "
                 f"other samples of the same prompt; 1 gives no advantage), got {self.group_size!r}"
             )
-        if not self.temperature > 0:
-            raise ValueError(f"rollout.temperature must be > 0, got {self.temperature!r}")
+        check_positive("rollout.temperature", self.temperature)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +118,7 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         for name in ("rows", "seq_len", "out_len"):
-            _positive_int("grpo", name, getattr(self, name))
+            check_positive_int(f"grpo.{name}", getattr(self, name))
         for name in ("clip_low", "clip_high", "kl_coef"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"grpo.{name} must be >= 0, got {getattr(self, name)!r}")

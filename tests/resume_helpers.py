@@ -1,0 +1,108 @@
+"""Shared pieces of the kill-and-resume tests (test_training_resume, test_prepared_resume,
+test_preemption): a run's environment, what it left in its workdir, and the comparison of a
+resumed run with an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+from training_helpers import REPO, run_train
+
+from orthros_jax import checkpoint
+
+
+def run_env(tmp_path) -> dict[str, str]:
+    """The runs' environment: a shared compilation cache, so they compile the program once."""
+    return dict(
+        os.environ,
+        JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    )
+
+
+def fingerprints(workdir: str) -> dict[int, int]:
+    """micro step -> crc32 of its batch; a step logged twice (killed, then redone) keeps its
+    last value, which is the one the surviving run trained on."""
+    out = {}
+    with open(os.path.join(workdir, "data_fingerprints_p0.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            out[row["micro_step"]] = row["crc32"]
+    return out
+
+
+def saved_steps(workdir: str) -> list[int]:
+    """The steps of the checkpoints in workdir (ascending)."""
+    ckpts = os.path.join(workdir, "checkpoints")
+    return sorted(int(d) for d in os.listdir(ckpts) if d.isdigit()) if os.path.isdir(ckpts) else []
+
+
+def train_records(workdir: str) -> list[dict]:
+    """metrics.jsonl's train records ([] before the first)."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [r for r in map(json.loads, f) if r["split"] == "train"]
+
+
+def flat_params(workdir: str) -> dict[str, np.ndarray]:
+    """The final model's params of a run, flattened to 'a/b/c' -> array."""
+
+    def flatten(tree, prefix=""):
+        out = {}
+        for k, v in tree.items():
+            if isinstance(v, dict):
+                out |= flatten(v, f"{prefix}{k}/")
+            else:
+                out[prefix + k] = np.asarray(v)
+        return out
+
+    return flatten(checkpoint.load_model(workdir).params)
+
+
+def sigkill_and_resume(flags: list[str], tmp_path, steps: int, timeout: int) -> tuple[str, str]:
+    """An uninterrupted launch/train.py run, and one killed with SIGKILL after its first
+    checkpoint and rerun on its workdir. Returns the two workdirs (full, killed)."""
+    env = run_env(tmp_path)
+    full = str(tmp_path / "full")
+    done = run_train([*flags, f"--workdir={full}"], env=env, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    killed = str(tmp_path / "killed")
+    proc = subprocess.Popen(
+        [sys.executable, "launch/train.py", *flags, f"--workdir={killed}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + timeout
+    while not saved_steps(killed) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be killed; raise its steps"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    at_kill = saved_steps(killed)
+    assert at_kill and at_kill[-1] < steps, at_kill
+
+    resumed = run_train([*flags, f"--workdir={killed}"], env=env, timeout=timeout)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout + resumed.stderr
+    return full, killed
+
+
+def assert_same_run(full: str, other: str, steps: int, atol: float) -> None:
+    """other ended at full's params (<= atol; 0: bit for bit) after the same batches."""
+    a, b = flat_params(full), flat_params(other)
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], atol=atol, rtol=0, err_msg=k)
+    fa, fb = fingerprints(full), fingerprints(other)
+    assert sorted(fa) == list(range(steps)) and fb == fa  # same batches in the same order

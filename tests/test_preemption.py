@@ -1,6 +1,6 @@
 """Preemption: SIGTERM / SIGINT during training finishes the update, writes a checkpoint and
 exits 0 with a line saying so; rerunning resumes to the params, data order and metrics of an
-uninterrupted run (bit for bit). Two processes under jax.distributed stop at the same step."""
+uninterrupted run (bit for bit). Two processes: tests/test_multiprocess_preemption.py."""
 
 from __future__ import annotations
 

@@ -123,6 +123,11 @@ def decode(cfg, params, contexts: list[int]) -> list[dict]:
     return rows
 
 
+# Replies in ASCII: their text re-encodes to the very tokens the server generated (a byte >= 128
+# alone decodes to U+FFFD, 3 bytes), so each turn resends the conversation the cache holds.
+ASCII_ONLY = {str(i): -100.0 for i in range(128, 256)}
+
+
 async def _ttft(client, prompt: list[int], new: int) -> tuple[float, list[int]]:
     t0 = time.perf_counter()
     first, text = None, ""
@@ -133,6 +138,7 @@ async def _ttft(client, prompt: list[int], new: int) -> tuple[float, list[int]]:
         temperature=0,
         stream=True,
         extra_body={"ignore_eos": True},
+        logit_bias=ASCII_ONLY,
     )
     async for chunk in stream:
         if first is None:

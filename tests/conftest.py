@@ -56,3 +56,15 @@ def _xla_optimizations(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
     finally:
         os.environ[_NO_OPT] = before
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs() -> Iterator[None]:
+    """After each test module, drop jax's compiled programs and traces: a pytest-xdist worker
+    runs hundreds of modules, and what they compiled otherwise stays alive to the end (CI saw
+    two workers die late in the run, in XLA:CPU, with tests that pass alone)."""
+    yield
+    import gc
+
+    jax.clear_caches()
+    gc.collect()

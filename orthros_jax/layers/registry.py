@@ -9,7 +9,7 @@ from __future__ import annotations
 from orthros_jax import config as config_lib
 from orthros_jax.arms import ATTN_RUNS, CONVERT, CONVERT_RUNS, LM, MQAR, RECALL, Arm
 from orthros_jax.config import ModelConfig
-from orthros_jax.layers import attend, attention, gdn, gla, mamba2, retention
+from orthros_jax.layers import attend, attention, gdn, gla, mamba2, moe, retention
 from orthros_jax.layers.cudnn import cudnn_attention
 from orthros_jax.layers.kind import LayerKind
 from orthros_jax.layers.splash import splash
@@ -30,6 +30,22 @@ for _kind in KINDS.values():
     config_lib.register_layer_kind(
         _kind.name, _kind.validate, recurrent=_kind.recurrent, options=_kind.options
     )
+
+
+def _check_moe_blocks(cfg: ModelConfig) -> None:
+    """A MoE FFN replaces a block's FFN: every kind of the cycle must end in one (its
+    parameters have the FFN's pre-norm mlp_norm; e.g. not kinds.mamba2.ffn=False)."""
+    bare = [k for k in dict.fromkeys(cfg.layer_types) if "mlp_norm" not in KINDS[k].params(cfg)]
+    if bare:
+        raise ValueError(
+            f"ModelConfig.moe with layer_types={cfg.layer_types!r}: the {bare} layers have no "
+            "FFN for the MoE FFN to replace (give them one, e.g. kinds.mamba2.ffn=True)"
+        )
+
+
+for _check in (moe.validate, _check_moe_blocks):
+    if _check not in config_lib.MOE_CHECKS:
+        config_lib.MOE_CHECKS.append(_check)
 
 # The paper's arms (orthros_jax/arms.py), in the order of results' tables, made of the kinds
 # above; a table, one arm a row (hence unformatted).

@@ -373,7 +373,9 @@ class ModelConfig:
     def runtime_keys(self) -> frozenset[str]:
         """The keys of flat() that change how the model runs, not what its weights compute."""
         kinds = {f"kinds.{k}.{n}" for k, o in self.kinds.items() for n in o.runtime_fields()}
-        return RUNTIME_FIELDS | kinds
+        # MoE: the experts' kernel and the loss coefficients (not the weights' function)
+        moe = {"moe.impl", "moe.aux_loss_coef", "moe.z_loss_coef"} if self.moe else set()
+        return RUNTIME_FIELDS | kinds | moe
 
     def flat(self) -> dict[str, Any]:
         """Every field, the kinds' options as "kinds.<kind>.<option>", MoE's as "moe.<option>"

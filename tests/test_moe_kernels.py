@@ -142,3 +142,17 @@ def test_bad_moe_options_raise_naming_the_field(moe, arch, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")) as err:
         ModelConfig(architecture=arch, n_layers=4, moe=moe)
     assert "\n" not in str(err.value)
+
+
+def test_moe_config_round_trips_through_json_and_extends_the_cycle():
+    import json
+
+    cfg = ModelConfig(n_layers=4, moe={"ffn_cycle": ["dense", "moe"], "shared_expert": 8})
+    assert cfg.layer_types == ("attention", "attention") and cfg.ffn_types == ("dense", "moe")
+    assert (cfg.ffn_layers("moe"), cfg.ffn_layers("dense")) == (2, 2)
+    assert [cfg.ffn_index(c, 1) for c in range(2)] == [0, 1]
+    back = ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert back == cfg and hash(back) == hash(cfg)
+    assert cfg.flat()["moe.shared_expert"] == 8 and "moe.impl" in cfg.runtime_keys()
+    assert cfg.moe_routing == "paired"
+    assert ModelConfig(architecture="transformer", moe={}).moe_routing == "independent"

@@ -113,6 +113,8 @@ def finish_layer(
     if not has_ffn:
         base = base if hb is None else base.replace(x=hb)  # type: ignore[union-attr]
         return base, out if ho is None else out.replace(x=ho)  # type: ignore[union-attr]
+    if hb is None and ho is None:  # no stream runs this layer's FFN (a dead last layer)
+        return base, out
     if "moe" in p:
         nb = None if hb is None else norm(p, hb, "mlp_norm", cfg)
         no = None if ho is None else norm(p, ho, "mlp_norm", cfg)

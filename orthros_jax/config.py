@@ -8,7 +8,6 @@ functions read. Launchers build it from an `ml_collections` config with
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,7 +16,7 @@ import jax.numpy as jnp
 from orthros_jax import arms as arms_lib
 from orthros_jax.arms import ARCHITECTURES as ARMS
 from orthros_jax.arms import Arm
-from orthros_jax.moe_options import MoEOptions
+from orthros_jax.moe_options import MOE_RUNTIME_FIELDS, MoEOptions
 from orthros_jax.options import (
     Options,
     Sections,
@@ -69,8 +68,8 @@ RUNTIME_FIELDS = frozenset(
         "init_std",
     }
 )
-# Checks of a config with MoE layers that need the layer package (layers/registry.py adds
-# layers/moe.validate).
+# Checks of a config with MoE layers that need the layer kinds (layers/registry.py adds its
+# _check_moe_kinds).
 MOE_CHECKS: list[Callable[[ModelConfig], None]] = []
 
 
@@ -242,17 +241,11 @@ class ModelConfig:
 
     def _check_moe(self) -> None:
         """The FFN cycle and the kind cycle repeat together: layer_types is extended to their
-        least common multiple (the same stack), which must divide n_layers."""
+        least common multiple (the same stack; MoEOptions.layer_cycle)."""
         assert self.moe is not None
         self.moe.resolved_routing(self.two_streams)
-        n = math.lcm(len(self.layer_types), len(self.moe.ffn_cycle))
-        if self.n_layers % n:
-            raise ValueError(
-                f"ModelConfig.moe.ffn_cycle={self.moe.ffn_cycle!r} and layer_types="
-                f"{self.layer_types!r} repeat every {n} layers, which must divide "
-                f"n_layers={self.n_layers}"
-            )
-        object.__setattr__(self, "layer_types", self.layer_types * (n // len(self.layer_types)))
+        cycle = self.moe.layer_cycle(self.layer_types, self.n_layers)
+        object.__setattr__(self, "layer_types", cycle)
         for check in MOE_CHECKS:
             check(self)
 
@@ -324,10 +317,7 @@ class ModelConfig:
     def ffn_types(self) -> tuple[str, ...]:
         """The FFN of each position of the layer cycle ("moe" / "dense"); () without moe: the
         dense FFN lives in the kinds' parameters."""
-        if self.moe is None:
-            return ()
-        c = self.moe.ffn_cycle
-        return tuple(c[j % len(c)] for j in range(len(self.layer_types)))
+        return () if self.moe is None else self.moe.ffn_types(len(self.layer_types))
 
     def ffn_layers(self, ffn: str) -> int:
         """How many layers have this FFN ("moe" / "dense"; 0 without moe)."""
@@ -373,8 +363,7 @@ class ModelConfig:
     def runtime_keys(self) -> frozenset[str]:
         """The keys of flat() that change how the model runs, not what its weights compute."""
         kinds = {f"kinds.{k}.{n}" for k, o in self.kinds.items() for n in o.runtime_fields()}
-        # MoE: the experts' kernel and the loss coefficients (not the weights' function)
-        moe = {"moe.impl", "moe.aux_loss_coef", "moe.z_loss_coef"} if self.moe else set()
+        moe = {f"moe.{n}" for n in MOE_RUNTIME_FIELDS} if self.moe else set()
         return RUNTIME_FIELDS | kinds | moe
 
     def flat(self) -> dict[str, Any]:

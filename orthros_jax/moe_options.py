@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from collections.abc import Mapping
 from typing import Any
 
 FFN_CHOICES: tuple[str, ...] = ("moe", "dense")
 ROUTINGS: tuple[str, ...] = ("paired", "independent")
 MOE_IMPLS: tuple[str, ...] = ("grouped", "dense")  # kernels/moe.IMPLS
+# Options that change how the model runs or trains, not what its weights compute (a resumed
+# run may change them: ModelConfig.runtime_keys): the experts' kernel, the loss coefficients.
+MOE_RUNTIME_FIELDS: tuple[str, ...] = ("impl", "aux_loss_coef", "z_loss_coef")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +91,21 @@ class MoEOptions:
                 "single-stream arm has no output copies to pair; use None or 'independent'"
             )
         return self.routing or ("paired" if two_streams else "independent")
+
+    def layer_cycle(self, layer_types: tuple[str, ...], n_layers: int) -> tuple[str, ...]:
+        """layer_types repeated to the least common multiple of its and ffn_cycle's lengths
+        (one cycle of both), which must divide n_layers."""
+        n = math.lcm(len(layer_types), len(self.ffn_cycle))
+        if n_layers % n:
+            raise ValueError(
+                f"ModelConfig.moe.ffn_cycle={self.ffn_cycle!r} and layer_types="
+                f"{layer_types!r} repeat every {n} layers, which must divide n_layers={n_layers}"
+            )
+        return layer_types * (n // len(layer_types))
+
+    def ffn_types(self, n: int) -> tuple[str, ...]:
+        """The FFN ("moe" / "dense") of each of the n positions of a layer cycle."""
+        return tuple(self.ffn_cycle[j % len(self.ffn_cycle)] for j in range(n))
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> MoEOptions:

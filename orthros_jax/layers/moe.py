@@ -153,14 +153,3 @@ def moe_ffn(
     y_base = outs.pop(0) if h_base is not None else None
     y_out = outs.pop(0) if h_out is not None else None
     return y_base, y_out, stats
-
-
-def validate(cfg: ModelConfig) -> None:
-    """Checks of a config with MoE layers that need the layer kinds (config.py checks the rest)."""
-    assert cfg.moe is not None
-    if cfg.moe_routing == "paired" and any(t != "attention" for t in cfg.layer_types):
-        raise ValueError(
-            f"ModelConfig.moe.routing='paired' with layer_types={cfg.layer_types!r}: paired "
-            "routing runs the base stream's last prompt token again in prefill's read pass, "
-            "which only attention layers support yet; use routing='independent'"
-        )

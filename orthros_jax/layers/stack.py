@@ -24,7 +24,7 @@ import numpy as np
 from orthros_jax.axes import LAYERS
 from orthros_jax.config import ModelConfig
 from orthros_jax.layers.ffn import FFNS, ffns_of
-from orthros_jax.layers.kind import LayerKind, Params
+from orthros_jax.layers.kind import LayerKind, ParamDecl, Params
 from orthros_jax.layers.registry import KINDS, kinds_of
 
 __all__ = [
@@ -76,12 +76,7 @@ class KindStack(nn.Module):
     @nn.compact
     def __call__(self) -> Params:
         cfg, kind = self.cfg, KINDS[self.kind_name]
-        n = cfg.layers_of(kind.name)
-        out = {}
-        for name, d in kind.params(cfg).items():
-            init = nn.with_logical_partitioning(d.init, (LAYERS, *d.axes))
-            out[name] = self.param(name, init, (n, *d.shape), cfg.jnp_param_dtype)
-        return out
+        return _stacked(self, kind.params(cfg), cfg.layers_of(kind.name), cfg)
 
 
 class FFNStack(nn.Module):
@@ -93,12 +88,17 @@ class FFNStack(nn.Module):
     @nn.compact
     def __call__(self) -> Params:
         cfg, ffn = self.cfg, FFNS[self.ffn_name]
-        out = {}
-        n = cfg.ffn_layers(ffn.name)
-        for name, d in ffn.params(cfg).items():
-            init = nn.with_logical_partitioning(d.init, (LAYERS, *d.axes))
-            out[name] = self.param(name, init, (n, *d.shape), cfg.jnp_param_dtype)
-        return out
+        return _stacked(self, ffn.params(cfg), cfg.ffn_layers(ffn.name), cfg)
+
+
+def _stacked(module: nn.Module, decls: dict[str, ParamDecl], n: int, cfg: ModelConfig) -> Params:
+    """The module's parameters of these per-layer declarations, stacked on a leading [n]
+    layers axis (in declaration order: the init keys follow it)."""
+    out = {}
+    for name, d in decls.items():
+        init = nn.with_logical_partitioning(d.init, (LAYERS, *d.axes))
+        out[name] = module.param(name, init, (n, *d.shape), cfg.jnp_param_dtype)
+    return out
 
 
 # body(carry, kind, layer_params, li) -> carry; li: the layer's index in its kind's stack;

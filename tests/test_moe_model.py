@@ -159,6 +159,11 @@ def test_training_loss_adds_the_auxiliary_terms():
     ce = aux["loss_sum"] / aux["weight"]
     want = ce + 0.01 * aux["moe_balance_loss"] + 0.001 * aux["moe_z_loss"]
     np.testing.assert_allclose(float(loss), float(want), rtol=1e-6)
+    # the chunked cross-entropy (train.loss_chunk) adds the same terms: the forward sows them
+    chunked, aux_c = losses.mean_loss(model, params, batch, loss_chunk=4)
+    np.testing.assert_allclose(float(chunked), float(loss), rtol=1e-6)
+    for k in ("moe_balance_loss", "moe_z_loss", "moe_load"):
+        np.testing.assert_allclose(np.asarray(aux_c[k]), np.asarray(aux[k]), rtol=1e-6)
     # statistics: both streams' 17 valid tokens in each MoE layer, k = 2 choices each
     _, stats = losses.logits_and_moe_stats(model, params, batch)
     routed = cfg.ffn_layers("moe") * 2 * 17

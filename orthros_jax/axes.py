@@ -8,6 +8,7 @@ The rules:
     and over tensor along heads / kv heads / mlp / vocab (Megatron-style tensor parallelism);
   * a KV cache's slots (logical "length") are split over sequence (sequence-parallel prefill
     and decode); a mesh without that axis keeps them whole;
+  * a mixture-of-experts layer's experts are split over "expert" (expert parallelism);
   * the stacked layer axis and head_dim are never split.
 """
 
@@ -24,6 +25,8 @@ LENGTH = "length"  # a sequence / cache-slot axis
 GDN_K_HEADS = "gdn_k_heads"
 GDN_V_HEADS = "gdn_v_heads"
 CONV_KERNEL = "conv_kernel"
+# Mixture-of-experts layers: the experts of a stacked expert tensor [E, ...].
+EXPERT = "expert"
 
 # The mesh axis a sequence (and a KV cache's slot axis) is split over.
 SEQUENCE_AXIS = "sequence"
@@ -45,4 +48,7 @@ RULES: dict[str, MeshAxes] = {
     GDN_K_HEADS: "tensor",
     GDN_V_HEADS: "tensor",
     CONV_KERNEL: None,
+    # MoE experts over an "expert" mesh axis (expert parallelism); a mesh without one keeps
+    # every expert on every device.
+    EXPERT: "expert",
 }

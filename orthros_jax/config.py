@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from orthros_jax import arms as arms_lib
 from orthros_jax.arms import ARCHITECTURES as ARMS
 from orthros_jax.arms import Arm
+from orthros_jax.moe_options import MOE_RUNTIME_FIELDS, MoEOptions
 from orthros_jax.options import (
     Options,
     Sections,
@@ -67,6 +68,9 @@ RUNTIME_FIELDS = frozenset(
         "init_std",
     }
 )
+# Checks of a config with MoE layers that need the layer kinds (layers/registry.py adds its
+# _check_moe_kinds).
+MOE_CHECKS: list[Callable[[ModelConfig], None]] = []
 
 
 def register_arms(table: dict[str, Arm]) -> None:
@@ -160,8 +164,13 @@ class ModelConfig:
     # Each layer kind's own options, a section per registered kind (options.Sections):
     # cfg.kinds.gdn.chunk. Built from a mapping kind -> Options or -> dict of options.
     kinds: Sections = dataclasses.field(default_factory=Sections)
+    # The mixture-of-experts FFN (moe_options.MoEOptions, or a dict of its options); None:
+    # every layer's FFN is the dense SwiGLU (d_ff) in its kind's parameters.
+    moe: MoEOptions | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.moe, Mapping):
+            object.__setattr__(self, "moe", MoEOptions.from_dict(self.moe))
         if self.scale_offset is None:
             object.__setattr__(self, "scale_offset", self.architecture in TWO_STREAM_ARCHITECTURES)
         if not self.layer_types:  # None or (): the arm's default
@@ -225,8 +234,20 @@ class ModelConfig:
                 "single-stream arms have no query scale-offset"
             )
         self._check_layer_types_of_arm()
+        if self.moe is not None:
+            self._check_moe()
         for kind in dict.fromkeys(self.layer_types):
             LAYER_KINDS[kind].validate(self)
+
+    def _check_moe(self) -> None:
+        """The FFN cycle and the kind cycle repeat together: layer_types is extended to their
+        least common multiple (the same stack; MoEOptions.layer_cycle)."""
+        assert self.moe is not None
+        self.moe.resolved_routing(self.two_streams)
+        cycle = self.moe.layer_cycle(self.layer_types, self.n_layers)
+        object.__setattr__(self, "layer_types", cycle)
+        for check in MOE_CHECKS:
+            check(self)
 
     def _check_layer_types_of_arm(self) -> None:
         """Every cycle of an arm uses exactly the arm's kinds (ARMS); a hybrid's recurrent
@@ -293,6 +314,26 @@ class ModelConfig:
         )
 
     @property
+    def ffn_types(self) -> tuple[str, ...]:
+        """The FFN of each position of the layer cycle ("moe" / "dense"); () without moe: the
+        dense FFN lives in the kinds' parameters."""
+        return () if self.moe is None else self.moe.ffn_types(len(self.layer_types))
+
+    def ffn_layers(self, ffn: str) -> int:
+        """How many layers have this FFN ("moe" / "dense"; 0 without moe)."""
+        return self.n_cycles * self.ffn_types.count(ffn)
+
+    def ffn_index(self, c: Any, j: int) -> Any:
+        """Index in its FFN's stack of the FFN at position j of cycle c (like layer_index)."""
+        f = self.ffn_types
+        return c * f.count(f[j]) + f[:j].count(f[j])
+
+    @property
+    def moe_routing(self) -> str | None:
+        """The output copies' routing ("paired" / "independent"); None without moe."""
+        return None if self.moe is None else self.moe.resolved_routing(self.two_streams)
+
+    @property
     def jnp_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
 
@@ -312,21 +353,27 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field; kinds as {kind: {option: value}} (model.json, ml_collections)."""
+        """Every field; kinds as {kind: {option: value}}, moe as {option: value} or None
+        (model.json, ml_collections)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["kinds"] = self.kinds.to_dict()
+        out["moe"] = None if self.moe is None else self.moe.to_dict()
         return out
 
     def runtime_keys(self) -> frozenset[str]:
         """The keys of flat() that change how the model runs, not what its weights compute."""
         kinds = {f"kinds.{k}.{n}" for k, o in self.kinds.items() for n in o.runtime_fields()}
-        return RUNTIME_FIELDS | kinds
+        moe = {f"moe.{n}" for n in MOE_RUNTIME_FIELDS} if self.moe else set()
+        return RUNTIME_FIELDS | kinds | moe
 
     def flat(self) -> dict[str, Any]:
-        """Every field, the kinds' options as "kinds.<kind>.<option>"."""
+        """Every field, the kinds' options as "kinds.<kind>.<option>", MoE's as "moe.<option>"
+        ("moe": None without MoE layers)."""
         out = self.to_dict()
         sections = out.pop("kinds")
         out.update({f"kinds.{k}.{n}": v for k, o in sections.items() for n, v in o.items()})
+        if out["moe"] is not None:
+            out.update({f"moe.{n}": v for n, v in out.pop("moe").items()})
         return out
 
     @classmethod

@@ -27,8 +27,8 @@ import jax.numpy as jnp
 from orthros_jax.axes import EMBED, VOCAB
 from orthros_jax.config import ModelConfig
 from orthros_jax.kernels.attention import check_positions_contract
+from orthros_jax.layers import ffn, stack
 from orthros_jax.layers import primitives as nnl
-from orthros_jax.layers import stack
 from orthros_jax.layers.kind import (
     SEQUENCE,
     LayerKind,
@@ -69,8 +69,9 @@ def forward_streams(
     """The full-sequence driver: every layer's step in sequence mode. base [B, T]; out: the
     output stream's copies [B, T_out] (two-stream arms) or None; out_index [B, T_out]: their
     array indices into T (None: out is a copy of every base token, aligned with it). The last
-    two-stream layer's base stream is dead (nothing reads it) and skipped. Returns the final
-    (base, out)."""
+    two-stream layer's base stream is dead (nothing reads it) and skipped (but for paired MoE
+    routing). Returns the final (base, out); with MoE layers and base.moe_stats set, base's
+    moe_stats holds the router statistics summed over the layers."""
     ctx = StepContext(
         mode=SEQUENCE,
         impl=cfg.attention_impl,
@@ -83,8 +84,12 @@ def forward_streams(
         b, o, _ = kind.step(p, cfg, streams[0], streams[1], None, li, ctx, compute_base)
         return b, o
 
+    # Paired MoE routing reads the base tokens' experts, so the last layer runs the base too.
+    last_base = cfg.moe_routing == "paired"
+
     def last(streams, kind, p, li):
-        return stack.remat(lambda s, k, p, li: body(s, k, p, li, False), cfg)(streams, kind, p, li)
+        run = lambda s, k, p, li: body(s, k, p, li, last_base)
+        return stack.remat(run, cfg)(streams, kind, p, li)
 
     return stack.layer_loop(
         params,
@@ -112,6 +117,8 @@ class OrthrosLM(nn.Module):
         self.embedding = param("embedding")
         for kind in kinds_of(cfg):  # the attribute name is the params key
             setattr(self, kind.params_key, stack.KindStack(cfg, kind.name))
+        for f in ffn.ffns_of(cfg):  # MoE configs: each FFN choice's stack (layers/ffn.py)
+            setattr(self, f.params_key, stack.FFNStack(cfg, f.name))
         self.final_norm = param("final_norm")
         if not cfg.tie_embeddings:
             self.lm_head = param("lm_head")
@@ -128,8 +135,9 @@ class OrthrosLM(nn.Module):
         return final_logits(parts, x, self.cfg)
 
     def layer_params(self) -> Params:
-        """Every kind's parameter stack, under its params_key."""
-        return {k.params_key: getattr(self, k.params_key)() for k in kinds_of(self.cfg)}
+        """Every kind's and FFN choice's parameter stack, under its params_key."""
+        stacks = [*kinds_of(self.cfg), *ffn.ffns_of(self.cfg)]
+        return {k.params_key: getattr(self, k.params_key)() for k in stacks}
 
     def __call__(
         self,
@@ -143,7 +151,8 @@ class OrthrosLM(nn.Module):
 
         tokens [B, T]; positions/segment_ids [B, T] (default arange / ones);
         output_positions [B, T_out] int array indices into T where a token is predicted
-        (default: every position, the PT mode). Returns float32 logits [B, T_out, V].
+        (default: every position, the PT mode). Returns float32 logits [B, T_out, V]. With MoE
+        layers the router statistics are sown (see features).
         """
         x = self.features(
             tokens,
@@ -163,7 +172,9 @@ class OrthrosLM(nn.Module):
     ) -> jax.Array:
         """The forward without the final norm and LM head (arguments as __call__): the
         predicting stream's last hidden states [B, T_out, D], for a loss that computes the
-        logits in chunks (training/losses.py; model.apply(..., method="features"))."""
+        logits in chunks (training/losses.py; model.apply(..., method="features")). With MoE
+        layers the router statistics summed over the layers and both streams' tokens
+        (kernels/moe.router_stats) are sown as intermediates "moe_stats" (training/losses.py)."""
         bsz, t = tokens.shape
         default_positions = positions is None and segment_ids is None
         if positions is not None:  # while still concrete: the layer scan traces them
@@ -178,6 +189,8 @@ class OrthrosLM(nn.Module):
         out = out_index = None
         if self.cfg.two_streams:
             out = base
+        base = base.replace(moe_stats=ffn.empty_stats(self.cfg))
+        if self.cfg.two_streams:
             if output_positions is not None:
                 out_index = output_positions.astype(jnp.int32)
                 out = gather_stream(base, out_index)
@@ -189,6 +202,8 @@ class OrthrosLM(nn.Module):
             out_index=out_index,
             default_positions=default_positions,
         )
+        if base.moe_stats is not None:
+            self.sow("intermediates", "moe_stats", base.moe_stats)
         final = out if self.cfg.two_streams else base
         if not self.cfg.two_streams and output_positions is not None:
             final = gather_stream(final, output_positions)
@@ -211,8 +226,10 @@ def top_params(cfg: ModelConfig) -> dict[str, ParamDecl]:
 
 def param_decls(cfg: ModelConfig) -> dict[str, Any]:
     """The declaration (kind.ParamDecl) of every parameter of OrthrosLM(cfg), as its tree:
-    top_params and each kind's per-layer ones under its params_key (without the layers axis)."""
-    return top_params(cfg) | {k.params_key: k.params(cfg) for k in kinds_of(cfg)}
+    top_params and each kind's and FFN choice's per-layer ones under its params_key (without
+    the layers axis)."""
+    decls = top_params(cfg) | {k.params_key: k.params(cfg) for k in kinds_of(cfg)}
+    return decls | {f.params_key: f.params(cfg) for f in ffn.ffns_of(cfg)}
 
 
 def final_logits(params: Params, x_BLD: jax.Array, cfg: ModelConfig) -> jax.Array:
@@ -231,11 +248,13 @@ def head_matrix(params: Params, cfg: ModelConfig) -> jax.Array:
     return params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
 
 
-def num_params(cfg: ModelConfig) -> int:
+def num_params(cfg: ModelConfig, active: bool = False) -> int:
     """Parameter count of OrthrosLM(cfg) (embeddings and head included), summed over the layer
-    kinds' declared parameters."""
+    kinds' and FFN choices' declared parameters; active=True counts the parameters one token
+    uses (a MoE layer's router, k experts and shared expert; the rest as in the total)."""
     d, v = cfg.d_model, cfg.vocab_size
     layers = sum(k.num_params(cfg) * cfg.layers_of(k.name) for k in kinds_of(cfg))
+    layers += ffn.num_params(cfg, active)
     return v * d + layers + d + (0 if cfg.tie_embeddings else d * v)
 
 

@@ -127,13 +127,30 @@ def _arm_for(kind: str, layout: str) -> tuple[str, tuple[str, ...]] | None:
     return None
 
 
-def cases() -> list[tuple[str, str]]:
-    """Every (kind, layout) that the registries make, in registry order."""
-    return [(k, lay) for k in KINDS for lay in LAYOUTS if _arm_for(k, lay) is not None]
+# The FFN seam (layers/ffn.py) under the suite: a case (kind, layout, "moe") is its
+# (kind, layout) case with ModelConfig.moe, the kind's layer a MoE FFN and the next a dense one
+# (with a shared expert). The two-stream layout of the first attention-like kind (its own
+# stack: paired routing) and of the first recurrent kind (the orthros_h cycle: independent
+# routing, a recurrent layer cannot read its last prompt token alone) run so.
+MOE = dict(n_experts=4, top_k=2, d_expert=16, shared_expert=8, ffn_cycle=("moe", "dense"))
+MOE_LAYOUT = "two_stream"
 
 
-def case_id(case: tuple[str, str]) -> str:
-    return f"{case[0]}-{case[1]}"
+def _moe_kinds() -> list[str]:
+    first = lambda rec: next(k for k in KINDS if recurrent(k) == rec)  # noqa: E731
+    return [first(False), first(True)]
+
+
+def cases() -> list[tuple[str, ...]]:
+    """Every (kind, layout) that the registries make, in registry order, then the MoE cases
+    (kind, layout, "moe")."""
+    plain = [(k, lay) for k in KINDS for lay in LAYOUTS if _arm_for(k, lay) is not None]
+    moe = [(k, MOE_LAYOUT, "moe") for k in _moe_kinds() if _arm_for(k, MOE_LAYOUT) is not None]
+    return plain + moe
+
+
+def case_id(case: tuple[str, ...]) -> str:
+    return "-".join(case)
 
 
 # The fast tier (-m "not slow") runs every kind in its two-stream layout, the one that drives
@@ -151,10 +168,11 @@ def case_params(tier: bool = True) -> list[Any]:
     ]
 
 
-def config(case: tuple[str, str], bench: bool = False, **changes: Any) -> ModelConfig:
+def config(case: tuple[str, ...], bench: bool = False, **changes: Any) -> ModelConfig:
     """The tiny ModelConfig of a case (the bench head shape with bench=True), one cycle per
-    two layers' worth of kinds."""
-    kind, layout = case
+    two layers' worth of kinds (a MoE case: with MOE, routing paired where every kind reads its
+    last token alone, else independent)."""
+    kind, layout, *ffn = case
     arch = _arm_for(kind, layout)
     assert arch is not None, case
     architecture, cycle = arch
@@ -162,6 +180,9 @@ def config(case: tuple[str, str], bench: bool = False, **changes: Any) -> ModelC
     base = BASE | (BENCH if bench else {})
     base["n_layers"] = max(base["n_layers"], len(cycle))
     fields = base | {"architecture": architecture, "layer_types": cycle}
+    if ffn:
+        paired = all(KINDS[k].reads_last_token for k in cycle)
+        fields["moe"] = MOE | {"routing": "paired" if paired else "independent"}
     cfg = tiny_config(**fields, kinds={k: v for k, v in sections.items() if v})
     return cfg.replace(**changes) if changes else cfg
 
@@ -186,7 +207,7 @@ ROWS, LEN = 4, 21  # every forward of a case runs at [ROWS, LEN]: two compiles p
 
 
 @functools.cache
-def model(case: tuple[str, str]) -> tuple[ModelConfig, Any, Callable[..., np.ndarray]]:
+def model(case: tuple[str, ...]) -> tuple[ModelConfig, Any, Callable[..., np.ndarray]]:
     """(cfg, params, forward) of a case, built once per test process. forward(tokens [b, t],
     positions=, segment_ids=, output_positions=) -> float64 logits [b, t or T_out, V]: rows
     and tokens padded to [ROWS, LEN] (positions arange, one segment by default), so that every

@@ -20,6 +20,7 @@ from orthros_jax.convert import export_hf, load_hf
 from orthros_jax.convert.export import WHOLE_MODELS
 from orthros_jax.convert.remote import load_remote
 from orthros_jax.inference import drivers
+from orthros_jax.layers.ffn import ffns_of
 from orthros_jax.layers.kind import FORMATS
 from orthros_jax.layers.registry import KINDS, kinds_of
 from orthros_jax.model import OrthrosLM, init_params, num_params, param_decls, param_logical_axes
@@ -43,7 +44,7 @@ def _variants(case):
 def test_every_registered_kind_runs_through_the_suite():
     """No registered kind is left out: each makes at least its pure or two-stream case, and
     a recurrent kind all three layouts."""
-    made = {k: [lay for kk, lay in cases() if kk == k] for k in KINDS}
+    made = {k: [lay for kk, lay, *ffn in cases() if kk == k and not ffn] for k in KINDS}
     for kind, layouts in made.items():
         want = 3 if KINDS[kind].recurrent else 1
         assert len(layouts) >= want, (kind, layouts)
@@ -60,7 +61,7 @@ def _layer_params(cfg):
     """(kind, name, per-layer shape, logical axes without the layers axis) of every layer
     parameter, from the parameter tree and its logical axes."""
     shapes, axes = _abstract(cfg), param_logical_axes(cfg)
-    for kind in kinds_of(cfg):
+    for kind in [*kinds_of(cfg), *ffns_of(cfg)]:  # the FFN stacks of a MoE config too
         for name, leaf in shapes[kind.params_key].items():
             yield kind, name, leaf.shape[1:], tuple(axes[kind.params_key][name])[1:]
 
@@ -154,6 +155,8 @@ def declared(case, fmt: str) -> bool:
     (kind.Export); fla holds pure stacks only, transformers' own classes single streams only."""
     cfg = config(case)
     if fmt == "fla" and len(cfg.layer_types) > 1 or fmt == "hf" and cfg.two_streams:
+        return False
+    if cfg.moe is not None and fmt != "hf":  # only Qwen3-MoE has MoE layers
         return False
     whole = any(KINDS[k].export.hf in WHOLE_MODELS for k in cfg.layer_types)
     if fmt == "hf" and whole and len(set(cfg.layer_types)) > 1:  # a whole-model class: pure only

@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PKG = ROOT / "orthros_jax"
 # Package order: a module may import only from its own package or from packages to its left.
 ORDER = (
-    "leaves",  # config, configlib, axes, options, arms (and the root __init__)
+    "leaves",  # config, configlib, axes, options, arms, moe_options (and the root __init__)
     "kernels",
     "layers",
     "model",
@@ -32,6 +32,7 @@ LEAVES = {
     "orthros_jax.axes",
     "orthros_jax.options",
     "orthros_jax.arms",
+    "orthros_jax.moe_options",
 }
 # Top-level modules that belong to a package of the order.
 ALIASES = {"orthros_jax": "root"}

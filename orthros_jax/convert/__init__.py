@@ -1,5 +1,5 @@
-"""Hugging Face Llama/Qwen3/Qwen3.5 and fla (GLA, RetNet, Gated DeltaNet) import and export, and
-Transformer -> Orthros conversion.
+"""Hugging Face Llama/Qwen3/Qwen3-MoE/Qwen3.5 and fla (GLA, RetNet, Gated DeltaNet) import and
+export, and Transformer -> Orthros conversion.
 
     cfg, params = load_hf(hf_dir)                       # transformer (Qwen3.5: hybrid), numpy
     ocfg, oparams = from_transformer(params, cfg, window=128)   # orthros (Qwen3.5: orthros_h)
@@ -33,6 +33,7 @@ from orthros_jax.convert.hf_weights import (
 )
 from orthros_jax.convert.mamba2_hf import config_from_mamba2, is_mamba2, params_from_mamba2
 from orthros_jax.convert.orthros import from_transformer
+from orthros_jax.convert.qwen3_moe import config_from_qwen3_moe, is_qwen3_moe, params_from_qwen3_moe
 from orthros_jax.convert.qwen35 import config_from_qwen35, is_qwen35, params_from_qwen35
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "config_from_hf",
     "expected_param_shapes",
     "export_hf",
+    "config_from_qwen3_moe",
     "config_from_qwen35",
     "from_transformer",
     "is_qwen35",
@@ -60,9 +62,10 @@ __all__ = [
 
 def load_hf(hf_dir: str, **overrides: Any) -> tuple[ModelConfig, dict[str, Any]]:
     """(cfg, params) of the checkpoint's own single-stream arm from a HF Llama/Qwen3 directory
-    (transformer), a Qwen3.5 one (hybrid; gdn when every layer is linear attention), a
-    transformers Mamba2 one (mamba2, without FFN) or an flash-linear-attention one (model_type
-    gla / retnet / gated_deltanet: arms gla / retnet / gdn).
+    (transformer; Qwen3-MoE: transformer with ModelConfig.moe), a Qwen3.5 one (hybrid; gdn when
+    every layer is linear attention), a transformers Mamba2 one (mamba2, without FFN) or an
+    flash-linear-attention one (model_type gla / retnet / gated_deltanet: arms gla / retnet /
+    gdn).
 
     overrides: extra ModelConfig fields (e.g. param_dtype='bfloat16', window, prefill_chunk);
     the architecture stays the checkpoint's — convert with `from_transformer`. Config and
@@ -78,6 +81,9 @@ def load_hf(hf_dir: str, **overrides: Any) -> tuple[ModelConfig, dict[str, Any]]
     if is_mamba2(hf):
         cfg = config_from_mamba2(hf, **overrides)
         return cfg, params_from_mamba2(SafetensorsCheckpoint(hf_dir), cfg)
+    if is_qwen3_moe(hf):
+        cfg = config_from_qwen3_moe(hf, **overrides)
+        return cfg, params_from_qwen3_moe(SafetensorsCheckpoint(hf_dir), cfg)
     if is_qwen35(hf):
         cfg = config_from_qwen35(hf, **overrides)
         return cfg, params_from_qwen35(SafetensorsCheckpoint(hf_dir), cfg)

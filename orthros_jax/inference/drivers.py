@@ -103,7 +103,8 @@ def read_pass(
     slot_offset: jax.Array | None = None,
 ) -> jax.Array:
     """Queries only, over a filled cache, for the token at slot lengths-1 of each row: the
-    orthros output stream through every layer (base=False), or a single-stream arm's last
+    orthros output stream through every layer (base=False; with paired MoE routing the base
+    token runs again beside it, reading its window, for its experts), or a single-stream arm's last
     prompt token through the last layer only (base=True, last_only=True). Returns [B, D].
     slot_offset: sequence parallelism (inside shard_map, impl "sequence"): the cache holds this
     shard's slots, the first at this global slot id."""
@@ -113,7 +114,9 @@ def read_pass(
     view = _view(_window_ending_at(pos, w), slot_seg, None, slot_offset)
     ctx = StepContext(mode=READ, impl=impl, view=view)
     tok = Stream(x_BD[:, None], pos[:, None], jnp.ones((cache.batch_size, 1), jnp.int32))
-    streams = (tok, None) if base else (None, tok)
+    streams: tuple[Stream | None, Stream | None] = (tok, None) if base else (None, tok)
+    if not base and cfg.moe_routing == "paired":  # the copy routes to its base token's experts
+        streams = (tok, tok)
     body = _stepper(cfg, ctx)
     carry = (*streams, cache.states)
     if last_only:

@@ -24,6 +24,7 @@ from orthros_jax.axes import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, LAYERS, LE
 from orthros_jax.config import ModelConfig
 from orthros_jax.layers import primitives as nnl
 from orthros_jax.layers.attend import Keys, attend
+from orthros_jax.layers.ffn import finish_layer
 from orthros_jax.layers.kind import (
     CHUNK,
     DECODE,
@@ -37,8 +38,6 @@ from orthros_jax.layers.kind import (
     Stream,
     Work,
     block_params,
-    ffn_residual,
-    finish_streams,
     gain,
     matrix,
     norm,
@@ -96,13 +95,13 @@ def layer_query(
 
 
 def layer_finish(p: Params, x: jax.Array, attn: jax.Array, cfg: ModelConfig) -> jax.Array:
-    """Output gate (if any), shared W_O + residual, then the FFN + residual. attn [B, L, N, H]."""
+    """Output gate (if any), shared W_O + residual (the FFN follows: ffn.finish_layer).
+    attn [B, L, N, H]."""
     if cfg.attn_output_gate:
         h = norm(p, x, "attn_norm", cfg)
         gate = jnp.einsum("bld,dnh->blnh", h, p["wq_gate"].astype(h.dtype))
         attn = attn * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(attn.dtype)
-    mixed = jnp.einsum("blnh,nhd->bld", attn, p["wo"].astype(attn.dtype))
-    return ffn_residual(p, x, mixed, cfg)
+    return x + jnp.einsum("blnh,nhd->bld", attn, p["wo"].astype(attn.dtype))
 
 
 def step(
@@ -150,7 +149,7 @@ def step(
         out_attn = attend(ctx.impl, q_out, out.positions, _q_segments(out, ctx), full, None, cfg)
     # W_O and the FFN are token-wise and shared (decode: both streams as one batch).
     finish = lambda x, a: layer_finish(p, x, a, cfg)
-    base, out = finish_streams(base, out, base_attn, out_attn, finish, ctx.mode == DECODE)
+    base, out = finish_layer(p, cfg, ctx, base, out, base_attn, out_attn, finish)
     return base, out, state
 
 

@@ -1,4 +1,5 @@
-"""What every layer kind shares: streams, the step context, the kind interface, the FFN half.
+"""What every layer kind shares: streams, the step context, the kind interface, the pre-norms
+(the FFN half is layers/ffn.py).
 
 A **layer kind** (attention, gated DeltaNet, GLA, retention: layers/registry.py) declares each
 parameter (shape, logical axes, weight decay, init: `ParamDecl`), whether it is recurrent, its
@@ -46,6 +47,9 @@ class Stream(flax.struct.PyTreeNode):
         jax.Array
     )  # [B, L] int32, document id; the packer's padding is segment 0 (it sees only
     # padding and carries no loss); kernel padding uses KEY/QUERY_PAD_SEGMENT, which match nothing
+    # The training forward's base stream with MoE layers: the router statistics summed over
+    # the layers so far (kernels/moe.router_stats; layers/ffn.finish_layer adds to it).
+    moe_stats: Any = None
 
 
 class Mode(enum.Enum):
@@ -280,12 +284,17 @@ class Kind:
 
 
 def block_params(cfg: ModelConfig) -> dict[str, ParamDecl]:
-    """The parts of a layer every kind shares: the two pre-norms and the SwiGLU FFN (its
-    output depth-scaled, residual_std)."""
+    """The parts of a layer every kind shares: the two pre-norms and, without ModelConfig.moe,
+    the dense SwiGLU FFN (with moe the FFN has its own stacks: layers/ffn.py)."""
+    d = cfg.d_model
+    decls = {"attn_norm": gain((d,), (EMBED,), cfg), "mlp_norm": gain((d,), (EMBED,), cfg)}
+    return decls | (dense_ffn_params(cfg) if cfg.moe is None else {})
+
+
+def dense_ffn_params(cfg: ModelConfig) -> dict[str, ParamDecl]:
+    """The dense SwiGLU FFN's parameters (d_ff wide; its output depth-scaled, residual_std)."""
     d, f = cfg.d_model, cfg.d_ff
     return {
-        "attn_norm": gain((d,), (EMBED,), cfg),
-        "mlp_norm": gain((d,), (EMBED,), cfg),
         "w_gate": matrix((d, f), (EMBED, MLP), cfg.init_std),
         "w_up": matrix((d, f), (EMBED, MLP), cfg.init_std),
         "w_down": matrix((f, d), (MLP, EMBED), residual_std(cfg)),
@@ -297,41 +306,9 @@ def norm(p: Params, x: jax.Array, name: str, cfg: ModelConfig) -> jax.Array:
     return nnl.rms_norm(x, p[name], cfg.norm_eps, zero_centered=cfg.norm_zero_centered)
 
 
-def ffn_residual(p: Params, x: jax.Array, mixed: jax.Array, cfg: ModelConfig) -> jax.Array:
-    """x + mixed (the token mixer's output after its projection), then the SwiGLU FFN with its
-    residual. x, mixed: [B, L, D]."""
-    x = x + mixed
-    return x + nnl.swiglu(norm(p, x, "mlp_norm", cfg), p["w_gate"], p["w_up"], p["w_down"])
-
-
 def residual_std(cfg: ModelConfig) -> float:
     """Init std of a residual branch's output projection: init_std / sqrt(2 * layers) (GPT-2)."""
     return cfg.init_std / (2 * cfg.n_layers) ** 0.5
-
-
-def finish_streams(
-    base: Stream | None,
-    out: Stream | None,
-    y: jax.Array | None,
-    y_out: jax.Array | None,
-    finish: Callable[[jax.Array, jax.Array], jax.Array],
-    merge: bool,
-) -> tuple[Stream | None, Stream | None]:
-    """The token-wise end of a layer, shared by both streams: finish(x [B, L, D], mixed
-    [B, L, ...]) -> new x, applied to each stream whose mixer output is not None. merge=True
-    (decode: one token per stream) runs both streams as one [B, 2, D] batch."""
-    if merge and y is not None and y_out is not None:
-        assert base is not None and out is not None
-        both = finish(jnp.concatenate([base.x, out.x], 1), jnp.concatenate([y, y_out], 1))
-        n = base.x.shape[1]
-        return base.replace(x=both[:, :n]), out.replace(x=both[:, n:])
-    if y is not None:
-        assert base is not None
-        base = base.replace(x=finish(base.x, y))
-    if y_out is not None:
-        assert out is not None
-        out = out.replace(x=finish(out.x, y_out))
-    return base, out
 
 
 def layer_of(state: Any, li: Any) -> Any:

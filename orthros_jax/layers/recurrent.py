@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.layers.ffn import finish_layer, mix_residual
 from orthros_jax.layers.kind import (
     CHUNK,
     DECODE,
@@ -35,8 +36,6 @@ from orthros_jax.layers.kind import (
     Params,
     StepContext,
     Stream,
-    ffn_residual,
-    finish_streams,
     layer_of,
     norm,
     with_layer,
@@ -183,12 +182,8 @@ class RecurrentStep:
             raise ValueError(f"unknown mode {ctx.mode!r}")
         if not compute_base:
             y = None
-        finish: Callable[[jax.Array, jax.Array], jax.Array]
-        if m.has_ffn(cfg):  # token-wise and shared (decode: both streams as one batch)
-            finish = lambda x, mixed: ffn_residual(p, x, mixed.astype(x.dtype), cfg)
-        else:
-            finish = lambda x, mixed: x + mixed.astype(x.dtype)
-        base, out = finish_streams(base, out, y, cross_y, finish, ctx.mode == DECODE)
+        # The FFN seam (dense or MoE; layers/ffn.py), token-wise and shared by both streams.
+        base, out = finish_layer(p, cfg, ctx, base, out, y, cross_y, mix_residual, m.has_ffn(cfg))
         return base, out, state
 
 

@@ -31,6 +31,31 @@ for _kind in KINDS.values():
         _kind.name, _kind.validate, recurrent=_kind.recurrent, options=_kind.options
     )
 
+
+def _check_moe_kinds(cfg: ModelConfig) -> None:
+    """The checks of a MoE config that need its kinds: each must end its block in an FFN for
+    the MoE to replace (its parameters have the FFN's pre-norm mlp_norm; e.g. not
+    kinds.mamba2.ffn=False), and paired routing runs the base stream's last prompt token again
+    in prefill's read pass, beside its copy, which every kind must support (reads_last_token)."""
+    kinds = [KINDS[k] for k in dict.fromkeys(cfg.layer_types)]
+    bare = [k.name for k in kinds if "mlp_norm" not in k.params(cfg)]
+    if bare:
+        raise ValueError(
+            f"ModelConfig.moe with layer_types={cfg.layer_types!r}: the {bare} layers have no "
+            "FFN for the MoE FFN to replace"
+        )
+    alone = [k.name for k in kinds if not k.reads_last_token]
+    if cfg.moe_routing == "paired" and alone:
+        raise ValueError(
+            f"ModelConfig.moe.routing='paired' with layer_types={cfg.layer_types!r}: paired "
+            "routing runs the base stream's last prompt token again in prefill's read pass, "
+            f"which the {alone} layers cannot; use routing='independent'"
+        )
+
+
+if _check_moe_kinds not in config_lib.MOE_CHECKS:
+    config_lib.MOE_CHECKS.append(_check_moe_kinds)
+
 # The paper's arms (orthros_jax/arms.py), in the order of results' tables, made of the kinds
 # above; a table, one arm a row (hence unformatted).
 _ATTENTION = (attention.KIND.name,)

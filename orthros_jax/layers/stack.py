@@ -23,10 +23,20 @@ import numpy as np
 
 from orthros_jax.axes import LAYERS
 from orthros_jax.config import ModelConfig
-from orthros_jax.layers.kind import LayerKind, Params
+from orthros_jax.layers.ffn import FFNS, ffns_of
+from orthros_jax.layers.kind import LayerKind, ParamDecl, Params
 from orthros_jax.layers.registry import KINDS, kinds_of
 
-__all__ = ["KINDS", "KindStack", "fill_identity_so", "kinds_of", "layer_loop", "remat", "so_names"]
+__all__ = [
+    "KINDS",
+    "FFNStack",
+    "KindStack",
+    "fill_identity_so",
+    "kinds_of",
+    "layer_loop",
+    "remat",
+    "so_names",
+]
 
 
 def so_names(kind: LayerKind, cfg: ModelConfig) -> tuple[str, ...]:
@@ -66,15 +76,33 @@ class KindStack(nn.Module):
     @nn.compact
     def __call__(self) -> Params:
         cfg, kind = self.cfg, KINDS[self.kind_name]
-        n = cfg.layers_of(kind.name)
-        out = {}
-        for name, d in kind.params(cfg).items():
-            init = nn.with_logical_partitioning(d.init, (LAYERS, *d.axes))
-            out[name] = self.param(name, init, (n, *d.shape), cfg.jnp_param_dtype)
-        return out
+        return _stacked(self, kind.params(cfg), cfg.layers_of(kind.name), cfg)
 
 
-# body(carry, kind, layer_params, li) -> carry; li: the layer's index in its kind's stack.
+class FFNStack(nn.Module):
+    """Holds one FFN choice's stacked per-layer parameters (layers/ffn.py); returns them."""
+
+    cfg: ModelConfig
+    ffn_name: str
+
+    @nn.compact
+    def __call__(self) -> Params:
+        cfg, ffn = self.cfg, FFNS[self.ffn_name]
+        return _stacked(self, ffn.params(cfg), cfg.ffn_layers(ffn.name), cfg)
+
+
+def _stacked(module: nn.Module, decls: dict[str, ParamDecl], n: int, cfg: ModelConfig) -> Params:
+    """The module's parameters of these per-layer declarations, stacked on a leading [n]
+    layers axis (in declaration order: the init keys follow it)."""
+    out = {}
+    for name, d in decls.items():
+        init = nn.with_logical_partitioning(d.init, (LAYERS, *d.axes))
+        out[name] = module.param(name, init, (n, *d.shape), cfg.jnp_param_dtype)
+    return out
+
+
+# body(carry, kind, layer_params, li) -> carry; li: the layer's index in its kind's stack;
+# layer_params holds the layer's FFN entry under its params_key too (layers/ffn.py).
 LayerBody = Callable[[Any, LayerKind, Params, Any], Any]
 
 
@@ -113,8 +141,9 @@ def layer_loop(
     stay per layer). by_index=True: layers are read by dynamic index out of the whole stacks
     (cached modes: no stack is sliced or copied; kinds write their cache state in place).
     """
-    cycle = cfg.layer_types
+    cycle, ffns = cfg.layer_types, cfg.ffn_types
     stacks = {k.name: params[k.params_key] for k in kinds_of(cfg)}
+    stacks.update({f"ffn/{f.name}": params[f.params_key] for f in ffns_of(cfg)})
     n_loop = cfg.n_cycles - (last is not None)
 
     def layer_at(name: str, li: Any) -> Params:
@@ -122,15 +151,29 @@ def layer_loop(
             lambda a: jax.lax.dynamic_index_in_dim(a, li, keepdims=False), stacks[name]
         )
 
+    def params_at(carry: Any, c: Any, j: int, cycle_params: Any) -> tuple[Params, Any]:
+        """Layer (c, j)'s parameters (its FFN's entry under the FFN's key) and li."""
+        name, li = cycle[j], cfg.layer_index(c, j)
+        if cycle_params is None:
+            li = _after(li, carry, cfg.layers_of(name))
+            p = layer_at(name, li)
+        else:  # this cycle's slice of the stack: entry layer_index(0, j)
+            p = jax.tree.map(operator.itemgetter(cfg.layer_index(0, j)), cycle_params[name])
+        if ffns:
+            f = ffns[j]
+            if cycle_params is None:
+                fp = layer_at(f"ffn/{f}", _after(cfg.ffn_index(c, j), carry, cfg.ffn_layers(f)))
+            else:
+                fp = jax.tree.map(
+                    operator.itemgetter(cfg.ffn_index(0, j)), cycle_params[f"ffn/{f}"]
+                )
+            p = {**p, FFNS[f].params_key: fp}
+        return p, li
+
     def run_cycle(carry: Any, c: Any, cycle_params: Any, upto: int) -> Any:
         for j in range(upto):
-            name, li = cycle[j], cfg.layer_index(c, j)
-            if cycle_params is None:
-                li = _after(li, carry, cfg.layers_of(name))
-                p = layer_at(name, li)
-            else:  # this cycle's slice of the stack: entry layer_index(0, j)
-                p = jax.tree.map(operator.itemgetter(cfg.layer_index(0, j)), cycle_params[name])
-            carry = body(carry, KINDS[name], p, li)
+            p, li = params_at(carry, c, j, cycle_params)
+            carry = body(carry, KINDS[cycle[j]], p, li)
         return carry
 
     if cfg.scan_layers and n_loop > 0:
@@ -141,7 +184,7 @@ def layer_loop(
         else:
             xs = {}  # [layers of the kind, ...] -> [cycles, occurrences in a cycle, ...]
             for name, s in stacks.items():
-                n = cycle.count(name)
+                n = ffns.count(name[4:]) if name.startswith("ffn/") else cycle.count(name)
                 xs[name] = jax.tree.map(
                     lambda a, n=n: a[: n_loop * n].reshape(n_loop, n, *a.shape[1:]), s
                 )
@@ -157,9 +200,8 @@ def layer_loop(
     if last is not None:
         c = cfg.n_cycles - 1
         carry = run_cycle(carry, c, None, len(cycle) - 1)
-        name, li = cycle[-1], cfg.layer_index(c, len(cycle) - 1)
-        li = _after(li, carry, cfg.layers_of(name))
-        carry = last(carry, KINDS[name], layer_at(name, li), li)
+        p, li = params_at(carry, c, len(cycle) - 1, None)
+        carry = last(carry, KINDS[cycle[-1]], p, li)
     return carry
 
 

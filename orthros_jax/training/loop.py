@@ -32,7 +32,7 @@ from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel import sharding
 from orthros_jax.training import monitor
 from orthros_jax.training.config import TrainConfig
-from orthros_jax.training.metrics import MetricsLogger, console
+from orthros_jax.training.metrics import MetricsLogger, console, moe_log_values
 from orthros_jax.training.optimizer import make_optimizer
 from orthros_jax.training.preemption import PreemptionWatcher
 from orthros_jax.training.start import (
@@ -292,6 +292,7 @@ class _Run:
         data_metrics = getattr(self.data_state, "metrics", None)
         if callable(data_metrics):  # e.g. a mixture's realized token shares (data/mixture.py)
             values |= data_metrics()
+        values |= moe_log_values(checked)
         self.logger.write(update, "train", values)
 
     def _evaluate(self, update: int, params: Any) -> float:

@@ -15,15 +15,19 @@ backward pass (jax.checkpoint under lax.scan), so memory is O(B * C * V) instead
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from orthros_jax.config import ModelConfig
+from orthros_jax.kernels import moe as kmoe
 from orthros_jax.layers import primitives as nnl
 from orthros_jax.model import OrthrosLM, Params, final_hidden, head_matrix
 
 Batch = Mapping[str, jax.Array]
+Stats = dict[str, jax.Array]
 AUTO = -1  # train.loss_chunk: AUTO_CHUNK positions when the vocabulary is large, else full
 AUTO_CHUNK = 1024
 AUTO_MIN_VOCAB = 32000
@@ -100,8 +104,42 @@ def _model_inputs(batch: Batch) -> tuple[jax.Array, dict[str, jax.Array | None]]
 def model_logits(model: OrthrosLM, params: Params, batch: Batch) -> jax.Array:
     """Float32 logits of the output stream: [B, T, V] (PT) or [B, T_out, V] (SFT, when the
     batch has "output_positions")."""
+    return logits_and_moe_stats(model, params, batch)[0]
+
+
+def _apply(
+    model: OrthrosLM, params: Params, batch: Batch, method: Any = None
+) -> tuple[jax.Array, Stats | None]:
+    """model.apply (method: None = __call__, or OrthrosLM.features) and, with MoE layers, the
+    router statistics it sows (None without MoE)."""
     tokens, kwargs = _model_inputs(batch)
-    return model.apply({"params": params}, tokens, **kwargs)
+    call: dict[str, Any] = kwargs if method is None else {**kwargs, "method": method}
+    if model.cfg.moe is None:
+        return model.apply({"params": params}, tokens, **call), None
+    y, state = model.apply({"params": params}, tokens, **call, mutable=["intermediates"])
+    return y, state["intermediates"]["moe_stats"][0]
+
+
+def logits_and_moe_stats(
+    model: OrthrosLM, params: Params, batch: Batch
+) -> tuple[jax.Array, Stats | None]:
+    """model_logits and, with MoE layers, the router statistics summed over the layers and
+    both streams' tokens (kernels/moe.router_stats; None without MoE)."""
+    return _apply(model, params, batch)
+
+
+def moe_aux_loss(cfg: ModelConfig, stats: Stats) -> tuple[jax.Array, Stats]:
+    """What MoE adds to the loss: aux_loss_coef * transformers' load-balancing loss +
+    z_loss_coef * the router z-loss, and the metrics {"moe_balance_loss", "moe_z_loss",
+    "moe_load" [E] (each expert's share of the routed (token, choice) pairs)}."""
+    assert cfg.moe is not None
+    balance, z = kmoe.load_balancing_loss(stats), kmoe.z_loss(stats)
+    total = cfg.moe.aux_loss_coef * balance + cfg.moe.z_loss_coef * z
+    return total, {
+        "moe_balance_loss": balance,
+        "moe_z_loss": z,
+        "moe_load": kmoe.expert_load(stats),
+    }
 
 
 def loss_sums(
@@ -109,25 +147,38 @@ def loss_sums(
 ) -> tuple[jax.Array, jax.Array]:
     """(loss_sum, weight) of a PT or SFT batch (the batch's keys say which); loss_chunk is
     train.loss_chunk (see chunk_size)."""
+    loss_sum, weight, _ = loss_sums_and_moe_stats(model, params, batch, loss_chunk)
+    return loss_sum, weight
+
+
+def loss_sums_and_moe_stats(
+    model: OrthrosLM, params: Params, batch: Batch, loss_chunk: int = AUTO
+) -> tuple[jax.Array, jax.Array, Stats | None]:
+    """loss_sums and, with MoE layers, the forward's router statistics (None without MoE)."""
     cfg = model.cfg
     chunk = chunk_size(loss_chunk, cfg.vocab_size, batch["targets"].shape[-1])
     if not chunk:
-        logits = model_logits(model, params, batch)
-        return masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
-    tokens, kwargs = _model_inputs(batch)
-    x = model.apply({"params": params}, tokens, **kwargs, method=OrthrosLM.features)
+        logits, stats = _apply(model, params, batch)
+        return *masked_cross_entropy(logits, batch["targets"], batch["loss_mask"]), stats
+    x, stats = _apply(model, params, batch, OrthrosLM.features)
     h = final_hidden(params, x, cfg)
     targets, mask = jnp.asarray(batch["targets"]), jnp.asarray(batch["loss_mask"])
-    return chunked_cross_entropy(h, head_matrix(params, cfg), targets, mask, chunk)
+    return *chunked_cross_entropy(h, head_matrix(params, cfg), targets, mask, chunk), stats
 
 
 def mean_loss(
     model: OrthrosLM, params: Params, batch: Batch, loss_chunk: int = AUTO
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Masked mean loss (for jax.grad) and aux {"loss_sum", "weight"}. An all-masked batch has
-    loss 0 and no gradient rather than 0/0."""
-    loss_sum, weight = loss_sums(model, params, batch, loss_chunk)
-    return loss_sum / jnp.maximum(weight, 1.0), {"loss_sum": loss_sum, "weight": weight}
+    loss 0 and no gradient rather than 0/0. With MoE layers the loss adds moe_aux_loss and aux
+    carries its metrics ("loss_sum" stays the cross-entropy's)."""
+    loss_sum, weight, stats = loss_sums_and_moe_stats(model, params, batch, loss_chunk)
+    loss = loss_sum / jnp.maximum(weight, 1.0)
+    aux = {"loss_sum": loss_sum, "weight": weight}
+    if stats is not None:
+        extra, metrics = moe_aux_loss(model.cfg, stats)
+        loss, aux = loss + extra, aux | metrics
+    return loss, aux
 
 
 def pt_loss(model: OrthrosLM, params: Params, batch: Batch, loss_chunk: int = AUTO) -> jax.Array:

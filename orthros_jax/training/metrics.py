@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 
 import jax
+import numpy as np
 import tqdm
 
 TENSORBOARD_DIR = "tensorboard"
@@ -103,3 +104,14 @@ def _fmt(v: float) -> str:
     if isinstance(v, int):
         return str(v)
     return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
+
+
+def moe_log_values(checked: list[dict]) -> dict[str, float]:
+    """MoE metrics of the micro-batches since the last log line, averaged: moe_balance_loss,
+    moe_z_loss and each expert's load share moe_load/<e> (none without MoE layers)."""
+    if not checked or "moe_load" not in checked[0]:
+        return {}
+    mean = lambda k: np.mean([np.asarray(m[k], np.float64) for m in checked], axis=0)
+    load = mean("moe_load")
+    out = {k: float(mean(k)) for k in ("moe_balance_loss", "moe_z_loss")}
+    return out | {f"moe_load/{e}": float(v) for e, v in enumerate(load)}

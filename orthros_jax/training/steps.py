@@ -33,7 +33,9 @@ def make_train_step(
     Metrics (float32 scalars): loss (masked mean of this micro-batch), weight (loss tokens),
     grad_norm (pre-clip global norm of the gradient the optimizer steps with: the running
     accumulation mean), param_norm (after the update), lr (of the update this micro-batch
-    belongs to). A non-finite loss/grad_norm/param_norm is the loop's signal to stop.
+    belongs to); with MoE layers also moe_balance_loss, moe_z_loss and moe_load [E]
+    (losses.moe_aux_loss; the loss includes their weighted sum). A non-finite
+    loss/grad_norm/param_norm is the loop's signal to stop.
     """
     model = OrthrosLM(model_cfg)
     schedule = make_schedule(opt_cfg, total_steps)
@@ -53,6 +55,7 @@ def make_train_step(
             "param_norm": optax.tree.norm(params),
             "lr": jnp.asarray(schedule(update_count(state.step, opt_cfg)), jnp.float32),
         }
+        metrics |= {k: v for k, v in aux.items() if k.startswith("moe_")}  # MoE layers only
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
         return new_state, metrics
 

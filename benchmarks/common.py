@@ -11,9 +11,10 @@ Both return (logits [B, V], cache) like `prefill`; dense_prefill's logits equal 
 Transformer arm's (tested), so the comparison is of speed only.
 `window_attention_layers` isolates the base stream's sliding-window attention of one prefill
 chunk (what Orthros pays over the floor) to time its kernel on its own; `decode_row`
-times every arm's decode steps on a `filled_cache` (suites decode and table4). Shared by the
-suites: `model_configs` (the arms' configs), `drop_so` (a single-stream arm's weights from its
-two-stream partner's), `prompt` and `prefill_call` (the timed prefill of a full prompt).
+times every arm's decode steps on a `filled_cache` (suites decode and table4) and
+`pt_step_call` a PT step's forward + backward. Shared by the suites: `model_configs` (the
+arms' configs), `drop_so` (a single-stream arm's weights from its two-stream partner's),
+`prompt` and `prefill_call` (the timed prefill of a full prompt).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from orthros_jax.layers import flops
 from orthros_jax.layers.attend import AttentionImpl, Keys
 from orthros_jax.layers.registry import kinds_of
 from orthros_jax.layers.stack import so_names
-from orthros_jax.model import Params
+from orthros_jax.model import OrthrosLM, Params
 
 
 def model_configs(model: Any, arms: dict[str, dict[str, Any]]) -> dict[str, ModelConfig]:
@@ -213,6 +214,19 @@ def decode_row(
             "gflop": flops.decode_flops(cfg, context) / 1e9,
         }
     return row
+
+
+def pt_step_call(cfg: ModelConfig, params: Params, tokens: jax.Array) -> Callable[[], Any]:
+    """A no-argument call of one jitted PT step's forward + backward (value_and_grad of the mean
+    next-token loss of tokens [B, T + 1]) of cfg's model at params."""
+
+    def loss(p: Params) -> jax.Array:
+        logits = OrthrosLM(cfg).apply({"params": p}, tokens[:, :-1])
+        logp = jax.nn.log_softmax(logits)
+        return -jnp.take_along_axis(logp, tokens[:, 1:, None], -1).mean()
+
+    step = jax.jit(jax.value_and_grad(loss))
+    return lambda: step(params)
 
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, dict]:

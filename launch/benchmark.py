@@ -37,7 +37,7 @@ from orthros_jax.config import ModelConfig
 from orthros_jax.inference import decode_step, generate, prefill
 from orthros_jax.inference.cache import init_cache
 from orthros_jax.inference.drivers import prefill_jit
-from orthros_jax.model import OrthrosLM, init_params
+from orthros_jax.model import init_params
 
 # benchmarks/ lives beside launch/, outside the installed package.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -150,17 +150,7 @@ def decode_suite(c, cfgs, params, results) -> None:
 def train_suite(c, cfgs, params, results) -> None:
     t = c.train_len
     tokens = jax.random.randint(jax.random.PRNGKey(2), (c.train_batch, t + 1), 0, 256)
-    calls = {}
-    for name, cfg in cfgs.items():
-        model = OrthrosLM(cfg)
-
-        def loss(p, model=model):
-            logits = model.apply({"params": p}, tokens[:, :-1])
-            logp = jax.nn.log_softmax(logits)
-            return -jnp.take_along_axis(logp, tokens[:, 1:, None], -1).mean()
-
-        step = jax.jit(jax.value_and_grad(loss))
-        calls[name] = lambda step=step, name=name: step(params[name])
+    calls = {name: bench.pt_step_call(cfg, params[name], tokens) for name, cfg in cfgs.items()}
     row = {"T": t, **bench.time_interleaved(calls, c.repeats)}
     for name, cfg in cfgs.items():
         row[name]["gflop"] = 3 * flops.pt_forward_flops(cfg, t) * c.train_batch / 1e9

@@ -175,10 +175,10 @@ def state_axes(cfg: ModelConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def tokenwise_flops(cfg: ModelConfig) -> dict[str, int]:
-    """Matmul FLOPs one token spends in one attention layer outside attention, by part."""
-    d, n, k, h, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
-    parts = {"q": 2 * d * n * h, "kv": 2 * 2 * d * k * h, "o": 2 * n * h * d, "mlp": 2 * 3 * d * f}
-    return parts
+    """Matmul FLOPs one token spends in one attention layer's projections, by part (the FFN's
+    are its FFN choice's: Work.ffn)."""
+    d, n, k, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    return {"q": 2 * d * n * h, "kv": 2 * 2 * d * k * h, "o": 2 * n * h * d}
 
 
 def keys_read(first: int, count: int, window: int | None) -> int:
@@ -199,7 +199,7 @@ def flops(cfg: ModelConfig, work: Work) -> int:
     the base outputs needed (their window or causal keys) and each output copy (global keys)."""
     parts = tokenwise_flops(cfg)
     per_pair = 4 * cfg.n_heads * cfg.head_dim  # QK^T and PV per (query, key)
-    rest = parts["q"] + parts["o"] + parts["mlp"]
+    rest = parts["q"] + parts["o"] + work.ffn
     first = work.context - work.base_outputs
     total = work.tokens * parts["kv"]
     base_keys = keys_read(first, work.base_outputs, cfg.base_window)

@@ -71,6 +71,15 @@ def ffns_of(cfg: ModelConfig) -> list[FFN]:
     return [FFNS[name] for name in dict.fromkeys(cfg.ffn_types)]
 
 
+def layer_flops(cfg: ModelConfig) -> list[int]:
+    """Matmul FLOPs one token spends in each layer's FFN, in layer order (cfg.layer_slots):
+    the dense SwiGLU without moe, else each layer's FFN choice's declared flops_per_token
+    (layers/flops.py hands them to the kinds' counts as Work.ffn)."""
+    per = len(cfg.layer_types)
+    choices = cfg.ffn_types or ("dense",) * per
+    return [FFNS[choices[i % per]].flops_per_token(cfg) for i in range(cfg.n_layers)]
+
+
 def num_params(cfg: ModelConfig, active: bool = False) -> int:
     """Parameters of every FFN stack (active: those one token uses)."""
     per = (lambda f: f.active_params(cfg)) if active else (lambda f: f.num_params(cfg))

@@ -7,13 +7,15 @@ counts exactly min(t + 1, w) keys per query and causal attention (t + 1) keys, s
 speedup divided by the ratio of these counts says how close an implementation is to ideal.
 Elementwise work (norms, softmax, RoPE) is ignored; it is O(T * D) for every arm. Each layer
 kind declares its own count (LayerKind.flops of a `Work`: tokens that write state, base outputs
-needed, output copies); this module only says which work each mode asks of each layer.
+needed, output copies, and the FLOPs per token of the layer's FFN, which each FFN choice
+declares: layers/ffn.py, so a mixture of experts counts its router, top-k experts and shared
+expert); this module only says which work each mode asks of each layer.
 """
 
 from __future__ import annotations
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.layers import attention
+from orthros_jax.layers import attention, ffn
 from orthros_jax.layers.kind import Work
 from orthros_jax.layers.registry import KINDS
 
@@ -22,9 +24,12 @@ def _head(cfg: ModelConfig, rows: int) -> int:
     return 2 * cfg.d_model * cfg.vocab_size * rows
 
 
-def _layers(cfg: ModelConfig, work_of: list[Work]) -> int:
+def _layers(cfg: ModelConfig, work_of: list[dict[str, int]]) -> int:
+    """Every layer's count for its work (tokens, context, base_outputs, copies) and its FFN."""
+    slots, per_ffn = cfg.layer_slots(), ffn.layer_flops(cfg)
     return sum(
-        KINDS[kind].flops(cfg, w) for (kind, _), w in zip(cfg.layer_slots(), work_of, strict=True)
+        KINDS[kind].flops(cfg, Work(**w, ffn=f))
+        for (kind, _), w, f in zip(slots, work_of, per_ffn, strict=True)
     )
 
 
@@ -37,7 +42,7 @@ def prefill_flops(cfg: ModelConfig, t: int) -> int:
     whose output copy of the last token runs every layer."""
     n, two = cfg.n_layers, cfg.two_streams
     work = [
-        Work(
+        dict(
             tokens=t,
             context=t,
             base_outputs=t if i < n - 1 else (0 if two else 1),
@@ -52,7 +57,7 @@ def decode_flops(cfg: ModelConfig, context: int) -> int:
     """FLOPs of one decode step for one row at a cache of `context` tokens (new one included)."""
     n, two = cfg.n_layers, cfg.two_streams
     work = [
-        Work(
+        dict(
             tokens=1,
             context=context,
             base_outputs=0 if two and i == n - 1 else 1,
@@ -74,7 +79,7 @@ def train_forward_flops(cfg: ModelConfig, t: int, out_len: int) -> int:
     positions, counted as the last out_len positions: an upper bound on their keys)."""
     n, two = cfg.n_layers, cfg.two_streams
     work = [
-        Work(
+        dict(
             tokens=t,
             context=t,
             base_outputs=0 if two and i == n - 1 else t,
@@ -94,7 +99,6 @@ def train_step_flops(cfg: ModelConfig, rows: int, t: int, out_len: int) -> int:
 def floor_prefill_flops(cfg: ModelConfig, t: int) -> int:
     """The token-wise floor of an attention stack: the same prefill with attention replaced by
     identity (every layer's projections and FFN for every token, the last layer's for one)."""
-    parts = attention.tokenwise_flops(cfg)
-    one_token_rest = parts["q"] + parts["o"] + parts["mlp"]
-    body = (cfg.n_layers - 1) * t * sum(parts.values())
-    return body + t * parts["kv"] + one_token_rest + _head(cfg, 1)
+    parts, per_ffn = attention.tokenwise_flops(cfg), ffn.layer_flops(cfg)
+    body = t * sum(sum(parts.values()) + f for f in per_ffn[:-1])
+    return body + t * parts["kv"] + parts["q"] + parts["o"] + per_ffn[-1] + _head(cfg, 1)

@@ -175,10 +175,10 @@ def state_axes(cfg: ModelConfig) -> gdn_mixer.GDNState:
     )
 
 
-def per_token_flops(cfg: ModelConfig) -> dict[str, int]:
+def per_token_flops(cfg: ModelConfig, ffn: int) -> dict[str, int]:
     """FLOPs one token spends in one GDN layer, by part: what carries the state (k/v/beta/decay
     projections, their conv, the rank-1 update with its k^T S read) and what reads it (q
-    projection and conv, the gate z, q^T S, out_proj, FFN)."""
+    projection and conv, the gate z, q^T S, out_proj, the FFN's `ffn` FLOPs)."""
     d, kc = cfg.d_model, cfg.kinds.gdn.conv_kernel
     hk, hv, dk, dv = gdn_mixer.gdn_dims(cfg)
     return {
@@ -186,7 +186,7 @@ def per_token_flops(cfg: ModelConfig) -> dict[str, int]:
         + 2 * kc * (hk * dk + hv * dv)
         + 4 * hv * dk * dv,
         "q": 2 * d * hk * dk + 2 * kc * hk * dk,
-        "read": 2 * d * hv * dv + 2 * hv * dk * dv + 2 * hv * dv * d + 2 * 3 * d * cfg.d_ff,
+        "read": 2 * d * hv * dv + 2 * hv * dk * dv + 2 * hv * dv * d + ffn,
     }
 
 
@@ -194,7 +194,7 @@ def flops(cfg: ModelConfig, work: Work) -> int:
     """The recurrent form's FLOPs (not the chunked form's extra intra-chunk work): the state
     update of every new token, a query + read + FFN per base output and per output copy (an
     Orthros-H copy reads the state with its own query, gate, out_proj and FFN)."""
-    g = per_token_flops(cfg)
+    g = per_token_flops(cfg, work.ffn)
     return work.tokens * g["state"] + (work.base_outputs + work.copies) * (g["q"] + g["read"])
 
 

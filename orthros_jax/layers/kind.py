@@ -169,12 +169,15 @@ class Work:
     context - tokens .. context - 1. base_outputs: how many of them need the layer's output
     (all, the last one, or 0 when the base stream is dead). copies: output-stream copies run
     (two-stream arms), each at one of those positions: `tokens` copies (PT) or the last one.
+    ffn: FLOPs per token of this layer's FFN (layers/ffn.layer_flops: the dense SwiGLU or the
+    layer's FFN choice), spent by each base output and copy of a kind whose block has an FFN.
     """
 
     tokens: int
     context: int
     base_outputs: int
     copies: int
+    ffn: int
 
 
 class StepFn(Protocol):

@@ -34,10 +34,10 @@ from orthros_jax.options import Options
 Decls = dict[str, ParamDecl]
 
 
-def per_token_flops(cfg: ModelConfig, spec: lm.Spec, gate: int) -> dict[str, int]:
+def per_token_flops(cfg: ModelConfig, spec: lm.Spec, gate: int, ffn: int) -> dict[str, int]:
     """FLOPs one token spends in one layer, by part (as the GDN kind's): what carries the state
     (k / v projections and conv, the decay gate's `gate` FLOPs, the update diag(a) S + k^T v)
-    and what reads it (q projection and conv, the output gate, q S, out_proj, FFN)."""
+    and what reads it (q projection and conv, the output gate, q S, out_proj, the FFN's `ffn`)."""
     d, n, k, h, e, kc = (
         cfg.d_model,
         spec.heads,
@@ -49,10 +49,7 @@ def per_token_flops(cfg: ModelConfig, spec: lm.Spec, gate: int) -> dict[str, int
     return {
         "state": 2 * d * k * (h + e) + 2 * kc * k * (h + e) + gate + 3 * n * h * e,
         "q": 2 * d * n * h + 2 * kc * n * h,
-        "read": 2 * d * n * e * spec.output_gate
-        + 2 * n * h * e
-        + 2 * n * e * d
-        + 2 * 3 * d * cfg.d_ff,
+        "read": 2 * d * n * e * spec.output_gate + 2 * n * h * e + 2 * n * e * d + ffn,
     }
 
 
@@ -186,7 +183,7 @@ class LinearKind:
         """The recurrent form's FLOPs (not the chunked form's extra intra-chunk work): the
         state update of every new token, a query + read + FFN per base output and per output
         copy."""
-        g = per_token_flops(cfg, self.spec(cfg), self.gate_flops(cfg))
+        g = per_token_flops(cfg, self.spec(cfg), self.gate_flops(cfg), work.ffn)
         return work.tokens * g["state"] + (work.base_outputs + work.copies) * (g["q"] + g["read"])
 
     def kind(self, options: type[Options], export: Export) -> Kind:

@@ -173,7 +173,7 @@ def flops(cfg: ModelConfig, work: Work) -> int:
     inner, gs, kc = o.heads * o.head_dim, o.groups * o.state, o.conv_kernel
     state = 2 * d * (inner + gs + o.heads) + 2 * kc * (inner + gs) + 3 * inner * o.state
     read = 2 * d * gs + 2 * kc * gs + 2 * d * inner + 2 * inner * o.state + 2 * inner * d
-    read += 2 * 3 * d * cfg.d_ff if o.ffn else 0
+    read += work.ffn if o.ffn else 0
     outputs = work.base_outputs + work.copies
     return work.tokens * state + outputs * read + work.copies * 2 * d * inner
 

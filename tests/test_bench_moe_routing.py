@@ -1,0 +1,50 @@
+"""benchmarks/moe_routing.py's measurement on a tiny MoE Orthros: paired copies add no experts
+to what a decode step reads, independent ones may; every figure is positive."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+from benchmarks import moe_routing
+from orthros_jax.configlib import load_config_file
+from orthros_jax.model import init_params
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_paired_copies_read_no_more_experts_than_independent_ones():
+    model = load_config_file(os.path.join(ROOT, "configs", "bench.py")).model
+    moe = dict(n_experts=8, top_k=2, d_expert=16)
+    cfgs = moe_routing.moe_configs(model, 64, 1, 4, moe)
+    cfgs = {n: c.replace(vocab_size=64, d_ff=32) for n, c in cfgs.items()}
+    params = init_params(cfgs["paired"], jax.random.PRNGKey(0))
+    result = moe_routing.measure(cfgs, params, [2], 12, 2, 16, 8, 1)
+    (row,) = result["decode"]
+    paired, independent = row["paired"], row["independent"]
+    assert paired["experts"] == paired["base_experts"]  # the copies take their tokens' experts
+    assert paired["experts"] <= independent["experts"]
+    for r in (paired, independent):
+        assert r["expert_bytes_per_step"] > 0 and r["compiled_bytes"] > 0 and r["step_s"] > 0
+    assert row["time_ratio"] > 0 and result["train"]["time_ratio"] > 0
+    assert "| 2 | paired |" in moe_routing.markdown(
+        result
+        | dict(
+            settings=dict(
+                d_model=64,
+                layers=1,
+                experts=8,
+                top_k=2,
+                d_expert=16,
+                window=4,
+                steps=2,
+                prompt=12,
+                context=16,
+                repeats=1,
+            ),
+            backend="cpu",
+            load=[0.0],
+            date="today",
+        )
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import jax
+import pytest
 
 from benchmarks import moe_routing
 from orthros_jax.configlib import load_config_file
@@ -14,6 +15,7 @@ from orthros_jax.model import init_params
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_paired_copies_read_no_more_experts_than_independent_ones():
     model = load_config_file(os.path.join(ROOT, "configs", "bench.py")).model
     moe = dict(n_experts=8, top_k=2, d_expert=16)

@@ -69,6 +69,10 @@ def config_from_qwen3_moe(hf: Mapping[str, Any], **overrides: Any) -> ModelConfi
         raise ValueError(f"unsupported Qwen3-MoE option(s) {refused}: no shared experts here")
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"unsupported hidden_act={hf['hidden_act']!r}; expected 'silu'")
+    needed = ("num_hidden_layers", "hidden_size")
+    missing = [k for k in needed if k not in hf]
+    if missing:
+        raise ValueError(f"{QWEN3_MOE} config.json lacks {missing}")
     pattern = sparse_pattern(hf)
     if not any(pattern):
         raise ValueError(

@@ -51,21 +51,26 @@ from benchmarks import common as bench  # noqa: E402
 from benchmarks.serve_clients import CLIENT, NAME, TOK  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", None, "Output directory.")
-flags.DEFINE_string("config", os.path.join(ROOT, "configs", "bench.py"), "Bench config.")
-flags.DEFINE_float("memory_mib", 8.0, "Cache memory of each engine (MiB).")
-flags.DEFINE_integer("max_len", 1024, "Cache positions of each slot.")
-flags.DEFINE_integer("layers", 2, "Layers of the model (the bench model's width).")
-flags.DEFINE_list("concurrency", ["4", "8", "16"], "Concurrent clients of the sweep.")
-flags.DEFINE_integer("system", 512, "Tokens of the shared system prefix.")
-flags.DEFINE_integer("question", 16, "Tokens of each request's distinct question.")
-flags.DEFINE_integer("new", 16, "New tokens per request.")
-flags.DEFINE_integer("repeats", 2, "Interleaved rounds.")
-flags.DEFINE_integer("decode_steps", 4, "Engine decode steps per device call.")
-flags.DEFINE_integer("chunk_budget", 1024, "Prompt tokens per engine step.")
-flags.DEFINE_list("prefill_lengths", ["64", "512"], "Prefill length buckets.")
-flags.DEFINE_list("prefill_batches", ["1", "4", "16"], "Prefill row buckets (capped at slots).")
-flags.DEFINE_float("batch_wait_ms", 50.0, "How long an idle engine lets a burst gather.")
+
+
+def define_flags() -> None:
+    """Defined only when run: tests import several benchmarks into one process."""
+    flags.DEFINE_string("out", None, "Output directory.")
+    flags.DEFINE_string("config", os.path.join(ROOT, "configs", "bench.py"), "Bench config.")
+    flags.DEFINE_float("memory_mib", 8.0, "Cache memory of each engine (MiB).")
+    flags.DEFINE_integer("max_len", 1024, "Cache positions of each slot.")
+    flags.DEFINE_integer("layers", 2, "Layers of the model (the bench model's width).")
+    flags.DEFINE_list("concurrency", ["4", "8", "16"], "Concurrent clients of the sweep.")
+    flags.DEFINE_integer("system", 512, "Tokens of the shared system prefix.")
+    flags.DEFINE_integer("question", 16, "Tokens of each request's distinct question.")
+    flags.DEFINE_integer("new", 16, "New tokens per request.")
+    flags.DEFINE_integer("repeats", 2, "Interleaved rounds.")
+    flags.DEFINE_integer("decode_steps", 4, "Engine decode steps per device call.")
+    flags.DEFINE_integer("chunk_budget", 1024, "Prompt tokens per engine step.")
+    flags.DEFINE_list("prefill_lengths", ["64", "512"], "Prefill length buckets.")
+    flags.DEFINE_list("prefill_batches", ["1", "4", "16"], "Prefill row buckets (capped at slots).")
+    flags.DEFINE_float("batch_wait_ms", 50.0, "How long an idle engine lets a burst gather.")
+
 
 ARMS = {
     "full": dict(kv_cache_dtype=None, prefix_caching=False),
@@ -240,6 +245,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    # Only when run: a test importing this module leaves absl's FLAGS without the check.
+    define_flags()
     flags.mark_flags_as_required(["out"])
     app.run(main)

@@ -46,19 +46,25 @@ sys.path.insert(0, ROOT)
 from benchmarks import common as bench  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", None, "Output directory.")
-flags.DEFINE_string("config", os.path.join(ROOT, "configs", "bench.py"), "Bench config.")
-flags.DEFINE_float("memory_gib", 16.0, "Memory for the cache in the capacity table.")
-flags.DEFINE_list("contexts", ["4096", "16384"], "Decode contexts.")
-flags.DEFINE_integer("repeats", 5, "Timed decode calls per arm.")
-flags.DEFINE_integer("steps", 8, "Decode steps per timed call.")
-flags.DEFINE_integer("turns", 8, "Turns of each scripted chat.")
-flags.DEFINE_integer("conversations", 3, "Concurrent chats.")
-flags.DEFINE_integer("system", 2048, "System prompt tokens.")
-flags.DEFINE_integer("user", 32, "Tokens of each user message.")
-flags.DEFINE_integer("answer", 16, "Tokens of each reply.")
-flags.DEFINE_integer("clients", 8, "Requests of the shared-prompt workload.")
-flags.DEFINE_integer("chat_layers", 2, "Layers of the chat model (the bench model's width).")
+
+
+def define_flags() -> None:
+    """Defined only when run: tests import several benchmarks into one process."""
+    flags.DEFINE_string("out", None, "Output directory.")
+    flags.DEFINE_string("config", os.path.join(ROOT, "configs", "bench.py"), "Bench config.")
+    flags.DEFINE_float("memory_gib", 16.0, "Memory for the cache in the capacity table.")
+    flags.DEFINE_list("contexts", ["4096", "16384"], "Decode contexts.")
+    flags.DEFINE_integer("repeats", 5, "Timed decode calls per arm.")
+    flags.DEFINE_integer("steps", 8, "Decode steps per timed call.")
+    flags.DEFINE_integer("turns", 8, "Turns of each scripted chat.")
+    flags.DEFINE_integer("conversations", 3, "Concurrent chats.")
+    flags.DEFINE_integer("system", 2048, "System prompt tokens.")
+    flags.DEFINE_integer("user", 32, "Tokens of each user message.")
+    flags.DEFINE_integer("answer", 16, "Tokens of each reply.")
+    flags.DEFINE_integer("clients", 8, "Requests of the shared-prompt workload.")
+    flags.DEFINE_integer("chat_layers", 2, "Layers of the chat model (the bench model's width).")
+
+
 TOK = ByteTokenizer()
 
 
@@ -254,6 +260,6 @@ def _markdown(r: dict) -> str:
 
 
 if __name__ == "__main__":
-    # Only when run: a test importing this module leaves absl's FLAGS without the check.
+    define_flags()
     flags.mark_flags_as_required(["out"])
     app.run(main)

@@ -30,12 +30,17 @@ from orthros_jax.inference import generate  # noqa: E402
 from orthros_jax.rl import tasks  # noqa: E402
 from orthros_jax.rl.config import TaskConfig  # noqa: E402
 
-_MODELS = flags.DEFINE_list("models", None, "Passkey model directories or training workdirs.")
-_DTYPES = flags.DEFINE_list("dtypes", ["int8", "fp8"], "Quantized cache dtypes to compare.")
-_PROMPTS = flags.DEFINE_integer("prompts", 256, "Held-out passkey prompts.")
-_NEW = flags.DEFINE_integer("new", 2, "Greedy tokens per prompt (the key's digits).")
-_BATCH = flags.DEFINE_integer("batch", 64, "Prompts per generate call.")
-_OUT = flags.DEFINE_string("out", None, "Output directory.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """Defined only when run: tests import several benchmarks into one process."""
+    flags.DEFINE_list("models", None, "Passkey model directories or training workdirs.")
+    flags.DEFINE_list("dtypes", ["int8", "fp8"], "Quantized cache dtypes to compare.")
+    flags.DEFINE_integer("prompts", 256, "Held-out passkey prompts.")
+    flags.DEFINE_integer("new", 2, "Greedy tokens per prompt (the key's digits).")
+    flags.DEFINE_integer("batch", 64, "Prompts per generate call.")
+    flags.DEFINE_string("out", None, "Output directory.")
 
 
 def evaluate(directory: str, dtypes: list[str], n: int, new: int, batch: int) -> dict:
@@ -65,15 +70,15 @@ def main(argv: list[str]) -> None:
     del argv
     result = {
         "load_before": os.getloadavg()[0],
-        "prompts": _PROMPTS.value,
+        "prompts": FLAGS.prompts,
         "models": {
-            m: evaluate(m, _DTYPES.value, _PROMPTS.value, _NEW.value, _BATCH.value)
-            for m in _MODELS.value
+            m: evaluate(m, FLAGS.dtypes, FLAGS.prompts, FLAGS.new, FLAGS.batch)
+            for m in FLAGS.models
         },
         "load_after": os.getloadavg()[0],
     }
-    os.makedirs(_OUT.value, exist_ok=True)
-    with open(os.path.join(_OUT.value, "kv_quant_trained.json"), "w") as f:
+    os.makedirs(FLAGS.out, exist_ok=True)
+    with open(os.path.join(FLAGS.out, "kv_quant_trained.json"), "w") as f:
         json.dump(result, f, indent=1)
     lines = [
         f"Passkey, {result['prompts']} held-out prompts; load {result['load_before']:.1f} -> "
@@ -85,12 +90,12 @@ def main(argv: list[str]) -> None:
     for m, by in result["models"].items():
         for dtype, v in by.items():
             lines.append(f"| {m} | {dtype} | {v['accuracy']:.3f} | {v['agreement']:.3f} |")
-    with open(os.path.join(_OUT.value, "kv_quant_trained.md"), "w") as f:
+    with open(os.path.join(FLAGS.out, "kv_quant_trained.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":
-    # Only when run: a test importing this module leaves absl's FLAGS without the check.
+    define_flags()
     flags.mark_flags_as_required(["models", "out"])
     app.run(main)

@@ -51,20 +51,24 @@ from benchmarks import common as bench  # noqa: E402
 
 ROUTINGS = ("paired", "independent")
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", None, "Output directory.")
-flags.DEFINE_string("config", os.path.join(ROOT, "configs", "bench.py"), "Bench config.")
-flags.DEFINE_integer("d_model", 256, "Model width.")
-flags.DEFINE_integer("layers", 4, "Layers (every one MoE).")
-flags.DEFINE_integer("window", 32, "The base stream's window (below --prompt: copies differ).")
-flags.DEFINE_integer("experts", 16, "Experts per MoE layer.")
-flags.DEFINE_integer("top_k", 2, "Experts per token.")
-flags.DEFINE_integer("d_expert", 128, "Each expert's SwiGLU width.")
-flags.DEFINE_list("batches", ["1", "8"], "Decode batch sizes.")
-flags.DEFINE_integer("prompt", 128, "Prompt tokens before the counted decode steps.")
-flags.DEFINE_integer("steps", 8, "Counted decode steps (and decode steps per timed call).")
-flags.DEFINE_integer("context", 256, "Cache fill of the timed decode steps.")
-flags.DEFINE_integer("train_len", 256, "Tokens of the timed PT train step (batch 1).")
-flags.DEFINE_integer("repeats", 7, "Timed rounds.")
+
+
+def define_flags() -> None:
+    """Defined only when run: tests import several benchmarks into one process."""
+    flags.DEFINE_string("out", None, "Output directory.")
+    flags.DEFINE_string("config", os.path.join(ROOT, "configs", "bench.py"), "Bench config.")
+    flags.DEFINE_integer("d_model", 256, "Model width.")
+    flags.DEFINE_integer("layers", 4, "Layers (every one MoE).")
+    flags.DEFINE_integer("window", 32, "The base stream's window (below --prompt: copies differ).")
+    flags.DEFINE_integer("experts", 16, "Experts per MoE layer.")
+    flags.DEFINE_integer("top_k", 2, "Experts per token.")
+    flags.DEFINE_integer("d_expert", 128, "Each expert's SwiGLU width.")
+    flags.DEFINE_list("batches", ["1", "8"], "Decode batch sizes.")
+    flags.DEFINE_integer("prompt", 128, "Prompt tokens before the counted decode steps.")
+    flags.DEFINE_integer("steps", 8, "Counted decode steps (and decode steps per timed call).")
+    flags.DEFINE_integer("context", 256, "Cache fill of the timed decode steps.")
+    flags.DEFINE_integer("train_len", 256, "Tokens of the timed PT train step (batch 1).")
+    flags.DEFINE_integer("repeats", 7, "Timed rounds.")
 
 
 def moe_configs(
@@ -234,6 +238,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    # Only when run: a test importing this module leaves absl's FLAGS without the check.
+    define_flags()
     flags.mark_flags_as_required(["out"])
     app.run(main)

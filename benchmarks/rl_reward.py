@@ -22,12 +22,17 @@ import sys
 from absl import app, flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_ARMS = flags.DEFINE_list("arms", ["orthros", "transformer"], "configs/recall_passkey.py arms.")
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "RL seeds (train.seed of launch/rl.py).")
-_WARM = flags.DEFINE_integer("warm_steps", 150, "SFT warm-up updates on passkey.")
-_RL = flags.DEFINE_integer("rl_steps", 40, "GRPO steps.")
-_OUT = flags.DEFINE_string("out", "runs/rl_reward", "Output directory (workdirs inside).")
-_LR = flags.DEFINE_float("rl_lr", 1e-4, "GRPO learning rate (optimizer.lr of launch/rl.py).")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """Defined only when run: tests import several benchmarks into one process."""
+    flags.DEFINE_list("arms", ["orthros", "transformer"], "configs/recall_passkey.py arms.")
+    flags.DEFINE_list("seeds", ["0", "1"], "RL seeds (train.seed of launch/rl.py).")
+    flags.DEFINE_integer("warm_steps", 150, "SFT warm-up updates on passkey.")
+    flags.DEFINE_integer("rl_steps", 40, "GRPO steps.")
+    flags.DEFINE_string("out", "runs/rl_reward", "Output directory (workdirs inside).")
+    flags.DEFINE_float("rl_lr", 1e-4, "GRPO learning rate (optimizer.lr of launch/rl.py).")
 
 
 def _run(args: list[str]) -> None:
@@ -45,29 +50,33 @@ def _rewards(workdir: str) -> dict[int, float]:
 
 def main(argv: list[str]) -> None:
     del argv
-    out = os.path.abspath(_OUT.value)
-    results: dict = {"warm_steps": _WARM.value, "rl_steps": _RL.value, "rl_lr": _LR.value}
+    out = os.path.abspath(FLAGS.out)
+    results: dict = {
+        "warm_steps": FLAGS.warm_steps,
+        "rl_steps": FLAGS.rl_steps,
+        "rl_lr": FLAGS.rl_lr,
+    }
     results["arms"] = {}
-    for arm in _ARMS.value:
+    for arm in FLAGS.arms:
         warm = os.path.join(out, f"warm_{arm}")
         _run(
             [
                 "launch/train.py",
                 f"--config=configs/recall_passkey.py:{arm}",
-                f"--config.train.steps={_WARM.value}",
+                f"--config.train.steps={FLAGS.warm_steps}",
                 f"--workdir={warm}",
             ]
         )
         runs = {}
-        for seed in _SEEDS.value:
+        for seed in FLAGS.seeds:
             wd = os.path.join(out, f"rl_{arm}_s{seed}")
             _run(
                 [
                     "launch/rl.py",
                     f"--config=configs/rl_passkey.py:{warm}",
-                    f"--config.train.steps={_RL.value}",
+                    f"--config.train.steps={FLAGS.rl_steps}",
                     f"--config.train.seed={seed}",
-                    f"--config.optimizer.lr={_LR.value}",
+                    f"--config.optimizer.lr={FLAGS.rl_lr}",
                     f"--workdir={wd}",
                 ]
             )
@@ -95,4 +104,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -41,12 +41,18 @@ from orthros_jax.rl.tasks import Prompt  # noqa: E402
 from orthros_jax.serving.engine import Engine  # noqa: E402
 from orthros_jax.training.state import init_train_state  # noqa: E402
 
-_LENGTHS = flags.DEFINE_list("prompt_lengths", ["1024", "2048", "4096"], "Prompt lengths P.")
-_COMPLETION = flags.DEFINE_integer("completion", 64, "Completion tokens per sample.")
-_GROUP = flags.DEFINE_integer("group", 4, "Samples per prompt (rows of the update).")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Interleaved timing rounds.")
-_WINDOW = flags.DEFINE_integer("window", 128, "Orthros's window.")
-_OUT = flags.DEFINE_string("out", "runs/rl_scaling", "Output directory.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """Defined only when run: tests import several benchmarks into one process."""
+    flags.DEFINE_list("prompt_lengths", ["1024", "2048", "4096"], "Prompt lengths P.")
+    flags.DEFINE_integer("completion", 64, "Completion tokens per sample.")
+    flags.DEFINE_integer("group", 4, "Samples per prompt (rows of the update).")
+    flags.DEFINE_integer("repeats", 3, "Interleaved timing rounds.")
+    flags.DEFINE_integer("window", 128, "Orthros's window.")
+    flags.DEFINE_string("out", "runs/rl_scaling", "Output directory.")
+
 
 MODEL = dict(
     vocab_size=256,
@@ -79,9 +85,9 @@ def _batch(rng: np.random.Generator, p: int, c: int, group: int) -> dict[str, np
 
 
 def measure(p: int) -> dict:
-    c, group = _COMPLETION.value, _GROUP.value
+    c, group = FLAGS.completion, FLAGS.group
     rng = np.random.default_rng(p)
-    cfgs = arms(_WINDOW.value)
+    cfgs = arms(FLAGS.window)
     params = init_params(cfgs["orthros"], jax.random.PRNGKey(0))
     shared = {k: v for k, v in params["layers"].items() if not k.startswith("so_")}
     params_of = {"orthros": params, "transformer": {**params, "layers": shared}}
@@ -120,7 +126,7 @@ def measure(p: int) -> dict:
                 rng=jax.random.PRNGKey(0),
             ).tokens
         )
-    t = time_interleaved(fns, _REPEATS.value)
+    t = time_interleaved(fns, FLAGS.repeats)
     row: dict = {"prompt_len": p, "completion": c, "group": group, "times": t}
     for name in cfgs:
         up, ro = t[f"{name}/update"]["median_s"], t[f"{name}/rollout"]["median_s"]
@@ -155,16 +161,17 @@ def markdown(rows: list[dict]) -> str:
 def main(argv: list[str]) -> None:
     del argv
     rows = []
-    for p in (int(x) for x in _LENGTHS.value):
+    for p in (int(x) for x in FLAGS.prompt_lengths):
         rows.append(measure(p))
         print(markdown(rows[-1:]).splitlines()[-1], flush=True)
-    os.makedirs(_OUT.value, exist_ok=True)
-    with open(os.path.join(_OUT.value, "results.json"), "w") as f:
+    os.makedirs(FLAGS.out, exist_ok=True)
+    with open(os.path.join(FLAGS.out, "results.json"), "w") as f:
         json.dump({"rows": rows, "load": os.getloadavg()}, f, indent=1)
-    with open(os.path.join(_OUT.value, "results.md"), "w") as f:
+    with open(os.path.join(FLAGS.out, "results.md"), "w") as f:
         f.write(markdown(rows))
     print(markdown(rows))
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -58,28 +58,34 @@ from benchmarks.serve_clients import CLIENT, direct, serve  # noqa: E402
 from benchmarks.serve_load_report import write_report  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", None, "Output directory.")
-flags.DEFINE_string(
-    "config", os.path.join(ROOT, "configs", "bench.py"), "Bench config (the model)."
-)
-flags.DEFINE_list(
-    "shapes", ["2048/16", "2048/128", "1920/512"], "Table 4 input/output token pairs."
-)
-flags.DEFINE_list(
-    "pairs", ["transformer:orthros", "hybrid:orthros_h"], "single:two-stream arm pairs."
-)
-flags.DEFINE_list(
-    "concurrency", ["1", "2", "4", "8", "16"], "Client counts of the sweep ('' = none)."
-)
-flags.DEFINE_integer("conc_min_len", 64, "Shortest prompt of the sweep.")
-flags.DEFINE_integer("conc_max_len", 256, "Longest prompt of the sweep (also its prefill bucket).")
-flags.DEFINE_integer("conc_new", 32, "New tokens per request of the sweep.")
-flags.DEFINE_integer("repeats", 2, "Interleaved rounds of the TTFT and concurrency timings.")
-flags.DEFINE_integer("decode_steps", 4, "Engine decode steps per device call (multi-step).")
-flags.DEFINE_integer(
-    "t4_step_chunks", 2, "Table 4: prefill chunks of one request per engine step (its budget)."
-)
-flags.DEFINE_float("batch_wait_ms", 50.0, "Sweep: how long an idle engine lets a burst gather.")
+
+
+def define_flags() -> None:
+    """Defined only when run: tests import several benchmarks into one process."""
+    flags.DEFINE_string("out", None, "Output directory.")
+    flags.DEFINE_string(
+        "config", os.path.join(ROOT, "configs", "bench.py"), "Bench config (the model)."
+    )
+    flags.DEFINE_list(
+        "shapes", ["2048/16", "2048/128", "1920/512"], "Table 4 input/output token pairs."
+    )
+    flags.DEFINE_list(
+        "pairs", ["transformer:orthros", "hybrid:orthros_h"], "single:two-stream arm pairs."
+    )
+    flags.DEFINE_list(
+        "concurrency", ["1", "2", "4", "8", "16"], "Client counts of the sweep ('' = none)."
+    )
+    flags.DEFINE_integer("conc_min_len", 64, "Shortest prompt of the sweep.")
+    flags.DEFINE_integer(
+        "conc_max_len", 256, "Longest prompt of the sweep (also its prefill bucket)."
+    )
+    flags.DEFINE_integer("conc_new", 32, "New tokens per request of the sweep.")
+    flags.DEFINE_integer("repeats", 2, "Interleaved rounds of the TTFT and concurrency timings.")
+    flags.DEFINE_integer("decode_steps", 4, "Engine decode steps per device call (multi-step).")
+    flags.DEFINE_integer(
+        "t4_step_chunks", 2, "Table 4: prefill chunks of one request per engine step (its budget)."
+    )
+    flags.DEFINE_float("batch_wait_ms", 50.0, "Sweep: how long an idle engine lets a burst gather.")
 
 
 def table4(c, shapes: list[tuple[int, int]], pairs: list[tuple[str, str]]) -> dict:
@@ -308,6 +314,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    # Only when run: a test importing this module leaves absl's FLAGS without the check.
+    define_flags()
     flags.mark_flags_as_required(["out"])
     app.run(main)

@@ -1,0 +1,23 @@
+"""Every benchmark script can be imported beside every other one in one process (tests import
+their functions into shared pytest workers): no module defines absl flags at import, where two
+scripts' `--out` would collide."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_all_benchmark_modules_import_together():
+    names = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem != "__init__")
+    assert {"kv_capacity", "moe_routing", "serve_load"} <= set(names)
+    # As when run (python benchmarks/x.py), the scripts' own folder is on the path too.
+    code = "import sys; sys.path.insert(0, 'benchmarks')\n"
+    code += "".join(f"import benchmarks.{n}\n" for n in names)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]

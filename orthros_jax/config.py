@@ -8,51 +8,32 @@ functions read. Launchers build it from an `ml_collections` config with
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax.numpy as jnp
 
-from orthros_jax import arms as arms_lib
 from orthros_jax.arms import ARCHITECTURES as ARMS
-from orthros_jax.arms import Arm
-from orthros_jax.moe_options import MOE_RUNTIME_FIELDS, MoEOptions
+from orthros_jax.config_registry import (
+    ARCHITECTURES,
+    ATTENTION_IMPLS,
+    DEFAULT_LAYER_TYPES,
+    LAYER_KINDS,
+    MOE_CHECKS,
+    TWO_STREAM_ARCHITECTURES,
+)
+from orthros_jax.moe_options import MoEOptions
 from orthros_jax.options import (
-    Options,
     Sections,
     check_choice,
     check_positive,
     check_positive_int,
     legacy_key,
-    register_options,
     unknown_keys,
 )
 
-# Filled by register_arms (layers/registry.py, on import of the package), like the kinds.
-ARCHITECTURES: list[str] = []
-TWO_STREAM_ARCHITECTURES: list[str] = []
-DEFAULT_LAYER_TYPES: dict[str, tuple[str, ...]] = {}
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "dots")
 ROPE_TYPES: tuple[str, ...] = ("default", "llama3")
-
-
-@dataclasses.dataclass(frozen=True)
-class KindEntry:
-    """What the config knows of a registered layer kind: its checks of a config that uses it,
-    whether it is recurrent (a hybrid's recurrent layers may be of any recurrent kind) and its
-    options section (None: it has none)."""
-
-    validate: Callable[[ModelConfig], None]
-    recurrent: bool
-    options: type[Options] | None
-
-
-# The layer kinds and the attention implementations, registered by orthros_jax.layers (its
-# registry and attend modules; the package's __init__ imports them, so they are always here):
-# ModelConfig checks layer_types and attention_impl against them, builds each kind's options
-# section and runs each used kind's own checks. config.py itself names no kind.
-LAYER_KINDS: dict[str, KindEntry] = {}
-ATTENTION_IMPLS: list[str] = []
 # ModelConfig fields that change how the model runs, not the function its weights compute (a
 # resumed run may change them; the kinds' options say so of theirs).
 RUNTIME_FIELDS = frozenset(
@@ -68,41 +49,6 @@ RUNTIME_FIELDS = frozenset(
         "init_std",
     }
 )
-# Checks of a config with MoE layers that need the layer kinds (layers/registry.py adds its
-# _check_moe_kinds).
-MOE_CHECKS: list[Callable[[ModelConfig], None]] = []
-
-
-def register_arms(table: dict[str, Arm]) -> None:
-    """Makes the arms of `table` (orthros_jax/arms.py's rows) valid architectures."""
-    arms_lib.register(table)
-    ARCHITECTURES[:] = list(ARMS)
-    TWO_STREAM_ARCHITECTURES[:] = [a for a, arm in ARMS.items() if arm.two_streams]
-    DEFAULT_LAYER_TYPES.clear()
-    DEFAULT_LAYER_TYPES.update({a: arm.layer_types for a, arm in ARMS.items()})
-
-
-def register_layer_kind(
-    name: str,
-    validate: Callable[[ModelConfig], None],
-    *,
-    recurrent: bool,
-    options: type[Options] | None = None,
-) -> None:
-    """Makes `name` a valid entry of layer_types; validate(cfg) raises ValueError for a config
-    using the kind that does not fit; options: its section of ModelConfig.kinds."""
-    if options is not None:
-        if options.kind != name:
-            raise ValueError(f"the options of kind {name!r} name kind {options.kind!r}")
-        register_options(options)
-    LAYER_KINDS[name] = KindEntry(validate, recurrent, options)
-
-
-def register_attention_impl(name: str) -> None:
-    """Makes `name` a valid attention_impl."""
-    if name not in ATTENTION_IMPLS:
-        ATTENTION_IMPLS.append(name)
-
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
@@ -165,12 +111,15 @@ class ModelConfig:
     # cfg.kinds.gdn.chunk. Built from a mapping kind -> Options or -> dict of options.
     kinds: Sections = dataclasses.field(default_factory=Sections)
     # The mixture-of-experts FFN (moe_options.MoEOptions, or a dict of its options); None:
-    # every layer's FFN is the dense SwiGLU (d_ff) in its kind's parameters.
-    moe: MoEOptions | None = None
+    # every layer's FFN is the dense SwiGLU (d_ff) in its kind's parameters. An option group:
+    # a field whose metadata names its options dataclass (from_dict, to_dict, RUNTIME_FIELDS),
+    # serialised and flattened as "<field>.<option>" by the generic code below.
+    moe: MoEOptions | None = dataclasses.field(default=None, metadata={"options": MoEOptions})
 
     def __post_init__(self) -> None:
-        if isinstance(self.moe, Mapping):
-            object.__setattr__(self, "moe", MoEOptions.from_dict(self.moe))
+        for name, group in _option_groups():
+            if isinstance(getattr(self, name), Mapping):
+                object.__setattr__(self, name, group.from_dict(getattr(self, name)))
         if self.scale_offset is None:
             object.__setattr__(self, "scale_offset", self.architecture in TWO_STREAM_ARCHITECTURES)
         if not self.layer_types:  # None or (): the arm's default
@@ -315,12 +264,12 @@ class ModelConfig:
 
     @property
     def ffn_types(self) -> tuple[str, ...]:
-        """The FFN of each position of the layer cycle ("moe" / "dense"); () without moe: the
-        dense FFN lives in the kinds' parameters."""
+        """The FFN choice (a name of layers/ffn.FFNS) of each position of the layer cycle;
+        () without moe: the dense FFN lives in the kinds' parameters."""
         return () if self.moe is None else self.moe.ffn_types(len(self.layer_types))
 
     def ffn_layers(self, ffn: str) -> int:
-        """How many layers have this FFN ("moe" / "dense"; 0 without moe)."""
+        """How many layers have this FFN choice (0 without moe)."""
         return self.n_cycles * self.ffn_types.count(ffn)
 
     def ffn_index(self, c: Any, j: int) -> Any:
@@ -353,27 +302,34 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field; kinds as {kind: {option: value}}, moe as {option: value} or None
-        (model.json, ml_collections)."""
+        """Every field; kinds as {kind: {option: value}}, an option group (moe) as {option:
+        value} or None (model.json, ml_collections)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["kinds"] = self.kinds.to_dict()
-        out["moe"] = None if self.moe is None else self.moe.to_dict()
+        for name, _ in _option_groups():
+            out[name] = None if out[name] is None else out[name].to_dict()
         return out
 
     def runtime_keys(self) -> frozenset[str]:
         """The keys of flat() that change how the model runs, not what its weights compute."""
         kinds = {f"kinds.{k}.{n}" for k, o in self.kinds.items() for n in o.runtime_fields()}
-        moe = {f"moe.{n}" for n in MOE_RUNTIME_FIELDS} if self.moe else set()
-        return RUNTIME_FIELDS | kinds | moe
+        groups = {
+            f"{name}.{n}"
+            for name, group in _option_groups()
+            if getattr(self, name) is not None
+            for n in group.RUNTIME_FIELDS
+        }
+        return RUNTIME_FIELDS | kinds | groups
 
     def flat(self) -> dict[str, Any]:
-        """Every field, the kinds' options as "kinds.<kind>.<option>", MoE's as "moe.<option>"
-        ("moe": None without MoE layers)."""
+        """Every field, the kinds' options as "kinds.<kind>.<option>", an option group's as
+        "<field>.<option>" (the field itself, None, where the group is off)."""
         out = self.to_dict()
         sections = out.pop("kinds")
         out.update({f"kinds.{k}.{n}": v for k, o in sections.items() for n, v in o.items()})
-        if out["moe"] is not None:
-            out.update({f"moe.{n}": v for n, v in out.pop("moe").items()})
+        for name, _ in _option_groups():
+            if out[name] is not None:
+                out.update({f"{name}.{n}": v for n, v in out.pop(name).items()})
         return out
 
     @classmethod
@@ -393,3 +349,12 @@ class ModelConfig:
         for kind, options in dict(values.pop("kinds", None) or {}).items():
             kinds.setdefault(kind, {}).update(dict(options))
         return cls(**values, kinds=Sections(kinds))
+
+
+def _option_groups() -> list[tuple[str, Any]]:
+    """ModelConfig's option groups: (field, its options dataclass), from the fields' metadata."""
+    return [
+        (f.name, f.metadata["options"])
+        for f in dataclasses.fields(ModelConfig)
+        if "options" in f.metadata
+    ]

@@ -10,14 +10,21 @@ import dataclasses
 import difflib
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
-FFN_CHOICES: tuple[str, ...] = ("moe", "dense")
+# The FFN choices a layer cycle may name, registered by layers/ffn.py's table on import of the
+# package (the one place that lists them): register_ffn_choices.
+FFN_CHOICES: list[str] = []
 ROUTINGS: tuple[str, ...] = ("paired", "independent")
 MOE_IMPLS: tuple[str, ...] = ("grouped", "dense")  # kernels/moe.IMPLS
 # Options that change how the model runs or trains, not what its weights compute (a resumed
 # run may change them: ModelConfig.runtime_keys): the experts' kernel, the loss coefficients.
 MOE_RUNTIME_FIELDS: tuple[str, ...] = ("impl", "aux_loss_coef", "z_loss_coef")
+
+
+def register_ffn_choices(names: tuple[str, ...]) -> None:
+    """Declare the FFN choices (layers/ffn.FFNS' names) that ffn_cycle may name."""
+    FFN_CHOICES[:] = names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +49,7 @@ class MoEOptions:
     ffn_cycle: tuple[str, ...] = ("moe",)
     aux_loss_coef: float = 0.0
     z_loss_coef: float = 0.0
+    RUNTIME_FIELDS: ClassVar[tuple[str, ...]] = MOE_RUNTIME_FIELDS
 
     def __post_init__(self) -> None:
         if isinstance(self.ffn_cycle, list):

@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PKG = ROOT / "orthros_jax"
 # Package order: a module may import only from its own package or from packages to its left.
 ORDER = (
-    "leaves",  # config, configlib, axes, options, arms, moe_options (and the root __init__)
+    "leaves",  # the LEAVES below (and the root __init__)
     "kernels",
     "layers",
     "model",
@@ -28,6 +28,7 @@ ORDER = (
 )
 LEAVES = {
     "orthros_jax.config",
+    "orthros_jax.config_registry",
     "orthros_jax.configlib",
     "orthros_jax.axes",
     "orthros_jax.options",
@@ -208,3 +209,21 @@ def test_every_kind_satisfies_the_protocol():
 
     for name, kind in KINDS.items():
         assert isinstance(kind, LayerKind) and kind.name == name
+
+
+def test_generic_modules_name_no_ffn_choice():
+    from orthros_jax.layers.ffn import FFNS
+
+    # An FFN choice is found through layers/ffn.FFNS, as a kind through the kind registry. The
+    # MoE FFN's own modules (its options, moe_options.py, with its default cycle; its kernel,
+    # kernels/moe.py, whose all-experts "dense" reference is another word) are not generic;
+    # ModelConfig's `moe` field is an identifier.
+    names = set(FFNS) | {f.params_key for f in FFNS.values()}
+    own = ("orthros_jax/moe_options.py", "orthros_jax/kernels/moe.py")
+    generic = [f for f in GENERIC if f not in own]
+    found = {
+        f: sorted(_string_literals(ROOT / f) & names)
+        for f in generic
+        if _string_literals(ROOT / f) & names
+    }
+    assert not found, found

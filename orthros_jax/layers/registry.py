@@ -6,7 +6,7 @@ these tables."""
 
 from __future__ import annotations
 
-from orthros_jax import config as config_lib
+from orthros_jax import config_registry
 from orthros_jax.arms import ATTN_RUNS, CONVERT, CONVERT_RUNS, LM, MQAR, RECALL, Arm
 from orthros_jax.config import ModelConfig
 from orthros_jax.layers import attend, attention, gdn, gla, mamba2, retention
@@ -27,7 +27,7 @@ attend.register("splash", splash)
 attend.register("cudnn", cudnn_attention)
 
 for _kind in KINDS.values():
-    config_lib.register_layer_kind(
+    config_registry.register_layer_kind(
         _kind.name, _kind.validate, recurrent=_kind.recurrent, options=_kind.options
     )
 
@@ -53,8 +53,8 @@ def _check_moe_kinds(cfg: ModelConfig) -> None:
         )
 
 
-if _check_moe_kinds not in config_lib.MOE_CHECKS:
-    config_lib.MOE_CHECKS.append(_check_moe_kinds)
+if _check_moe_kinds not in config_registry.MOE_CHECKS:
+    config_registry.MOE_CHECKS.append(_check_moe_kinds)
 
 # The paper's arms (orthros_jax/arms.py), in the order of results' tables, made of the kinds
 # above; a table, one arm a row (hence unformatted).
@@ -62,7 +62,7 @@ _ATTENTION = (attention.KIND.name,)
 # The hybrids use Qwen3.5's cycle of three GDN layers and one attention layer.
 _HYBRID = (gdn.KIND.name,) * 3 + _ATTENTION
 _EVERYWHERE = frozenset({RECALL, LM, CONVERT, MQAR})
-config_lib.register_arms(
+config_registry.register_arms(
     {
         "transformer": Arm("Transformer", "C0", _ATTENTION, runs=CONVERT_RUNS,
                            default_in=_EVERYWHERE, two_stream_form="orthros"),

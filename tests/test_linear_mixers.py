@@ -16,6 +16,7 @@ from oracle_linear import gla_mixer, retention_mixer
 
 from orthros_jax.layers import gla, retention
 from orthros_jax.layers import linear_mixer as lm
+from orthros_jax.layers.recurrent import MixArgs
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 B, L = 2, 21
@@ -94,7 +95,7 @@ def run(cfg, mod, p, h, **kw):
     pos = kw.pop("positions", None)
     pos = jnp.broadcast_to(jnp.arange(h.shape[1]), h.shape[:2]) if pos is None else pos
     fn = functools.partial(lm.mix, spec=s, decay=mod.decay_fn(cfg), decode=kw.pop("decode", False))
-    return jax.jit(lambda p, h, st, pos, kw: fn(p, h, state=st, positions_BL=pos, **kw))(
+    return jax.jit(lambda p, h, st, pos, kw: fn(p, a=MixArgs(h, pos, st, **kw)))(
         p, h, state, pos, kw
     )
 

@@ -39,12 +39,17 @@ from orthros_jax.layers.kind import (
     Kind,
     ParamDecl,
     Params,
-    Stream,
     Work,
     block_params,
     scale_offsets,
 )
-from orthros_jax.layers.recurrent import CrossSO, RecurrentStep, cross_so_of, stacked_state
+from orthros_jax.layers.recurrent import (
+    CrossSO,
+    MixArgs,
+    RecurrentStep,
+    cross_so_of,
+    stacked_state,
+)
 from orthros_jax.options import Options, check_positive_int, option
 
 SO_NAMES = ("gdn_so_out_scale", "gdn_so_out_offset")
@@ -95,64 +100,36 @@ class _Mixer:
         return True
 
     def mix(
-        self,
-        p: Params,
-        h_BLD: jax.Array,
-        cfg: ModelConfig,
-        base: Stream,
-        *,
-        state: Any,
-        valid_BL: jax.Array | None,
-        reset_BL: jax.Array | None,
-        cross_h_BLD: jax.Array | None = None,
-        cross_so: CrossSO | None = None,
+        self, p: Params, cfg: ModelConfig, a: MixArgs
     ) -> tuple[jax.Array, jax.Array | None, Any]:
         return gdn_mixer.gdn_mix(
             p,
-            h_BLD,
+            a.h_BLD,
             cfg,
-            state=state,
-            valid_BL=valid_BL,
-            reset_BL=reset_BL,
-            cross_h_BLD=cross_h_BLD,
-            cross_so=cross_so,
+            state=a.state,
+            valid_BL=a.valid_BL,
+            reset_BL=a.reset_BL,
+            cross_h_BLD=a.cross_h_BLD,
+            cross_so=a.cross_so,
         )
 
     def decode(
-        self,
-        p: Params,
-        h_B1D: jax.Array,
-        cfg: ModelConfig,
-        base: Stream,
-        *,
-        state: Any,
-        layer: Any,
-        valid_B1: jax.Array,
-        cross_h_B1D: jax.Array | None,
-        cross_so: CrossSO | None,
+        self, p: Params, cfg: ModelConfig, a: MixArgs
     ) -> tuple[jax.Array, jax.Array | None, Any]:
+        assert a.valid_BL is not None
         return gdn_mixer.gdn_decode(
             p,
-            h_B1D,
+            a.h_BLD,
             cfg,
-            state=state,
-            layer=layer,
-            active_B=valid_B1[:, 0],
-            cross_h_B1D=cross_h_B1D,
-            cross_so=cross_so,
+            state=a.state,
+            layer=a.layer,
+            active_B=a.valid_BL[:, 0],
+            cross_h_B1D=a.cross_h_BLD,
+            cross_so=a.cross_so,
         )
 
-    def read(
-        self,
-        p: Params,
-        h_B1D: jax.Array,
-        cfg: ModelConfig,
-        out: Stream,
-        *,
-        state: Any,
-        cross_so: CrossSO | None,
-    ) -> jax.Array:
-        return gdn_mixer.gdn_read(p, h_B1D, cfg, state=state, cross_so=cross_so)
+    def read(self, p: Params, cfg: ModelConfig, a: MixArgs) -> jax.Array:
+        return gdn_mixer.gdn_read(p, a.h_BLD, cfg, state=a.state, cross_so=a.cross_so)
 
 
 def init_state(

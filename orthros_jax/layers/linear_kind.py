@@ -11,6 +11,7 @@ recurrent [layers, B, N, H, E] float32, conv windows [layers, B, Kc-1, heads, di
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -23,12 +24,17 @@ from orthros_jax.layers.kind import (
     Kind,
     ParamDecl,
     Params,
-    Stream,
     Work,
     block_params,
     scale_offsets,
 )
-from orthros_jax.layers.recurrent import CrossSO, RecurrentStep, cross_so_of, stacked_state
+from orthros_jax.layers.recurrent import (
+    CrossSO,
+    MixArgs,
+    RecurrentStep,
+    cross_so_of,
+    stacked_state,
+)
 from orthros_jax.options import Options
 
 Decls = dict[str, ParamDecl]
@@ -86,73 +92,26 @@ class LinearKind:
         return True
 
     def mix(
-        self,
-        p: Params,
-        h_BLD: jax.Array,
-        cfg: ModelConfig,
-        base: Stream,
-        *,
-        state: Any,
-        valid_BL: jax.Array | None,
-        reset_BL: jax.Array | None,
-        cross_h_BLD: jax.Array | None = None,
-        cross_so: CrossSO | None = None,
+        self, p: Params, cfg: ModelConfig, a: MixArgs
     ) -> tuple[jax.Array, jax.Array | None, Any]:
         spec = self.spec(cfg)
-        if state is None:
-            state = lm.init_state(spec, h_BLD.shape[0], cfg.jnp_dtype)
-        return lm.mix(
-            p,
-            h_BLD,
-            spec,
-            self.decay(cfg),
-            state=state,
-            positions_BL=base.positions,
-            valid_BL=valid_BL,
-            reset_BL=reset_BL,
-            cross_h_BLD=cross_h_BLD,
-            cross_so=cross_so,
-        )
+        if a.state is None:
+            a = dataclasses.replace(a, state=lm.init_state(spec, a.h_BLD.shape[0], cfg.jnp_dtype))
+        return lm.mix(p, spec, self.decay(cfg), a)
 
     def decode(
-        self,
-        p: Params,
-        h_B1D: jax.Array,
-        cfg: ModelConfig,
-        base: Stream,
-        *,
-        state: Any,
-        layer: Any,
-        valid_B1: jax.Array,
-        cross_h_B1D: jax.Array | None,
-        cross_so: CrossSO | None,
+        self, p: Params, cfg: ModelConfig, a: MixArgs
     ) -> tuple[jax.Array, jax.Array | None, Any]:
-        return lm.mix(
-            p,
-            h_B1D,
-            self.spec(cfg),
-            self.decay(cfg),
-            state=state,
-            layer=layer,
-            positions_BL=base.positions,
-            valid_BL=valid_B1,
-            cross_h_BLD=cross_h_B1D,
-            cross_so=cross_so,
-            decode=True,
-        )
+        return lm.mix(p, self.spec(cfg), self.decay(cfg), a, decode=True)
 
-    def read(
-        self,
-        p: Params,
-        h_B1D: jax.Array,
-        cfg: ModelConfig,
-        out: Stream,
-        *,
-        state: Any,
-        cross_so: CrossSO | None,
-    ) -> jax.Array:
+    def read(self, p: Params, cfg: ModelConfig, a: MixArgs) -> jax.Array:
         return lm.read(
-            p, h_B1D, self.spec(cfg), state=state, positions_B1=out.positions, cross_so=cross_so
+            p,
+            a.h_BLD,
+            self.spec(cfg),
+            state=a.state,
+            positions_B1=a.positions_BL,
+            cross_so=a.cross_so,
         )
 
     # ------------------------------------------------------------ the Kind's functions

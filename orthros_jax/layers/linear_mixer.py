@@ -39,10 +39,10 @@ from orthros_jax.kernels.linear_attention import (
     linear_attention_step_stacked,
 )
 from orthros_jax.layers.kind import ParamDecl, matrix, residual_std, vector
+from orthros_jax.layers.recurrent import CrossSO, MixArgs
 from orthros_jax.options import Options, check_positive_int, choice, option
 
 Params = dict[str, Any]
-CrossSO = tuple[jax.Array, jax.Array]
 FEATURE_MAP: dict[str | None, Callable[[jax.Array], jax.Array]] = {
     None: lambda x: x,
     "relu": jax.nn.relu,
@@ -206,28 +206,18 @@ def cross_query(
 
 
 def mix(
-    p: Params,
-    h_BLD: jax.Array,
-    spec: Spec,
-    decay: DecayFn,
-    *,
-    state: LinearState,
-    positions_BL: jax.Array,
-    valid_BL: jax.Array | None = None,
-    reset_BL: jax.Array | None = None,
-    cross_h_BLD: jax.Array | None = None,
-    cross_so: CrossSO | None = None,
-    decode: bool = False,
-    layer: jax.Array | int | None = None,
+    p: Params, spec: Spec, decay: DecayFn, a: MixArgs, *, decode: bool = False
 ) -> tuple[jax.Array, jax.Array | None, LinearState]:
     """The mixer over a sequence (chunked kernel; PT/SFT, a prefill chunk) or, with decode=True,
-    one token per row (recurrent step; L = 1, valid_BL [B, 1] = the active rows). Any split of
-    a sequence into calls with the state carried gives the one-call result. cross_h_BLD: the
-    normed hidden state of each base token's output copy (Orthros-H), same shape as h. layer
-    (decode only): `state` is the stack of every layer's state ([layers, ...] fields) and
-    entry `layer` is updated in place (kernels' linear_attention_step_stacked). Returns (y_BLD
-    before the residual, cross_y_BLD or None, new state, or the stack); y and cross_y are zero
-    at padding."""
+    one token per row (recurrent step; L = 1, a.valid_BL [B, 1] = the active rows), its inputs
+    in a (recurrent.MixArgs). Any split of a sequence into calls with the state carried gives
+    the one-call result. cross_h_BLD: the normed hidden state of each base token's output copy
+    (Orthros-H), same shape as h. layer (decode only): `state` is the stack of every layer's
+    state ([layers, ...] fields) and entry `layer` is updated in place (kernels'
+    linear_attention_step_stacked). Returns (y_BLD before the residual, cross_y_BLD or None,
+    new state, or the stack); y and cross_y are zero at padding."""
+    h_BLD, state, layer, positions_BL = a.h_BLD, a.state, a.layer, a.positions_BL
+    valid_BL, reset_BL, cross_h_BLD, cross_so = a.valid_BL, a.reset_BL, a.cross_h_BLD, a.cross_so
     b, seq, _ = h_BLD.shape
     if decode and seq != 1:
         raise ValueError(f"decode takes one token per row: h [B, 1, D], got {h_BLD.shape}")

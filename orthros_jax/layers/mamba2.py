@@ -26,6 +26,7 @@ fla or trust_remote_code form.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -38,13 +39,18 @@ from orthros_jax.layers.kind import (
     Kind,
     ParamDecl,
     Params,
-    Stream,
     Work,
     block_params,
     residual_std,
     scale_offsets,
 )
-from orthros_jax.layers.recurrent import CrossSO, RecurrentStep, cross_so_of, stacked_state
+from orthros_jax.layers.recurrent import (
+    CrossSO,
+    MixArgs,
+    RecurrentStep,
+    cross_so_of,
+    stacked_state,
+)
 
 SO_NAMES = ("mamba2_so_out_scale", "mamba2_so_out_offset")
 
@@ -80,70 +86,20 @@ class _Mixer:
         return options(cfg).ffn
 
     def mix(
-        self,
-        p: Params,
-        h_BLD: jax.Array,
-        cfg: ModelConfig,
-        base: Stream,
-        *,
-        state: Any,
-        valid_BL: jax.Array | None,
-        reset_BL: jax.Array | None,
-        cross_h_BLD: jax.Array | None = None,
-        cross_so: CrossSO | None = None,
+        self, p: Params, cfg: ModelConfig, a: MixArgs
     ) -> tuple[jax.Array, jax.Array | None, Any]:
         o = options(cfg)
-        if state is None:
-            state = mm.init_state(o, h_BLD.shape[0], cfg.jnp_dtype)
-        return mm.mix(
-            p,
-            h_BLD,
-            o,
-            cfg.norm_eps,
-            state=state,
-            valid_BL=valid_BL,
-            reset_BL=reset_BL,
-            cross_h_BLD=cross_h_BLD,
-            cross_so=cross_so,
-        )
+        if a.state is None:
+            a = dataclasses.replace(a, state=mm.init_state(o, a.h_BLD.shape[0], cfg.jnp_dtype))
+        return mm.mix(p, o, cfg.norm_eps, a)
 
     def decode(
-        self,
-        p: Params,
-        h_B1D: jax.Array,
-        cfg: ModelConfig,
-        base: Stream,
-        *,
-        state: Any,
-        layer: Any,
-        valid_B1: jax.Array,
-        cross_h_B1D: jax.Array | None,
-        cross_so: CrossSO | None,
+        self, p: Params, cfg: ModelConfig, a: MixArgs
     ) -> tuple[jax.Array, jax.Array | None, Any]:
-        return mm.mix(
-            p,
-            h_B1D,
-            options(cfg),
-            cfg.norm_eps,
-            state=state,
-            layer=layer,
-            valid_BL=valid_B1,
-            cross_h_BLD=cross_h_B1D,
-            cross_so=cross_so,
-            decode=True,
-        )
+        return mm.mix(p, options(cfg), cfg.norm_eps, a, decode=True)
 
-    def read(
-        self,
-        p: Params,
-        h_B1D: jax.Array,
-        cfg: ModelConfig,
-        out: Stream,
-        *,
-        state: Any,
-        cross_so: CrossSO | None,
-    ) -> jax.Array:
-        return mm.read(p, h_B1D, options(cfg), cfg.norm_eps, state=state, cross_so=cross_so)
+    def read(self, p: Params, cfg: ModelConfig, a: MixArgs) -> jax.Array:
+        return mm.read(p, a.h_BLD, options(cfg), cfg.norm_eps, state=a.state, cross_so=a.cross_so)
 
 
 def init_state(

@@ -48,10 +48,10 @@ from orthros_jax.kernels.linear_attention import (
     linear_attention_step_stacked,
 )
 from orthros_jax.layers.kind import Initializer, ParamDecl, matrix, vector
+from orthros_jax.layers.recurrent import CrossSO, MixArgs
 from orthros_jax.options import Options, check_positive, check_positive_int, option
 
 Params = dict[str, Any]
-CrossSO = tuple[jax.Array, jax.Array]
 P = "mamba2_"  # every parameter's prefix
 
 
@@ -232,26 +232,18 @@ def _dt(p: Params, h: jax.Array, o: Mamba2Options) -> jax.Array:
 
 
 def mix(
-    p: Params,
-    h_BLD: jax.Array,
-    o: Mamba2Options,
-    eps: float,
-    *,
-    state: Mamba2State,
-    valid_BL: jax.Array | None = None,
-    reset_BL: jax.Array | None = None,
-    cross_h_BLD: jax.Array | None = None,
-    cross_so: CrossSO | None = None,
-    decode: bool = False,
-    layer: jax.Array | int | None = None,
+    p: Params, o: Mamba2Options, eps: float, a: MixArgs, *, decode: bool = False
 ) -> tuple[jax.Array, jax.Array | None, Mamba2State]:
     """The mixer over a sequence (chunked kernel: PT/SFT, a prefill chunk) or, with
-    decode=True, one token per row (L = 1; valid_BL [B, 1] the active rows). Any split of a
+    decode=True, one token per row (L = 1; valid_BL [B, 1] the active rows), its inputs in a
+    (recurrent.MixArgs). Any split of a
     sequence into calls with the state carried gives the one-call result. cross_h_BLD: the
     normed hidden state of each base token's output copy (Orthros-H). layer (decode only):
     `state` is the stack of every layer's ([layers, ...] fields), entry `layer` updated in
     place. Returns (y_BLD before the residual, cross_y_BLD or None, new state or stack); both
     outputs are zero at padding."""
+    h_BLD, state, layer = a.h_BLD, a.state, a.layer
+    valid_BL, reset_BL, cross_h_BLD, cross_so = a.valid_BL, a.reset_BL, a.cross_h_BLD, a.cross_so
     b, seq, _ = h_BLD.shape
     if decode and seq != 1:
         raise ValueError(f"decode takes one token per row: h [B, 1, D], got {h_BLD.shape}")

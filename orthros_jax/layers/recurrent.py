@@ -44,10 +44,29 @@ from orthros_jax.layers.kind import (
 CrossSO = tuple[jax.Array, jax.Array]  # the cross query's scale and offset
 
 
+@dataclasses.dataclass(frozen=True)
+class MixArgs:
+    """One mixer call's inputs besides its parameters and config. h_BLD: the layer's normed
+    input ([B, 1, D] in decode; in read, the output copies' normed inputs); positions_BL: its
+    tokens' positions; state: one layer's state (None: the empty state) or, in decode, the
+    stack of every layer's, entry `layer` written in place; valid_BL: False at a prefill
+    chunk's padding, or decode's inactive rows ([B, 1]); reset_BL: True at packed documents'
+    first tokens; cross_h_BLD: the output copies' normed inputs aligned with h (None: no output
+    stream); cross_so: the cross query's SO (Mixer.cross_so)."""
+
+    h_BLD: jax.Array
+    positions_BL: jax.Array
+    state: Any = None
+    layer: Any = None
+    valid_BL: jax.Array | None = None
+    reset_BL: jax.Array | None = None
+    cross_h_BLD: jax.Array | None = None
+    cross_so: CrossSO | None = None
+
+
 class Mixer(Protocol):
-    """A recurrent kind's token mixer. h_BLD: the layer's normed input; base: the base stream
-    (positions); cross_h_BLD: the output copies' normed inputs aligned with h (None: no output
-    stream). Returns (y [B, L, D], cross_y [B, L, D] or None, new state)."""
+    """A recurrent kind's token mixer over MixArgs. mix and decode return (y [B, L, D],
+    cross_y [B, L, D] or None, the new state); read returns cross_y [B, 1, D]."""
 
     def cross_so(self, p: Params, cfg: ModelConfig) -> CrossSO | None:
         """The cross query's SO of a two-stream arm with scale_offset, else None."""
@@ -58,48 +77,19 @@ class Mixer(Protocol):
         ...
 
     def mix(
-        self,
-        p: Params,
-        h_BLD: jax.Array,
-        cfg: ModelConfig,
-        base: Stream,
-        *,
-        state: Any,
-        valid_BL: jax.Array | None,
-        reset_BL: jax.Array | None,
-        cross_h_BLD: jax.Array | None = None,
-        cross_so: CrossSO | None = None,
+        self, p: Params, cfg: ModelConfig, a: MixArgs
     ) -> tuple[jax.Array, jax.Array | None, Any]:
-        """The chunked form over L tokens from `state` (one layer's; None: the empty state)."""
+        """The chunked form over L tokens from a.state (one layer's; None: the empty state)."""
         ...
 
     def decode(
-        self,
-        p: Params,
-        h_B1D: jax.Array,
-        cfg: ModelConfig,
-        base: Stream,
-        *,
-        state: Any,
-        layer: Any,
-        valid_B1: jax.Array,
-        cross_h_B1D: jax.Array | None,
-        cross_so: CrossSO | None,
+        self, p: Params, cfg: ModelConfig, a: MixArgs
     ) -> tuple[jax.Array, jax.Array | None, Any]:
-        """One token per row on the stacked state, written in place at `layer`."""
+        """One token per row on the stacked state, written in place at a.layer."""
         ...
 
-    def read(
-        self,
-        p: Params,
-        h_B1D: jax.Array,
-        cfg: ModelConfig,
-        out: Stream,
-        *,
-        state: Any,
-        cross_so: CrossSO | None,
-    ) -> jax.Array:
-        """The copies' cross read of one layer's state; cross_y [B, 1, D]."""
+    def read(self, p: Params, cfg: ModelConfig, a: MixArgs) -> jax.Array:
+        """The copies' cross read of one layer's state (nothing is written)."""
         ...
 
 
@@ -109,16 +99,17 @@ def sequence(
     """Sequence mode: (y [B, L, D], cross_y [B, T_out, D] or None), SFT copies scattered to
     their base tokens and taken back (see the module docstring)."""
     h = norm(p, base.x, "attn_norm", cfg)
-    kw: dict[str, Any] = dict(state=None, valid_BL=None, reset_BL=ctx.reset)
+    a = MixArgs(h, base.positions, reset_BL=ctx.reset)
     if out is None:
-        y, _, _ = m.mix(p, h, cfg, base, **kw)
+        y, _, _ = m.mix(p, cfg, a)
         return y, None
     h_out = norm(p, out.x, "attn_norm", cfg).astype(h.dtype)
     idx = ctx.out_index
     if idx is not None:
         rows = jnp.arange(idx.shape[0], dtype=jnp.int32)[:, None]
         h_out = jnp.zeros_like(h).at[rows, idx].set(h_out)
-    y, cross_y, _ = m.mix(p, h, cfg, base, cross_h_BLD=h_out, cross_so=m.cross_so(p, cfg), **kw)
+    a = dataclasses.replace(a, cross_h_BLD=h_out, cross_so=m.cross_so(p, cfg))
+    y, cross_y, _ = m.mix(p, cfg, a)
     if idx is not None:
         assert cross_y is not None
         cross_y = jnp.take_along_axis(cross_y, idx[:, :, None], axis=1)
@@ -154,30 +145,21 @@ class RecurrentStep:
             if base is not None or out is None:
                 raise ValueError(f"a {self.name} layer cannot read a base token alone")
             h_out = norm(p, out.x, "attn_norm", cfg)
-            cross_y = m.read(p, h_out, cfg, out, state=layer_of(state, li), cross_so=so)
+            a = MixArgs(h_out, out.positions, layer_of(state, li), cross_so=so)
+            cross_y = m.read(p, cfg, a)
         elif ctx.mode == CHUNK:
             if out is not None or base is None:
                 raise ValueError("prefill chunks run the base stream only")
             h = norm(p, base.x, "attn_norm", cfg)
-            y, _, new = m.mix(
-                p, h, cfg, base, state=layer_of(state, li), valid_BL=ctx.valid, reset_BL=ctx.reset
-            )
+            a = MixArgs(h, base.positions, layer_of(state, li), None, ctx.valid, ctx.reset)
+            y, _, new = m.mix(p, cfg, a)
             state = with_layer(state, li, new)
         elif ctx.mode == DECODE:
             assert base is not None and ctx.valid is not None
             h = norm(p, base.x, "attn_norm", cfg)
             cross_h = None if out is None else norm(p, out.x, "attn_norm", cfg)
-            y, cross_y, state = m.decode(
-                p,
-                h,
-                cfg,
-                base,
-                state=state,
-                layer=li,
-                valid_B1=ctx.valid,
-                cross_h_B1D=cross_h,
-                cross_so=so,
-            )
+            a = MixArgs(h, base.positions, state, li, ctx.valid, None, cross_h, so)
+            y, cross_y, state = m.decode(p, cfg, a)
         else:
             raise ValueError(f"unknown mode {ctx.mode!r}")
         if not compute_base:

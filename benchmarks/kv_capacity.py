@@ -48,6 +48,7 @@ from orthros_jax.serving.engine import Engine
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks import common as bench  # noqa: E402
+from benchmarks.run_record import command_line  # noqa: E402
 from benchmarks.serve_clients import CLIENT, NAME, TOK  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -77,10 +78,6 @@ ARMS = {
     "int8_prefix": dict(kv_cache_dtype="int8", prefix_caching=True),
 }
 TTFT_HEAD = ["full TTFT s", "int8_prefix TTFT s", "TTFT ratio"]
-COMMAND_FLAGS = (
-    "memory_mib max_len layers concurrency system question new repeats decode_steps "
-    "chunk_budget prefill_lengths prefill_batches batch_wait_ms out"
-).split()
 
 
 def bytes_per_token(cfg, kv_cache_dtype: str | None) -> float:
@@ -220,7 +217,6 @@ def main(argv: list[str]) -> None:
     c = load_config_file(FLAGS.config)
     cfg = bench.model_configs(c.model, {"m": {"n_layers": FLAGS.layers}})["m"]
     params = init_params(cfg, jax.random.PRNGKey(c.seed))
-    value = lambda v: ",".join(v) if isinstance(v, list) else v
     result = capacity(
         cfg,
         params,
@@ -231,8 +227,7 @@ def main(argv: list[str]) -> None:
         question=FLAGS.question,
         new=FLAGS.new,
         repeats=FLAGS.repeats,
-        command="python benchmarks/kv_capacity.py "
-        + " ".join(f"--{k}={value(getattr(FLAGS, k))}" for k in COMMAND_FLAGS),
+        command=command_line(),
         chunk_budget=FLAGS.chunk_budget,
         prefill_lengths=tuple(int(t) for t in FLAGS.prefill_lengths),
         batches=FLAGS.prefill_batches,

@@ -19,11 +19,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import numpy as np
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.run_record import run_record  # noqa: E402
 from orthros_jax import checkpoint  # noqa: E402
 from orthros_jax.data.tokenizers import ByteTokenizer  # noqa: E402
 from orthros_jax.inference import generate  # noqa: E402
@@ -68,6 +70,7 @@ def evaluate(directory: str, dtypes: list[str], n: int, new: int, batch: int) ->
 
 def main(argv: list[str]) -> None:
     del argv
+    t0 = time.perf_counter()
     result = {
         "load_before": os.getloadavg()[0],
         "prompts": FLAGS.prompts,
@@ -77,6 +80,7 @@ def main(argv: list[str]) -> None:
         },
         "load_after": os.getloadavg()[0],
     }
+    result |= run_record(t0)
     os.makedirs(FLAGS.out, exist_ok=True)
     with open(os.path.join(FLAGS.out, "kv_quant_trained.json"), "w") as f:
         json.dump(result, f, indent=1)

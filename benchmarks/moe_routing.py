@@ -28,6 +28,7 @@ import functools
 import json
 import os
 import sys
+import time
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -44,12 +45,13 @@ from orthros_jax.inference import drivers
 from orthros_jax.inference.cache import init_cache
 from orthros_jax.kernels import moe as kmoe
 from orthros_jax.model import Params, init_params
+from orthros_jax.moe_options import ROUTINGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks import common as bench  # noqa: E402
+from benchmarks.run_record import run_record  # noqa: E402
 
-ROUTINGS = ("paired", "independent")
 FLAGS = flags.FLAGS
 
 
@@ -214,6 +216,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> None:
     del argv
+    t0 = time.perf_counter()
     moe = dict(n_experts=FLAGS.experts, top_k=FLAGS.top_k, d_expert=FLAGS.d_expert)
     model = load_config_file(FLAGS.config).model
     cfgs = moe_configs(model, FLAGS.d_model, FLAGS.layers, FLAGS.window, moe)
@@ -229,6 +232,7 @@ def main(argv: list[str]) -> None:
     result |= dict(settings=settings, backend=jax.default_backend(), load=load)
     result["load_end"] = [round(x, 2) for x in os.getloadavg()]
     result["date"] = datetime.date.today().isoformat()
+    result |= run_record(t0)
     os.makedirs(FLAGS.out, exist_ok=True)
     with open(os.path.join(FLAGS.out, "moe_routing.json"), "w") as f:
         json.dump(result, f, indent=1)

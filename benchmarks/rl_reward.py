@@ -18,10 +18,14 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 from absl import app, flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks.run_record import run_record  # noqa: E402
+
 FLAGS = flags.FLAGS
 
 
@@ -50,6 +54,7 @@ def _rewards(workdir: str) -> dict[int, float]:
 
 def main(argv: list[str]) -> None:
     del argv
+    t0 = time.perf_counter()
     out = os.path.abspath(FLAGS.out)
     results: dict = {
         "warm_steps": FLAGS.warm_steps,
@@ -95,6 +100,7 @@ def main(argv: list[str]) -> None:
             f"{statistics.mean(after):.3f} ± {sd(after):.3f} |"
         )
     results["load"] = os.getloadavg()
+    results |= run_record(t0)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)

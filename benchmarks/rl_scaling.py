@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import jax
 import numpy as np
@@ -29,6 +30,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import ratio, time_interleaved  # noqa: E402
+from benchmarks.run_record import run_record  # noqa: E402
 from orthros_jax.config import ModelConfig  # noqa: E402
 from orthros_jax.inference import generate  # noqa: E402
 from orthros_jax.inference.sampling import Sampler  # noqa: E402
@@ -160,13 +162,14 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv: list[str]) -> None:
     del argv
+    t0 = time.perf_counter()
     rows = []
     for p in (int(x) for x in FLAGS.prompt_lengths):
         rows.append(measure(p))
         print(markdown(rows[-1:]).splitlines()[-1], flush=True)
     os.makedirs(FLAGS.out, exist_ok=True)
     with open(os.path.join(FLAGS.out, "results.json"), "w") as f:
-        json.dump({"rows": rows, "load": os.getloadavg()}, f, indent=1)
+        json.dump({"rows": rows, "load": os.getloadavg(), **run_record(t0)}, f, indent=1)
     with open(os.path.join(FLAGS.out, "results.md"), "w") as f:
         f.write(markdown(rows))
     print(markdown(rows))

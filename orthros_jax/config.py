@@ -250,8 +250,7 @@ class ModelConfig:
         """Index in its kind's stack of the layer at position j of cycle c: c * count + rank,
         count = how often the kind occurs in the cycle, rank = its occurrences before j. c may
         be a traced int (the layer loop's scan counter)."""
-        kind = self.layer_types[j]
-        return c * self.layer_types.count(kind) + self.layer_types[:j].count(kind)
+        return _index_in_stack(self.layer_types, c, j)
 
     def layer_slots(self) -> tuple[tuple[str, int], ...]:
         """(kind, index in the kind's stack) of every layer of the model, in order."""
@@ -274,8 +273,7 @@ class ModelConfig:
 
     def ffn_index(self, c: Any, j: int) -> Any:
         """Index in its FFN's stack of the FFN at position j of cycle c (like layer_index)."""
-        f = self.ffn_types
-        return c * f.count(f[j]) + f[:j].count(f[j])
+        return _index_in_stack(self.ffn_types, c, j)
 
     @property
     def moe_routing(self) -> str | None:
@@ -358,3 +356,9 @@ def _option_groups() -> list[tuple[str, Any]]:
         for f in dataclasses.fields(ModelConfig)
         if "options" in f.metadata
     ]
+
+
+def _index_in_stack(cycle: tuple[str, ...], c: Any, j: int) -> Any:
+    """Index of cycle position j of cycle c in the stack of its entry's layers (c may be traced):
+    c * (the entry's count in the cycle) + (its occurrences before j)."""
+    return c * cycle.count(cycle[j]) + cycle[:j].count(cycle[j])

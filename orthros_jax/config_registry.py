@@ -14,7 +14,6 @@ from typing import Any
 from orthros_jax import arms as arms_lib
 from orthros_jax.arms import ARCHITECTURES as ARMS
 from orthros_jax.arms import Arm
-from orthros_jax.moe_options import register_ffn_choices
 from orthros_jax.options import Options, register_options
 
 # A kind's or the MoE's check of a ModelConfig (typed Any: config.py imports this module).
@@ -46,6 +45,8 @@ ATTENTION_IMPLS: list[str] = []
 # Checks of a config with MoE layers that need the layer kinds (layers/registry.py adds its
 # _check_moe_kinds).
 MOE_CHECKS: list[ConfigCheck] = []
+# The FFN choices a config's moe.ffn_cycle may name: layers/ffn.FFNS' names (register_ffns).
+FFN_CHOICES: list[str] = []
 
 
 def register_arms(table: dict[str, Arm]) -> None:
@@ -75,7 +76,7 @@ def register_layer_kind(
 
 def register_ffns(names: tuple[str, ...]) -> None:
     """Makes `names` (layers/ffn.FFNS) the FFN choices a config's ffn_cycle may name."""
-    register_ffn_choices(names)
+    FFN_CHOICES[:] = names
 
 
 def register_attention_impl(name: str) -> None:

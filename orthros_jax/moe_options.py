@@ -1,30 +1,25 @@
 """The options of the mixture-of-experts FFN (ModelConfig.moe; None: every FFN is dense SwiGLU).
 
 A frozen dataclass checked on construction; ModelConfig checks what depends on the rest of the
-config (check_against). Every error is a one-line ValueError naming the field.
+config (ModelConfig._check_moe, and config_registry.MOE_CHECKS for what needs the layer kinds).
+Every error is a one-line ValueError naming the field.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-# The FFN choices a layer cycle may name, registered by layers/ffn.py's table on import of the
-# package (the one place that lists them): register_ffn_choices.
-FFN_CHOICES: list[str] = []
+from orthros_jax.config_registry import FFN_CHOICES
+from orthros_jax.options import check_choice, check_positive_int, unknown_keys
+
 ROUTINGS: tuple[str, ...] = ("paired", "independent")
-MOE_IMPLS: tuple[str, ...] = ("grouped", "dense")  # kernels/moe.IMPLS
+MOE_IMPLS: tuple[str, ...] = ("grouped", "dense")  # kernels/moe.py's two implementations
 # Options that change how the model runs or trains, not what its weights compute (a resumed
 # run may change them: ModelConfig.runtime_keys): the experts' kernel, the loss coefficients.
 MOE_RUNTIME_FIELDS: tuple[str, ...] = ("impl", "aux_loss_coef", "z_loss_coef")
-
-
-def register_ffn_choices(names: tuple[str, ...]) -> None:
-    """Declare the FFN choices (layers/ffn.FFNS' names) that ffn_cycle may name."""
-    FFN_CHOICES[:] = names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,9 +50,7 @@ class MoEOptions:
         if isinstance(self.ffn_cycle, list):
             object.__setattr__(self, "ffn_cycle", tuple(self.ffn_cycle))
         for name in ("n_experts", "top_k", "d_expert"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ModelConfig.moe.{name} must be a positive int, got {value!r}")
+            check_positive_int(f"ModelConfig.moe.{name}", getattr(self, name))
         if self.top_k > self.n_experts:
             raise ValueError(
                 f"ModelConfig.moe.top_k={self.top_k} must be <= n_experts={self.n_experts}"
@@ -72,10 +65,7 @@ class MoEOptions:
                 f"ModelConfig.moe.routing={self.routing!r} is unknown; allowed: "
                 f"{', '.join(ROUTINGS)} (or None: the arm's default)"
             )
-        if self.impl not in MOE_IMPLS:
-            raise ValueError(
-                f"ModelConfig.moe.impl={self.impl!r} is unknown; allowed: {', '.join(MOE_IMPLS)}"
-            )
+        check_choice("ModelConfig.moe.impl", self.impl, MOE_IMPLS)
         if not self.ffn_cycle or any(f not in FFN_CHOICES for f in self.ffn_cycle):
             raise ValueError(
                 f"ModelConfig.moe.ffn_cycle={self.ffn_cycle!r}: a non-empty cycle of "
@@ -121,11 +111,7 @@ class MoEOptions:
         known = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(values) - set(known))
         if unknown:
-            close = {k: difflib.get_close_matches(k, known, 1) for k in unknown}
-            hints = [f"{k!r} (did you mean {c[0]!r}?)" if c else repr(k) for k, c in close.items()]
-            raise ValueError(
-                f"unknown ModelConfig.moe option(s) {', '.join(hints)}; valid: {', '.join(known)}"
-            )
+            raise unknown_keys("ModelConfig.moe option(s)", unknown, known)
         return cls(**dict(values))
 
     def to_dict(self) -> dict[str, Any]:

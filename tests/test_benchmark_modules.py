@@ -21,3 +21,13 @@ def test_all_benchmark_modules_import_together():
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_run_record_names_the_command_as_typed(monkeypatch):
+    from benchmarks import run_record
+
+    script = str(ROOT / "benchmarks" / "kv_capacity.py")
+    monkeypatch.setattr(sys, "argv", [script, "--out=runs/x", "--concurrency=4,8", "--a=b c"])
+    got = run_record.run_record(t0=0.0)
+    want = "python benchmarks/kv_capacity.py --out=runs/x --concurrency=4,8 '--a=b c'"
+    assert got["command"] == want and got["wall_s"] > 0

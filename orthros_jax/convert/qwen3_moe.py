@@ -67,9 +67,9 @@ def config_from_qwen3_moe(hf: Mapping[str, Any], **overrides: Any) -> ModelConfi
     refused = [k for k in _REFUSED if hf.get(k)]
     if refused:
         raise ValueError(f"unsupported Qwen3-MoE option(s) {refused}: no shared experts here")
-    if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"unsupported hidden_act={hf['hidden_act']!r}; expected 'silu'")
-    needed = ("num_hidden_layers", "hidden_size")
+    # hidden_act stays in the dense part, which config_from_hf checks. The MoE's own sizes
+    # are required: transformers' defaults (128 experts, top-8) are a 30B model's, not a guess.
+    needed = ("num_hidden_layers", "hidden_size", "num_experts_per_tok", "moe_intermediate_size")
     missing = [k for k in needed if k not in hf]
     if missing:
         raise ValueError(f"{QWEN3_MOE} config.json lacks {missing}")
@@ -84,7 +84,7 @@ def config_from_qwen3_moe(hf: Mapping[str, Any], **overrides: Any) -> ModelConfi
     coef = float(hf.get("router_aux_loss_coef", 0.001)) if hf.get("output_router_logits") else 0.0
     moe = MoEOptions(
         n_experts=int(hf.get("num_experts") or hf.get("num_local_experts")),
-        top_k=int(hf.get("num_experts_per_tok", 2)),
+        top_k=int(hf["num_experts_per_tok"]),
         d_expert=int(hf["moe_intermediate_size"]),
         norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
         ffn_cycle=_shortest_period(["moe" if s else "dense" for s in pattern]),
@@ -102,7 +102,7 @@ def qwen3_moe_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -
             f"(got moe={cfg.moe}, qk_norm={cfg.qk_norm})"
         )
     hf = hf_config_from(cfg.replace(moe=None), torch_dtype=torch_dtype)
-    types = [cfg.ffn_types[i % len(cfg.ffn_types)] for i in range(cfg.n_layers)]
+    types = _ffn_of_layers(cfg)
     return hf | {
         "architectures": [QWEN3_MOE],
         "model_type": "qwen3_moe",
@@ -125,8 +125,10 @@ _DENSE = {
 _SHARED = ("attn_norm", "wq", "wk", "wv", "wo", "q_norm", "k_norm", "mlp_norm")
 
 
-def _layer_types(cfg: ModelConfig) -> list[str]:
-    return [cfg.ffn_types[i % len(cfg.ffn_types)] for i in range(cfg.n_layers)]
+def _ffn_of_layers(cfg: ModelConfig) -> tuple[str, ...]:
+    """The FFN choice of every layer, in order."""
+    assert cfg.moe is not None
+    return cfg.moe.ffn_types(cfg.n_layers)
 
 
 def _experts_of(tensors: Mapping[str, Any], pre: str, cfg: ModelConfig) -> dict[str, np.ndarray]:
@@ -169,7 +171,7 @@ def params_from_qwen3_moe(tensors: Mapping[str, Any], cfg: ModelConfig) -> Param
         if key in lay:
             params[key] = np.asarray(lay[key][1](np.asarray(tensors[_GLOBAL_NAMES[key]])), dtype)
     layers: dict[str, list[np.ndarray]] = {}
-    for li, ffn in enumerate(_layer_types(cfg)):
+    for li, ffn in enumerate(_ffn_of_layers(cfg)):
         pre = f"model.layers.{li}."
         for key in _SHARED:
             layers.setdefault(key, []).append(
@@ -200,7 +202,7 @@ def qwen3_moe_from_params(
     cast = (lambda a: a) if dtype is None else (lambda a: a.astype(np.dtype(dtype)))
     out = {_GLOBAL_NAMES["embedding"]: cast(lay["embedding"][2](np.asarray(params["embedding"])))}
     counts = {"dense": 0, "moe": 0}
-    for li, ffn in enumerate(_layer_types(cfg)):
+    for li, ffn in enumerate(_ffn_of_layers(cfg)):
         pre = f"model.layers.{li}."
         for key in _SHARED:
             if key in params["layers"]:

@@ -21,8 +21,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-IMPLS: tuple[str, ...] = ("grouped", "dense")
-
 
 def router_probs(logits_NE: jax.Array) -> jax.Array:
     """Float32 softmax over experts."""
@@ -99,7 +97,7 @@ def experts_grouped(
 
 
 def experts(impl: str, *args: jax.Array) -> jax.Array:
-    """experts_grouped or experts_dense by name (IMPLS)."""
+    """experts_grouped or experts_dense by name (moe_options.MOE_IMPLS: "grouped", "dense")."""
     return (experts_grouped if impl == "grouped" else experts_dense)(*args)
 
 

@@ -8,7 +8,9 @@ The rules:
     and over tensor along heads / kv heads / mlp / vocab (Megatron-style tensor parallelism);
   * a KV cache's slots (logical "length") are split over sequence (sequence-parallel prefill
     and decode); a mesh without that axis keeps them whole;
-  * a mixture-of-experts layer's experts are split over "expert" (expert parallelism);
+  * a mixture-of-experts layer's experts are split over "expert" on a mesh that has that axis
+    (a caller's own Mesh; parallel/mesh.make_mesh builds data x fsdp x tensor only, so the
+    launchers keep every expert on every device);
   * the stacked layer axis and head_dim are never split.
 """
 
@@ -48,7 +50,7 @@ RULES: dict[str, MeshAxes] = {
     GDN_K_HEADS: "tensor",
     GDN_V_HEADS: "tensor",
     CONV_KERNEL: None,
-    # MoE experts over an "expert" mesh axis (expert parallelism); a mesh without one keeps
-    # every expert on every device.
+    # MoE experts over an "expert" mesh axis where a mesh has one; the launchers' meshes do
+    # not (make_mesh), so every expert is on every device there.
     EXPERT: "expert",
 }

@@ -256,3 +256,13 @@ def ratio(a: dict, b: dict) -> float:
 def tree_bytes(tree: Any) -> int:
     """Bytes held by every array leaf of a pytree (arrays or ShapeDtypeStructs)."""
     return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def cache_bytes_per_token(
+    cfg: ModelConfig, kv_cache_dtype: str | None = None, dtype: str | None = None
+) -> float:
+    """Bytes of one cache position over every layer's state, from the real cache's shapes
+    (init_cache under eval_shape: nothing is allocated); dtype: the model dtype's default."""
+    s = 4096
+    shape = jax.eval_shape(lambda: init_cache(cfg, 1, s, dtype, kv_cache_dtype=kv_cache_dtype))
+    return tree_bytes(shape.states) / s

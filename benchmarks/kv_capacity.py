@@ -37,7 +37,6 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from orthros_jax import inference
 from orthros_jax.configlib import load_config_file
 from orthros_jax.model import init_params
 from orthros_jax.serving import device
@@ -80,13 +79,6 @@ ARMS = {
 TTFT_HEAD = ["full TTFT s", "int8_prefix TTFT s", "TTFT ratio"]
 
 
-def bytes_per_token(cfg, kv_cache_dtype: str | None) -> float:
-    """Bytes of one cache position over every layer's state (the real cache's shapes)."""
-    s = 256
-    shape = jax.eval_shape(lambda: inference.init_cache(cfg, 1, s, kv_cache_dtype=kv_cache_dtype))
-    return bench.tree_bytes(shape.states) / s
-
-
 def _engine(cfg, params, slots: int, max_len: int, batches, **kw) -> tuple[Engine, float]:
     engine = Engine(
         params,
@@ -115,7 +107,7 @@ def capacity(
     prompts = lambda n: [prefix + rng.integers(0, 256, question).tolist() for _ in range(n)]
     arms: dict[str, dict] = {}
     for name, kw in ARMS.items():
-        bpt = bytes_per_token(cfg, kw["kv_cache_dtype"])
+        bpt = bench.cache_bytes_per_token(cfg, kw["kv_cache_dtype"])
         slots = int(memory_bytes // (bpt * max_len))
         assert slots >= 1, f"{memory_bytes} bytes hold no slot of {max_len} tokens ({name})"
         arms[name] = {"bytes_per_token": bpt, "slots": slots, "cache_bytes": slots * bpt * max_len}

@@ -68,10 +68,6 @@ def define_flags() -> None:
 TOK = ByteTokenizer()
 
 
-def _bytes(tree) -> int:
-    return sum(a.size * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(tree))
-
-
 def memory(cfg) -> dict:
     out = {}
     for name, dtype, kv in (
@@ -79,9 +75,7 @@ def memory(cfg) -> dict:
         ("bfloat16", "bfloat16", None),
         ("int8", "bfloat16", "int8"),
     ):
-        s = 4096
-        shape = jax.eval_shape(lambda: inference.init_cache(cfg, 1, s, dtype, kv_cache_dtype=kv))
-        per_token = (_bytes(shape.states)) / s
+        per_token = bench.cache_bytes_per_token(cfg, kv, dtype)
         out[name] = {
             "bytes_per_token": per_token,
             "tokens_in_memory": int(FLAGS.memory_gib * 2**30 // per_token),

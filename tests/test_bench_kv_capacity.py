@@ -15,11 +15,11 @@ from orthros_jax.model import init_params
 
 @pytest.mark.slow  # ~50 s on 2 loaded cores: the two engines compile
 def test_kv_capacity_tiny(tmp_path):
-    from benchmarks import kv_capacity
+    from benchmarks import common, kv_capacity
 
     cfg = tiny_config()
     params = init_params(cfg, jax.random.PRNGKey(0))
-    full = kv_capacity.bytes_per_token(cfg, None)
+    full = common.cache_bytes_per_token(cfg)
     result = kv_capacity.capacity(
         cfg,
         params,

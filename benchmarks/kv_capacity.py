@@ -40,15 +40,12 @@ from absl import app, flags
 from orthros_jax.configlib import load_config_file
 from orthros_jax.model import init_params
 from orthros_jax.serving import device
-from orthros_jax.serving.api import create_app
-from orthros_jax.serving.background import BackgroundServer
-from orthros_jax.serving.engine import Engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks import common as bench  # noqa: E402
 from benchmarks.run_record import command_line  # noqa: E402
-from benchmarks.serve_clients import CLIENT, NAME, TOK  # noqa: E402
+from benchmarks.serve_clients import CLIENT, serve  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -79,28 +76,14 @@ ARMS = {
 TTFT_HEAD = ["full TTFT s", "int8_prefix TTFT s", "TTFT ratio"]
 
 
-def _engine(cfg, params, slots: int, max_len: int, batches, **kw) -> tuple[Engine, float]:
-    engine = Engine(
-        params,
-        cfg,
-        max_batch=slots,
-        max_len=max_len,
-        prefill_batches=tuple(sorted({min(int(b), slots) for b in batches})),
-        decode_text=TOK.decode,
-        **kw,
-    )
-    t = time.perf_counter()
-    engine.warmup()
-    return engine, time.perf_counter() - t
-
-
 def capacity(
     cfg, params, *, memory_bytes: float, max_len: int, counts: list[int], system: int,
-    question: int, new: int, repeats: int, command: str = "", **engine_kw,
+    question: int, new: int, repeats: int, prefill_lengths: tuple[int, ...], batches,
+    command: str = "", **engine_kw,
 ) -> dict:  # fmt: skip
-    """The sweep (module docstring), with the date, load and wall time. engine_kw: Engine's
-    chunk_budget, prefill_lengths, decode_steps, batch_wait_s, and `batches` (prefill row
-    buckets, capped at the slots)."""
+    """The sweep (module docstring), with the date, load and wall time. prefill_lengths x
+    batches: the engines' prefill buckets (row buckets capped at the slots); engine_kw: the
+    rest of serve_clients.serve's options (chunk_budget, decode_steps, batch_wait_s)."""
     t0, load_before = time.perf_counter(), [round(x, 2) for x in os.getloadavg()]
     rng = np.random.default_rng(0)
     prefix = rng.integers(0, 256, system).tolist()
@@ -115,10 +98,17 @@ def capacity(
     with contextlib.ExitStack() as stack:
         urls, engines = {}, {}
         for name, kw in ARMS.items():  # both built and compiled before any timing
-            engines[name], arms[name]["warmup_s"] = _engine(
-                cfg, params, arms[name]["slots"], max_len, **kw, **engine_kw
+            slots = arms[name]["slots"]
+            server, arms[name]["warmup_s"], engines[name] = serve(
+                cfg,
+                params,
+                slots=slots,
+                max_len=max_len,
+                lengths=prefill_lengths,
+                batches=tuple(sorted({min(int(b), slots) for b in batches})),
+                **kw,
+                **engine_kw,
             )
-            server = BackgroundServer(create_app(engines[name], TOK, NAME))
             urls[name] = stack.enter_context(server).url
         for url in urls.values():  # the HTTP path warm; the prefix in rows, copy_prefix compiled
             CLIENT.burst(url, prompts(1), 2)

@@ -103,18 +103,24 @@ def serve(
     batches=None,
     batch_wait_s: float = 0.0,
     decode_steps: int = 1,
+    chunk_budget: int | None = None,
+    **engine_kw,
 ):
+    """An Engine (prefill buckets `lengths` x `batches`; chunk_budget: every slot's longest
+    bucket by default; engine_kw: the rest of Engine's options, e.g. kv_cache_dtype) compiled
+    by warmup, and a BackgroundServer over it. Returns (server, warm-up seconds, engine)."""
     engine = Engine(
         params,
         cfg,
         max_batch=slots,
         max_len=max_len,
-        chunk_budget=max(lengths) * slots,
+        chunk_budget=chunk_budget or max(lengths) * slots,
         prefill_lengths=lengths,
         prefill_batches=batches,
         decode_text=TOK.decode,
         decode_steps=decode_steps,
         batch_wait_s=batch_wait_s,
+        **engine_kw,
     )
     t = time.perf_counter()
     engine.warmup()

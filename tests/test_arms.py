@@ -77,6 +77,7 @@ def test_arms_and_fields_validated():
     assert hyb.two_streams and hyb.layers_of("retention") == 2
 
 
+@pytest.mark.slow
 @pytest.mark.optimized  # about the compiled program
 def test_decode_temporaries_do_not_grow_with_the_cycle():
     # XLA:CPU copies each dynamically indexed weight slice before its dot; were every layer's

@@ -35,6 +35,7 @@ def _packed(b: int, t: int, start: int):
     return jnp.asarray(pos, jnp.int32), jnp.asarray(seg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["xla", "dot_product"])
 @pytest.mark.parametrize("window", [5, None])
 @pytest.mark.parametrize("packed", [False, True])
@@ -60,6 +61,7 @@ def test_aligned_sequence_matches_reference(impl, window, packed):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["xla", "dot_product"])
 def test_chunk_with_cache_prefix_matches_reference(impl):
     # A prefill chunk's window: its own keys plus the W-1 slots before it, some before slot 0.
@@ -77,6 +79,7 @@ def test_chunk_with_cache_prefix_matches_reference(impl):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["xla", "dot_product"])
 @pytest.mark.parametrize("window", [4, None])
 def test_few_queries_over_head_major_cache(impl, window):
@@ -96,6 +99,7 @@ def test_few_queries_over_head_major_cache(impl, window):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_floor_is_identity_and_unknown_names_are_refused():
     from benchmarks.common import floor
 
@@ -107,6 +111,7 @@ def test_floor_is_identity_and_unknown_names_are_refused():
         attend("floor", q, pos, pos, keys, 3, CFG)
 
 
+@pytest.mark.slow
 def test_local_attention_rejects_positions_that_break_the_contract():
     # Repeated positions (arange(T) // 4) once differed from the reference by 1.1 silently.
     t = 16
@@ -146,6 +151,7 @@ MODEL = ModelConfig(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["orthros", "transformer", "swa"])
 def test_model_modes_under_dot_product(arch):
     cfg = MODEL.replace(architecture=arch, scale_offset=None)
@@ -183,6 +189,7 @@ def test_model_modes_under_dot_product(arch):
     np.testing.assert_allclose(np.asarray(logits), want[[0, 1], lengths], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_layer_types_cycle_equals_uniform_stack():
     # A two-slot cycle of attention layers is the same model as the uniform stack: the scan runs
     # over cycles (the Transformer arm has no separate last layer) and reads slots by rank.

@@ -39,6 +39,7 @@ LOCAL_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("t,window,n,k,block,bounds", LOCAL_CASES)
 def test_local_attention_matches_dense_reference(t, window, n, k, block, bounds):
     q, kk, v = _qkv(t + window, 2, t, t, n, k, 8)
@@ -67,6 +68,7 @@ def test_local_attention_matches_dense_reference(t, window, n, k, block, bounds)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_local_attention_with_cache_prefix_matches_full_sequence():
     # A chunk that reads its previous window from a prefix equals the unchunked computation.
     t, window, start = 40, 6, 17
@@ -95,6 +97,7 @@ GLOBAL_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lq,lk,n,k,bq,bk,bounds", GLOBAL_CASES)
 def test_global_attention_matches_dense_reference(lq, lk, n, k, bq, bk, bounds):
     q, kk, v = _qkv(lq * 7 + lk, 2, lk, lk, n, k, 8)
@@ -135,6 +138,7 @@ def test_global_attention_matches_dense_reference(lq, lk, n, k, bq, bk, bounds):
     np.testing.assert_allclose(np.asarray(head_major), np.asarray(want), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_global_attention_bfloat16_inputs_use_float32_softmax():
     q, kk, v = _qkv(0, 1, 24, 24, 2, 1, 16)
     pos = jnp.broadcast_to(jnp.arange(24), (1, 24))

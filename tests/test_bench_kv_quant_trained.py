@@ -9,6 +9,7 @@ import types
 
 import jax
 import numpy as np
+import pytest
 from helpers import tiny_config
 
 from benchmarks import kv_quant_trained
@@ -19,6 +20,7 @@ from orthros_jax.rl import tasks
 from orthros_jax.rl.config import TaskConfig
 
 
+@pytest.mark.slow
 def test_evaluate_counts_accuracy_and_agreement_per_cache_dtype(tmp_path, monkeypatch):
     cfg = tiny_config()
     checkpoint.save_model(str(tmp_path), cfg, init_params(cfg, jax.random.PRNGKey(0)))

@@ -10,6 +10,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from helpers import tiny_config
 
 from benchmarks import common as bench
@@ -23,6 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = tiny_config(vocab_size=64, n_layers=3, window=4, architecture="transformer", prefill_chunk=8)
 
 
+@pytest.mark.slow
 def test_dense_prefill_equals_transformer_prefill():
     params = init_params(CFG, jax.random.PRNGKey(0))
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 24), 0, 64)
@@ -71,6 +73,7 @@ def test_flop_model_hand_values():
     assert flops.floor_prefill_flops(cfg, 1000) < o1
 
 
+@pytest.mark.slow
 def test_benchmark_runs_end_to_end(tmp_path):
     out = tmp_path / "bench"
     cmd = [

@@ -8,9 +8,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_all_benchmark_modules_import_together():
     names = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem != "__init__")
     assert {"kv_capacity", "moe_routing", "serve_load"} <= set(names)

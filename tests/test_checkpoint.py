@@ -70,6 +70,7 @@ def _garble(path: str) -> None:
     open(path, "wb").write(bytes(data))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [_truncate, _garble], ids=["truncated", "garbled"])
 def test_corrupt_latest_checkpoint_is_skipped_with_warning(tmp_path, damage):
     workdir = _workdir(tmp_path)
@@ -93,6 +94,7 @@ def test_corrupt_latest_checkpoint_is_skipped_with_warning(tmp_path, damage):
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1"]
 
 
+@pytest.mark.slow
 def test_missing_metadata_is_skipped(tmp_path):
     workdir = _workdir(tmp_path)
     os.remove(os.path.join(workdir, "checkpoints", "2", "state", "_METADATA"))
@@ -103,6 +105,7 @@ def test_missing_metadata_is_skipped(tmp_path):
     assert int(state.step) == 1
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model_shape_fails_clearly(tmp_path):
     workdir = _workdir(tmp_path, steps=(1,))
     ckpt = checkpoint.TrainCheckpointer(workdir, keep=5)
@@ -147,6 +150,7 @@ def test_checksums_are_sharding_independent_and_catch_single_changes():
     assert checkpoint.state_checksums(changed)["['a']"] != sums["['a']"]
 
 
+@pytest.mark.slow
 def test_init_from_loads_params_and_fills_identity_scale_offsets(tmp_path):
     from orthros_jax.model import init_params
     from orthros_jax.parallel import mesh as pmesh

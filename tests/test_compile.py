@@ -55,6 +55,7 @@ def _inference(mode: str, **mesh) -> ml_collections.ConfigDict:
     return c
 
 
+@pytest.mark.slow
 def test_train_step_with_splash_compiles_for_v5e_and_reports(tmp_path):
     out = tmp_path / "aot"
     cmd = [
@@ -91,6 +92,7 @@ def test_train_step_with_splash_compiles_for_v5e_and_reports(tmp_path):
     assert "| fits | fits" in (out / "compile.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["prefill", "decode"])
 def test_inference_programs_compile_with_tensor_parallel_heads(devices, mode):
     program = aot.program_of(_inference(mode, data=2, tensor=2), devices)
@@ -105,6 +107,7 @@ def test_inference_programs_compile_with_tensor_parallel_heads(devices, mode):
     assert ("tpu_custom_call" in rec["custom_calls"]) == (mode == "prefill")
 
 
+@pytest.mark.slow
 def test_sequence_parallel_prefill_compiles(devices):
     program = aot.program_of(_inference("prefill", sequence=4), devices)
     rec = aot.compile_program(program, spec_of(devices[0].device_kind))

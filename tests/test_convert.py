@@ -154,6 +154,7 @@ def test_bf16_import_keeps_bf16_values_exactly(hf_dirs):
         np.testing.assert_array_equal(back[name].view(np.uint16), ckpt[name].view(np.uint16))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["llama_untied", "qwen3_tied"])
 def test_converted_orthros_equals_transformer_iff_window_covers(hf_dirs, tokens, variant):
     cfg, params = load_hf(hf_dirs[variant])
@@ -244,6 +245,7 @@ def test_reading_needs_no_torch(hf_dirs):
     assert done.stdout.strip() == "float32"
 
 
+@pytest.mark.slow
 def test_converted_orthros_prefill_decode_match_its_forward(hf_dirs, tokens):
     variant = "qwen3_tied"  # q/k norm and a tied head: the most that differs from the core tests
     from orthros_jax import inference

@@ -95,6 +95,7 @@ def orthros_dir(qwen3, tmp_path_factory) -> str:
     return out
 
 
+@pytest.mark.slow
 def test_import_to_orthros_model_dir(qwen3, orthros_dir):
     hf_dir, tokens, ref = qwen3
     loaded = checkpoint.load_model(orthros_dir)
@@ -112,6 +113,7 @@ def test_import_to_orthros_model_dir(qwen3, orthros_dir):
     np.testing.assert_allclose(np.asarray(logits), ref, atol=ATOL, rtol=0)
 
 
+@pytest.mark.slow
 def test_import_transformer_then_export(tmp_path):
     hf_dir, tokens, ref = make_hf_dir(str(tmp_path / "llama"), "llama")
     model_dir, out = str(tmp_path / "model"), str(tmp_path / "exported")
@@ -135,6 +137,7 @@ def test_import_transformer_then_export(tmp_path):
     np.testing.assert_allclose(logits, ref, atol=ATOL, rtol=0)
 
 
+@pytest.mark.slow
 def test_orthros_exports_as_remote_code_and_imports_back(qwen3, orthros_dir, tmp_path):
     """docs/conversion.md's flow: import, convert to Orthros, export; transformers loads it with
     trust_remote_code and gives our logits; --hf_dir reads the export back unchanged."""
@@ -154,6 +157,7 @@ def test_orthros_exports_as_remote_code_and_imports_back(qwen3, orthros_dir, tmp
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_cli_errors_are_messages_not_tracebacks(orthros_dir, tmp_path):
     done = run_cli(
         "convert.py", "--export", f"--model={tmp_path}/none", f"--out={tmp_path}/x", check=False
@@ -168,6 +172,7 @@ def test_cli_errors_are_messages_not_tracebacks(orthros_dir, tmp_path):
     assert done.returncode != 0 and "Qwen3MoeForCausalLM" in done.stderr
 
 
+@pytest.mark.slow
 def test_generate_serves_converted_model_like_transformers_greedy(qwen3, orthros_dir):
     """convert.py -> generate.py: with w >= prompt + new tokens, greedy text == HF's."""
     from tokenizers import Tokenizer
@@ -194,6 +199,7 @@ def test_generate_serves_converted_model_like_transformers_greedy(qwen3, orthros
     assert f"[orthros] prompt {len(ids)} tokens, generated {n_new}" in done.stdout
 
 
+@pytest.mark.slow
 def test_continue_training_converted_model_then_generate(orthros_dir, tmp_path):
     """configs/convert_tiny.py continues the converted model (init_from) for a few steps."""
     workdir = str(tmp_path / "cpt")

@@ -71,6 +71,7 @@ def our_logits(cfg, params, tokens):
     return np.asarray(fn(jax.tree.map(jnp.asarray, params), jnp.asarray(tokens)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_fla_checkpoint_logits_and_export(name, tmp_path):
     model_type, options = MODELS[name]
@@ -160,6 +161,7 @@ def test_1p3b_configs_are_flas_1p3b_models(arm):
         assert configlib.to_plain(c[name]) == configlib.to_plain(ref[name]), name
 
 
+@pytest.mark.slow
 def test_convert_cli_fla_round_trip(tmp_path):
     """launch/convert.py --hf_dir on fla's RetNet checkpoint (its own arm), then --export back
     to fla's format: fla loads the export with the same logits; an Orthros conversion of a pure

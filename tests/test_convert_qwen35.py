@@ -109,6 +109,7 @@ def _tokens(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 97, (2, T))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_import_logits_match_transformers_and_export_round_trips(name, tmp_path):
     model = _hf_model(name)
@@ -128,6 +129,7 @@ def test_import_logits_match_transformers_and_export_round_trips(name, tmp_path)
         np.testing.assert_array_equal(again.state_dict()[key].numpy(), value.numpy(), err_msg=key)
 
 
+@pytest.mark.slow
 def test_orthros_h_conversion_adds_identity_so_only(tmp_path):
     model = _hf_model("cycle4", seed=1)
     model.save_pretrained(tmp_path / "hf")
@@ -181,6 +183,7 @@ def test_moe_and_multimodal_refused_by_name(tmp_path):
         load_hf(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_convert_cli_imports_qwen35_as_orthros_h(tmp_path):
     model = _hf_model("cycle2_tied", seed=2)
     model.save_pretrained(tmp_path / "hf")

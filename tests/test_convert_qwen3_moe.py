@@ -54,6 +54,7 @@ def _ours(cfg, params, tokens):
     return np.asarray(fwd(jax.tree.map(jnp.asarray, params), jnp.asarray(tokens)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "changes",
     [

@@ -34,6 +34,7 @@ def _forward(cfg, t: int = 16, packed: bool = False):
     return OrthrosLM(cfg).apply({"params": params}, tokens, **kwargs)
 
 
+@pytest.mark.slow
 def test_float32_is_refused_by_name():
     with pytest.raises(
         ValueError, match=r"attention_impl='cudnn' needs ModelConfig.dtype in .*got float32"
@@ -41,6 +42,7 @@ def test_float32_is_refused_by_name():
         _forward(tiny_config(attention_impl="cudnn"))
 
 
+@pytest.mark.slow
 def test_head_dim_not_a_multiple_of_8_is_refused():
     cfg = tiny_config(attention_impl="cudnn", dtype="bfloat16", head_dim=12)
     with pytest.raises(
@@ -49,6 +51,7 @@ def test_head_dim_not_a_multiple_of_8_is_refused():
         _forward(cfg)
 
 
+@pytest.mark.slow
 def test_head_dim_above_256_is_refused():
     cfg = tiny_config(attention_impl="cudnn", dtype="float16", head_dim=264)
     with pytest.raises(ValueError, match="head_dim=264"):

@@ -75,6 +75,7 @@ def _contents(batches) -> list[bytes]:
 # ---------------------------------------------------------------- corpus and split
 
 
+@pytest.mark.slow
 def test_embedded_corpus_is_stdlib_plus_pydoc():
     docs = corpus.embedded_documents(True)
     ids = [d.id for d in docs]

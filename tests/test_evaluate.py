@@ -142,6 +142,7 @@ def test_summaries_and_grid_on_hand_records():
     assert agg["nll_mean"] == 2.0 and agg["nll_std"] == pytest.approx(math.sqrt(2.0))
 
 
+@pytest.mark.slow
 def test_lm_metrics_agree_with_the_training_eval_step(corpus):
     """Held-out NLL here is the training loop's eval loss on the same batches (PT batches)."""
     from orthros_jax.data import DataConfig, make_eval_batches
@@ -193,6 +194,7 @@ def test_oracle_predictions_score_one_and_wrong_ones_zero(monkeypatch):
     assert s["accuracy"] == 0.0 and s["token_accuracy"] == 0.0
 
 
+@pytest.mark.slow
 def test_greedy_first_token_equals_teacher_forced_argmax():
     """Greedy decoding (prefill + decode) and the SFT forward see the same prompt for the
     first answer token of each query, so their argmaxes must agree (the CLI test below runs
@@ -208,6 +210,7 @@ def test_greedy_first_token_equals_teacher_forced_argmax():
         np.testing.assert_array_equal(a[firsts], b[firsts])
 
 
+@pytest.mark.slow
 def test_evaluate_writes_metrics_and_heatmap(tmp_path, corpus):
     cfg = tiny()
     params = init_params(cfg, jax.random.PRNGKey(0))
@@ -294,6 +297,7 @@ def test_eval_configs_become_frozen_jobs():
 # ---------------------------------------------------------------- the CLI
 
 
+@pytest.mark.slow
 def test_evaluate_cli_on_saved_model_dir(tmp_path, corpus):
     """launch/evaluate.py reads a model directory made here and writes only into --out; with
     lm-eval installed it also runs a local harness task through the same command."""

@@ -63,6 +63,7 @@ def test_default_arms_are_the_attention_arms():
     assert f"(default: '{','.join(ARMS)}')" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_driver_end_to_end_tiny(tmp_path):
     """All three experiments, one arm each, a couple of steps: results.json/md/png appear."""
     out = tmp_path / "exp"

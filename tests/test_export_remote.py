@@ -80,6 +80,7 @@ def _ours(cfg, params, tokens):
     return np.asarray(OrthrosLM(cfg).apply({"params": params}, jnp.asarray(tokens)))
 
 
+@pytest.mark.slow
 def test_logits_equal_ours_at_every_position(exported):
     cfg, params, _, model = exported
     tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 11))
@@ -93,6 +94,7 @@ def test_logits_equal_ours_at_every_position(exported):
     np.testing.assert_allclose(last[:, 0], ours[:, -1], atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_gdn_layers_chunk_like_ours_past_one_chunk(exported):
     """70 tokens: the PyTorch chunked delta rule (chunks of 64) carries its state into the
     second chunk as ours does (gdn_chunk 64)."""
@@ -105,6 +107,7 @@ def test_gdn_layers_chunk_like_ours_past_one_chunk(exported):
     np.testing.assert_allclose(theirs, _ours(cfg, params, tokens), atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_cached_decode_equals_the_full_forward(exported):
     """Prefill 5 tokens, then one token per step through the DynamicCache: each step's logits
     equal the full forward's at that position (window over the cache, global output read)."""
@@ -122,6 +125,7 @@ def test_cached_decode_equals_the_full_forward(exported):
     np.testing.assert_allclose(got, ours[:, 4:], atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_generate_greedy_equals_ours(exported):
     cfg, params, _, model = exported
     prompts = np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 7))
@@ -138,6 +142,7 @@ def test_generate_greedy_equals_ours(exported):
     np.testing.assert_array_equal(got[:, 7:].numpy(), want)
 
 
+@pytest.mark.slow
 def test_save_load_save_round_trip(exported, tmp_path):
     """transformers' save_pretrained of the loaded model reads back (load_remote) into the
     very params that were exported, and loads again in transformers with the same logits."""
@@ -163,6 +168,7 @@ def test_save_load_save_round_trip(exported, tmp_path):
     assert os.path.isfile(os.path.join(path, "modeling_orthros.py"))
 
 
+@pytest.mark.slow
 def test_left_padded_batch_equals_each_row_alone(exported):
     """A batch with a left-padded short row: its logits equal the row run alone."""
     cfg, _, _, model = exported
@@ -184,6 +190,7 @@ def test_llama_export_keeps_the_context_length(tmp_path):
     assert hf["architectures"] == ["LlamaForCausalLM"] and hf["max_position_embeddings"] == 512
 
 
+@pytest.mark.slow
 def test_lm_eval_hf_model_scores_an_exported_orthros_like_our_harness(tmp_path, monkeypatch):
     """lm-eval's `hf` model on the exported directory (trust_remote_code) and our harness
     model on the model directory give the same log-likelihoods and greedy text."""

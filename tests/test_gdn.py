@@ -153,6 +153,7 @@ def test_cross_query_equals_base_query_when_conv_is_identity():
     np.testing.assert_allclose(np.asarray(cross_y), np.asarray(y), atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_gradients_match_float64_finite_differences():
     """Training differentiates the chunked form: for each parameter (and the input), the
     derivative of a loss over both streams and the final state along a random direction

@@ -77,6 +77,7 @@ def _setup(arch: str):
     return cfg, params32, params64, oracle.Spec.from_config(cfg), sft_forward(cfg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_forward_matches_oracle(arch):
     cfg, p32, p64, spec, forward = _setup(arch)
@@ -97,6 +98,7 @@ def test_forward_matches_oracle(arch):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_chunked_prefill_and_decode_match_oracle(arch):
     cfg, p32, p64, spec, _ = _setup(arch)

@@ -40,6 +40,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_generate_cli_streams_greedy_tokens_and_reports_timing(model_dir):
     directory, cfg, params = model_dir
     n = 7

@@ -137,6 +137,7 @@ def _samples(results, task):
     return sorted(results["samples"][task], key=lambda s: s["doc_id"])
 
 
+@pytest.mark.slow
 def test_matches_lm_eval_hf_model_on_a_converted_llama(hf_dir, tasks_here, tmp_path):
     from lm_eval.models.huggingface import HFLM
 
@@ -173,6 +174,7 @@ def test_matches_lm_eval_hf_model_on_a_converted_llama(hf_dir, tasks_here, tmp_p
 # ---------------------------------------------------------------- SFT mode == full forward
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["orthros", "swa", "gla", "retnet"])
 def test_scores_equal_the_full_forward_at_the_same_positions(arch, hf_dir, tmp_path):
     """Orthros's output copies only at the continuation (SFT mode) score exactly what a PT

@@ -21,6 +21,7 @@ GDN = dict(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ("orthros_h", "hybrid"))
 def test_scanned_remat_step_equals_unrolled(arch):
     cfg = tiny_model(architecture=arch, remat="full", **GDN)
@@ -47,6 +48,7 @@ def test_scanned_remat_step_equals_unrolled(arch):
     )
 
 
+@pytest.mark.slow
 def test_train_cli_orthros_h_resumes(tmp_path):
     flags = [
         *TINY_FLAGS,
@@ -72,6 +74,7 @@ def test_train_cli_orthros_h_resumes(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_gdn_params_and_state_shard_by_the_rules():
     """Every GDN parameter and the GDN cache state get their mesh axes from pmesh.RULES
     (an abstract data=2 x fsdp=2 x tensor=2 mesh), and a cache made on a (one-device) mesh

@@ -58,6 +58,7 @@ def _tokens(cfg: ModelConfig, bsz: int, t: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, cfg.vocab_size, (bsz, t))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_prefill_then_decode_matches_pt_forward(arch):
     cfg, params, forward = _model(arch)
@@ -75,6 +76,7 @@ def test_prefill_then_decode_matches_pt_forward(arch):
     np.testing.assert_array_equal(np.asarray(cache.lengths), LENGTHS + N_DECODE)
 
 
+@pytest.mark.slow
 def test_variant_config_and_continued_prefill_match_pt_forward():
     # qk-norm, tied embeddings, a Python layer loop, window 3; the prompt is prefilled in two
     # calls (the second continues after the cache's contents) and the first ends mid-window.
@@ -110,6 +112,7 @@ def _greedy_reference(forward, params, prompts: list[list[int]], n: int, width: 
     return np.concatenate([seqs[rows[:, None], lens[:, None] + np.arange(n - 1)], nxt[:, None]], 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_generate_matches_pt_argmax(arch):
     cfg, params, forward = _model(arch)
@@ -125,6 +128,7 @@ def test_greedy_generate_matches_pt_argmax(arch):
     np.testing.assert_array_equal(out.tokens, want)
 
 
+@pytest.mark.slow
 def test_generate_stops_per_row_and_at_capacity():
     cfg, params, _ = _model("orthros")
     full = _tokens(cfg, len(LENGTHS), LENGTHS.max(), seed=1)
@@ -206,6 +210,7 @@ def test_invalid_inputs_raise_before_compiling():
     assert (fwd.prefill_jit._cache_size(), fwd.decode_jit._cache_size()) == compiled
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_cached_attention_kernel_matches_reference(dtype):
     # The decode kernel over the head-major cache: two queries per row with their own masks.

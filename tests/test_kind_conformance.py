@@ -42,6 +42,7 @@ def _packed(cfg, seed: int):
     return np.stack([row0, row1]), pos.astype(np.int32), seg.astype(np.int32), alone, spans
 
 
+@pytest.mark.slow
 @CASES
 def test_pt_and_sft_on_packed_rows(case):
     """PT on packed rows: finite [B, T, V] logits, each document's equal to it alone (window 5
@@ -70,6 +71,7 @@ def _check_decode(cfg, params, cache, full, want, lengths) -> None:
         )
 
 
+@pytest.mark.slow
 @CASES
 def test_prefill_and_decode_equal_the_forward(case):
     """Ragged prompts prefilled in one call, and the same prompts continued over two calls
@@ -96,6 +98,7 @@ def test_prefill_and_decode_equal_the_forward(case):
     _check_decode(cfg, params, cache, full, want, ENDS)
 
 
+@pytest.mark.slow
 @CASES
 def test_greedy_generate_equals_argmax_decoding(case):
     cfg, params, forward = model(case)
@@ -111,6 +114,7 @@ def test_greedy_generate_equals_argmax_decoding(case):
     np.testing.assert_array_equal(out.tokens, want)
 
 
+@pytest.mark.slow
 @CASES
 def test_serving_engine_equals_generate(case):
     """Greedy through the engine (5 requests for 3 slots arriving over time, prompts over 1-4

@@ -134,6 +134,7 @@ def _state_copies(cfg) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.optimized  # about the compiled program
 @pytest.mark.parametrize("case", case_params())
 def test_compiled_decode_updates_the_state_in_place(case):
@@ -183,6 +184,7 @@ def _export_cases() -> list[Any]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case,fmt", _export_cases())
 def test_export_import_round_trip_or_refusal(case, fmt, tmp_path):
     """A format the case's kinds declare: export then import gives the same arm, the same

@@ -86,6 +86,7 @@ def test_recurrent_kinds_are_declared():
     assert not KINDS["attention"].recurrent
 
 
+@pytest.mark.slow
 def test_gla_hybrid_export_is_refused_in_one_line(tmp_path):
     """orthros_h with GLA layers, as the config accepts it: modeling_orthros.py has no GLA layer
     and fla no two-stream model, so the export is refused, naming the kind and its formats."""
@@ -101,6 +102,7 @@ def test_gla_hybrid_export_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "out").exists()  # refused before anything is written
 
 
+@pytest.mark.slow
 def test_a_model_exports_to_its_source_format_by_default(tmp_path):
     """A GDN model imported from fla (model.json source_format "fla") exports back to fla with
     a plain export; without a source it would be Qwen3.5, whose refusal of a config with plain

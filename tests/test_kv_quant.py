@@ -46,6 +46,7 @@ def test_quantize_round_trip_is_within_half_a_step():
         inference.init_cache(tiny_config(), 1, 8, kv_cache_dtype="int4")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["orthros", "transformer", "hybrid"])
 def test_quantized_cache_logits_within_tolerance_of_full_precision(arch):
     cfg, params = arm_model(arch)
@@ -99,6 +100,7 @@ def test_compiled_decode_holds_no_full_precision_copy_of_the_cache():
     assert q_temp < 0.5 * full_bytes, (q_temp, full_bytes, full_temp)
 
 
+@pytest.mark.slow
 def test_engine_and_generate_serve_from_an_int8_cache():
     from orthros_jax.serving.engine import Engine
     from orthros_jax.serving.requests import SamplingParams

@@ -73,6 +73,7 @@ def test_strong_decay_is_finite_and_exact(per_key):
     np.testing.assert_allclose(np.asarray(s), want_s, **TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_key", [True, False], ids=["per_key", "per_head"])
 def test_split_calls_and_steps_equal_one_call(per_key):
     """Prefill in uneven calls (state carried in fp32), then token-by-token decode steps with

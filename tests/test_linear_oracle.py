@@ -97,6 +97,7 @@ def _setup(name: str):
     return cfg, params32, params64, oracle.Spec.from_config(cfg), sft_forward(cfg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_forward_matches_oracle(name):
     cfg, p32, p64, spec, forward = _setup(name)

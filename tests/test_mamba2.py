@@ -63,6 +63,7 @@ def _layer_params(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
     return p
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("two_streams", [False, True])
 def test_kind_equals_float64_oracle_over_packed_documents(two_streams):
     """KIND.step in sequence mode on two rows of packed documents (a reset mid kernel chunk

@@ -38,6 +38,7 @@ def params():
     return init_params(BASE, jax.random.PRNGKey(0))
 
 
+@pytest.mark.slow
 def test_identity_so_and_full_window_equals_transformer(params):
     tokens = _tokens()
     wide = BASE.replace(window=T)
@@ -73,6 +74,7 @@ def _layer_kvs(cfg, params, tokens, with_out: bool):
     return kvs
 
 
+@pytest.mark.slow
 def test_base_kv_independent_of_output_stream(params):
     tokens = _tokens(1)
     ref = _layer_kvs(BASE, params, tokens, with_out=True)
@@ -94,6 +96,7 @@ def test_base_kv_independent_of_output_stream(params):
     assert np.abs(np.asarray(other[1][0]) - np.asarray(ref[1][0])).max() > 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["orthros", "transformer", "swa"])
 def test_causal_and_packed_segments_isolated(params, arch):
     cfg = BASE if arch == "orthros" else BASE.replace(architecture=arch, scale_offset=False)
@@ -116,6 +119,7 @@ def test_causal_and_packed_segments_isolated(params, arch):
     np.testing.assert_allclose(packed[:, split:], second, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["orthros", "transformer"])
 def test_sft_logits_equal_pt_logits_at_output_positions(params, arch):
     cfg = BASE if arch == "orthros" else BASE.replace(architecture=arch, scale_offset=False)
@@ -130,6 +134,7 @@ def test_sft_logits_equal_pt_logits_at_output_positions(params, arch):
     )
 
 
+@pytest.mark.slow
 def test_gradients_reach_shared_weights_and_both_so_sets(params):
     tokens = _tokens(6)
     model = OrthrosLM(BASE)
@@ -152,6 +157,7 @@ def test_gradients_reach_shared_weights_and_both_so_sets(params):
             assert np.abs(g).max() > 0, name
 
 
+@pytest.mark.slow
 def test_no_so_params_without_scale_offset():
     p = init_params(BASE.replace(scale_offset=False), jax.random.PRNGKey(0))
     assert not [k for k in p["layers"] if k.startswith("so_")]
@@ -166,6 +172,7 @@ def test_no_so_params_without_scale_offset():
     np.testing.assert_array_equal(np.asarray(p_so["layers"]["so_out_offset"]), 0.0)
 
 
+@pytest.mark.slow
 def test_scan_and_unrolled_layers_agree(params):
     tokens = _tokens(8)
     a = _apply(BASE, params, tokens)
@@ -175,6 +182,7 @@ def test_scan_and_unrolled_layers_agree(params):
     np.testing.assert_allclose(a, c, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_repeated_positions_are_refused_before_the_scan():
     """positions that repeat inside a segment would make the blocked window kernel read the
     wrong keys (it finds a query's window among the array's previous keys): refused while

@@ -58,6 +58,7 @@ def _tokens(n, t, seed=0):
     return np.random.default_rng(seed).integers(0, 61, (n, t))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["grouped", pytest.param("dense", marks=pytest.mark.slow)])
 def test_paired_orthros_with_global_window_and_identity_so_is_the_transformer(impl):
     # window >= T and identity SO: a converted MoE model reproduces its source exactly.
@@ -69,6 +70,7 @@ def test_paired_orthros_with_global_window_and_identity_so_is_the_transformer(im
     np.testing.assert_allclose(orthros, source, atol=2e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_copies_use_their_base_tokens_experts():
     r = np.random.default_rng(0)
     cfg = _cfg("orthros", shared_expert=0)
@@ -100,6 +102,7 @@ def test_copies_use_their_base_tokens_experts():
     assert np.abs(np.asarray(y_ind) - np.asarray(y_out)).max() > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("routing", ["paired", "independent"])
 def test_sft_copies_equal_pt_at_their_positions(routing):
     cfg = _cfg("orthros", routing=routing)
@@ -111,6 +114,7 @@ def test_sft_copies_equal_pt_at_their_positions(routing):
     np.testing.assert_allclose(sft, np.take_along_axis(pt, idx[..., None], 1), atol=2e-5)
 
 
+@pytest.mark.slow
 def test_paired_and_independent_routing_differ_with_trained_so():
     params, tokens = _params(), _tokens(2, 14, seed=2)
     paired = _forward(_cfg("orthros"), params, tokens)
@@ -118,6 +122,7 @@ def test_paired_and_independent_routing_differ_with_trained_so():
     assert np.abs(paired - ind).max() > 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "arch, routing",
     [
@@ -141,6 +146,7 @@ def test_prefill_then_decode_matches_pt_forward(arch, routing):
         np.testing.assert_allclose(np.asarray(logits), want[rows, LENGTHS + i], atol=2e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_training_loss_adds_the_auxiliary_terms():
     cfg = _cfg("orthros", aux_loss_coef=0.01, z_loss_coef=0.001)
     params = _params()

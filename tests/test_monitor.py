@@ -56,6 +56,7 @@ def test_unknown_peak_omits_mfu_once(capsys):
     ) and any(k.startswith("NVIDIA A100") for k in SPECS)
 
 
+@pytest.mark.slow
 def test_profile_steps_write_a_trace_and_metrics_carry_throughput(tmp_path):
     cfg = tiny_train_config(n_layers=1, steps=4, log_every=2, profile_steps=(2, 3))
     workdir = str(tmp_path / "run")

@@ -187,6 +187,7 @@ def test_score_draws_the_training_distribution(monkeypatch):
         np.testing.assert_array_equal(got.distances, ex.distances)
 
 
+@pytest.mark.slow
 def test_launch_mqar_tiny(tmp_path):
     """launch/mqar.py --tiny: one arm, a couple of steps; results md/json/png appear."""
     out = tmp_path / "mq"

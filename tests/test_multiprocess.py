@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 STEPS, ROWS = 3, 8
 
@@ -62,6 +63,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_train_together(tmp_path):
     import json
 

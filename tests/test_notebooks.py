@@ -55,6 +55,7 @@ def _run_cell(cell: str, cwd, env: dict[str, str]) -> subprocess.CompletedProces
     )
 
 
+@pytest.mark.slow
 def test_install_cell_installs_when_the_package_is_missing(tmp_path):
     """A fresh Colab runtime: the first cell pip-installs SOURCE and imports it. Here SOURCE is
     a wheel built from a copy of this checkout (a copy, so the build writes nothing into this
@@ -116,6 +117,7 @@ def test_notebooks_exist():
     assert names == ["01_quickstart.ipynb", "02_convert_hf.ipynb", "03_long_context.ipynb"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
 def test_notebook_runs(path, tmp_path, monkeypatch):
     if "convert_hf" in path:

@@ -129,6 +129,7 @@ def _packing(docs_per_row: tuple[list[int], ...] = DOCS) -> tuple[np.ndarray, np
     return np.stack(pos), np.stack(seg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("arch", "variant"), CASES)
 def test_forward_matches_oracle(arch, variant):
     cfg, p32, p64, spec, forward, pt_forward = _setup(arch, variant)
@@ -164,6 +165,7 @@ def check_prefill_decode(cfg, p32, p64, spec) -> None:
         np.testing.assert_allclose(np.asarray(logits), want, atol=ATOL, rtol=0, err_msg=f"step {i}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("arch", "variant"), CASES)
 def test_chunked_prefill_and_decode_match_oracle(arch, variant):
     cfg, p32, p64, spec, _, _ = _setup(arch, variant)

@@ -105,6 +105,7 @@ def _leaves(tree) -> list[np.ndarray]:
     return [np.asarray(v) for v in jax.tree.leaves(tree)]
 
 
+@pytest.mark.slow
 def test_sigint_in_process_checkpoints_and_resumes(tmp_path):
     """train() itself: SIGINT mid-run returns after a checkpoint (no KeyboardInterrupt); the
     rerun ends at the uninterrupted run's params; the previous handler is restored."""

@@ -86,6 +86,7 @@ def test_greedy_with_prefix_caching_equals_generate_through_the_server(arch):
     assert int(values["orthros_prefix_cache_reused_tokens_total"]) > 0, arch  # some reuse
 
 
+@pytest.mark.slow
 def test_lookup_rules():
     attn, _ = arm_model("orthros")
     idx = PrefixIndex(attn, 3)
@@ -108,6 +109,7 @@ def test_lookup_rules():
     assert idx.lookup([1, 2, 3, 4, 9], free=[1]) == Match(0, 1, 4)
 
 
+@pytest.mark.slow
 def test_engine_without_prefix_caching_records_nothing():
     cfg, params = arm_model("transformer")
     engine = Engine(params, cfg, max_batch=2, max_len=40, chunk_budget=8)

@@ -74,6 +74,7 @@ def _greedy_oracle(cfg, params, prompt, n, presence=0.0, frequency=0.0, repetiti
     return out
 
 
+@pytest.mark.slow
 def test_openapi_documents_every_request_field(served):
     _, http, _, _ = served
     schema = http.get("/openapi.json").json()
@@ -90,6 +91,7 @@ def test_openapi_documents_every_request_field(served):
     assert http.get("/docs").status_code == 200
 
 
+@pytest.mark.slow
 def test_penalties_match_a_float64_oracle(served):
     client, _, cfg, params = served
     prompt = [5, 9, 5, 200, 31]
@@ -121,6 +123,7 @@ def test_penalties_match_a_float64_oracle(served):
     assert plain != _greedy_oracle(cfg, params, prompt, 8, frequency=1.5)  # the test can fail
 
 
+@pytest.mark.slow
 def test_logit_bias_min_tokens_echo_and_n(served):
     client, _, cfg, params = served
     r = client.completions.create(
@@ -190,6 +193,7 @@ REFUSED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path,extra,param", REFUSED)
 def test_unknown_and_unsupported_fields_are_400s_naming_them(served, path, extra, param):
     _, http, _, _ = served
@@ -245,6 +249,7 @@ def _fuzz_bodies(rng: np.random.Generator, n: int) -> list[bytes]:
     return out
 
 
+@pytest.mark.slow
 def test_malformed_bodies_never_get_a_5xx(served):
     _, http, _, _ = served
     codes = []

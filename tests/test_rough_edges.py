@@ -82,6 +82,7 @@ def _launch(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "script, own",
     [
@@ -118,6 +119,7 @@ def test_launcher_errors_are_one_line(args, message, tmp_path):
     assert message in lines[-1] and "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_harness_warns_only_for_a_device_the_user_chose(tmp_path, caplog):
     pytest.importorskip("lm_eval")
     import jax
@@ -143,6 +145,7 @@ def test_harness_warns_only_for_a_device_the_user_chose(tmp_path, caplog):
     assert "128 tokens are beyond the 64" in caplog.text
 
 
+@pytest.mark.slow
 def test_training_says_where_it_starts_and_ends_and_logs_no_zero_rates(tmp_path):
     work = str(tmp_path / "run")
     flags = [
@@ -167,6 +170,7 @@ def test_training_says_where_it_starts_and_ends_and_logs_no_zero_rates(tmp_path)
     assert checkpoint.load_model(work).max_context == 64
 
 
+@pytest.mark.slow
 def test_harness_command_errors_are_one_line(tmp_path):
     """`python -m orthros_jax.evaluation.harness`: a bad model dir and an unreachable task
     dataset (the Hub offline) each end with one line, not a traceback."""

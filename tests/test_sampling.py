@@ -118,6 +118,7 @@ def test_each_row_draws_with_its_own_key_and_reports_its_logprobs(step):
     assert float(got.sample_logprob[-1]) == 0.0  # top-k = 1: the one token has probability 1
 
 
+@pytest.mark.slow
 def test_greedy_batch_and_batch_sampler():
     logits = jnp.asarray(_logits(2))
     b = logits.shape[0]
@@ -139,6 +140,7 @@ def test_greedy_batch_and_batch_sampler():
     np.testing.assert_array_equal(sampling.sample(logits[:3], rng, sampler, 4), want[:3])
 
 
+@pytest.mark.slow
 def test_samplers_filter_and_sample():
     logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
     finite = lambda s: np.isfinite(np.asarray(filter_logits(logits, s)))[0].tolist()
@@ -154,6 +156,7 @@ def test_samplers_filter_and_sample():
         sampling.top_p(0.0)
 
 
+@pytest.mark.slow
 def test_sampled_generate_draws_and_logprobs_match_the_forward():
     """generate's loop against the PT forward: each token is row b's draw with its seed
     (row_seeds) at its step from the oracle-filtered forward logits, with that log-prob."""

@@ -141,6 +141,7 @@ def _expected_halo(x_BTKH: np.ndarray, hl: int, fill: float) -> np.ndarray:
     return np.stack([padded[:, i * ls : i * ls + hl] for i in range(SHARDS)], axis=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hl", [3, 19, 70])
 def test_halo_is_the_slice_before_each_shard(sharded, hl):
     res, _ = sharded
@@ -148,12 +149,14 @@ def test_halo_is_the_slice_before_each_shard(sharded, hl):
     np.testing.assert_allclose(res[f"halo{hl}"], _expected_halo(k, hl, -7.0), atol=0, rtol=0)
 
 
+@pytest.mark.slow
 def test_halo_of_a_head_major_cache_layer(sharded):
     res, _ = sharded
     want = _expected_halo(_inputs(64)["k"], 19, 0.0)  # [B, shards, 19, K, H]
     np.testing.assert_allclose(res["halo_hm"], want.transpose(0, 3, 1, 2, 4), atol=0, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["splitk", "splitk_hm", "splitk_w"])
 def test_split_k_merge_matches_reference(sharded, name):
     res, _ = sharded

@@ -267,6 +267,7 @@ def runs(tmp_path_factory):
 STEPS = ("prefill", "prefill2", "decode0", "decode1", "decode2", "decode3")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", list(MESHES))
 @pytest.mark.parametrize("arch", ARMS)
 def test_sequence_parallel_equals_single_device(runs, arch, mesh):
@@ -289,6 +290,7 @@ def test_sequence_parallel_equals_single_device(runs, arch, mesh):
     assert str(res[f"{arch}/{mesh}/cache_spec"]) == f"P(None, {rows}, None, 'sequence')"
 
 
+@pytest.mark.slow
 def test_generate_on_a_sequence_sharded_cache(runs):
     res, _, _ = runs
     want = res["generate/single_steps"]  # greedy, one device, token by token
@@ -296,6 +298,7 @@ def test_generate_on_a_sequence_sharded_cache(runs):
     np.testing.assert_array_equal(res["generate/seq8"], want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,mesh", [("orthros", "seq8"), ("transformer", "data2_seq4")])
 def test_serving_engine_on_a_sequence_sharded_cache(runs, arch, mesh):
     res, _, _ = runs
@@ -332,6 +335,7 @@ def test_serving_engine_refuses_what_sequence_parallelism_cannot_serve():
     assert device.compile_count() + sp_device.compile_count() == compiled
 
 
+@pytest.mark.slow
 def test_orthros_collective_bytes_do_not_grow_with_t_transformer_does(runs):
     _, stats, _ = runs
     f32, b, kv, h = 4, 2, 2, 8
@@ -350,6 +354,7 @@ def test_orthros_collective_bytes_do_not_grow_with_t_transformer_does(runs):
     assert t["all-reduce"] == t4["all-reduce"] > 0 and o["all-reduce"] > 0
 
 
+@pytest.mark.slow
 def test_two_processes_agree_with_one(runs):
     res, _, procs = runs
     p0, p1 = procs
@@ -362,6 +367,7 @@ def test_two_processes_agree_with_one(runs):
         np.testing.assert_allclose(p0[key], res[f"orthros/seq8/{key}"], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_bad_input_raises_before_compiling(runs):
     from jax.sharding import AbstractMesh
 

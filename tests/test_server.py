@@ -53,6 +53,7 @@ def orthros_server():
         yield server, cfg, params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_greedy_completions_match_generate_under_concurrent_staggered_requests(arch):
     cfg, params = arm_model(arch)
@@ -80,6 +81,7 @@ def test_greedy_completions_match_generate_under_concurrent_staggered_requests(a
         assert len(choice.logprobs.token_logprobs) == news[k] and choice.finish_reason == "length"
 
 
+@pytest.mark.slow
 def test_stream_matches_whole_text_and_seeded_sampling_repeats(orthros_server):
     server, cfg, params = orthros_server
     client = _client(server)
@@ -111,6 +113,7 @@ def test_stream_matches_whole_text_and_seeded_sampling_repeats(orthros_server):
     assert [m.id for m in client.models.list().data] == [NAME]
 
 
+@pytest.mark.slow
 def test_a_disconnect_frees_the_slot(orthros_server):
     _, cfg, params = orthros_server
     with _server(cfg, params, max_batch=1) as server:
@@ -160,6 +163,7 @@ def _post(http, body):
     return http.post("/v1/completions", content=json.dumps(body), headers=headers)
 
 
+@pytest.mark.slow
 def test_bad_inputs_get_their_status_and_health_survives_200_mixed_requests(orthros_server):
     server, cfg, params = orthros_server
     with httpx.Client(base_url=server.url, timeout=60) as http:
@@ -213,6 +217,7 @@ def test_bad_inputs_get_their_status_and_health_survives_200_mixed_requests(orth
     )
 
 
+@pytest.mark.slow
 def test_full_queue_is_429(orthros_server):
     _, cfg, params = orthros_server
     engine = Engine(
@@ -237,6 +242,7 @@ def test_full_queue_is_429(orthros_server):
     assert first.status_code == 200 and first.json()["usage"]["completion_tokens"] == 3
 
 
+@pytest.mark.slow
 def test_serve_cli_drains_on_sigterm(orthros_server, tmp_path):
     _, cfg, params = orthros_server
     checkpoint.save_model(str(tmp_path / "m"), cfg, params)

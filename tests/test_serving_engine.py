@@ -59,6 +59,7 @@ def _run(engine: Engine, max_steps: int = 500) -> None:
 COVERED = {conformance.config(case).architecture for case in conformance.cases()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "arch,decode_steps",
     [(a, 1) for a in ARCHITECTURES if a not in COVERED] + [("orthros", 3), ("hybrid", 3)],
@@ -107,6 +108,7 @@ class Recording:
         return sampled, fed, cache, hist
 
 
+@pytest.mark.slow
 def test_sampled_engine_matches_generate_row_by_row():
     """One loop, one sampler: request i with generate's seed for row i (sampling.row_seeds)
     samples what generate samples for row i, with the same sampling log-probs."""
@@ -141,6 +143,7 @@ def test_sampled_engine_matches_generate_row_by_row():
         np.testing.assert_allclose(logprobs[i], want.logprobs[i], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_reproducible_and_independent_of_the_batch():
     cfg, params = arm_model("orthros")
     prompt = list(range(30, 42))
@@ -163,6 +166,7 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch():
     assert other.tokens != runs[0].tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decode_steps", [1, 4])
 def test_stops_strings_ids_and_capacity(decode_steps):
     cfg, params = arm_model("orthros")
@@ -241,6 +245,7 @@ def test_text_stream_holds_back_stop_prefixes_and_partial_characters():
     assert "".join(ts.add(b) for b in b"a EN") == "a " and ts.finish() == "EN"
 
 
+@pytest.mark.slow
 def test_an_idle_engine_gathers_a_burst_into_one_prefill(monkeypatch):
     cfg, params = arm_model("orthros")
     with pytest.raises(ValueError, match="batch_wait_s must be in"):

@@ -122,6 +122,7 @@ def _worker(out: str) -> None:
         json.dump(meta, f)
 
 
+@pytest.mark.slow
 def test_sharded_step_matches_single_device(tmp_path):
     from training_helpers import subprocess_env
 

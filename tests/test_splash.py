@@ -105,11 +105,13 @@ def test_cpu_runs_the_interpreter():
     assert use_interpret()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(ARMS))
 def test_packed_pt_logits_and_grads_match_xla(arch):
     _assert_same(arch)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["orthros", "orthros_h"])
 def test_sft_output_copies_match_xla(arch):
     # Copies at arbitrary indices, several of one token, and the padding's repeated index 0.
@@ -123,6 +125,7 @@ def test_sft_output_copies_match_xla(arch):
     _assert_same(arch, jnp.asarray(idx), weight)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["orthros", "transformer", "swa"])
 def test_chunked_prefill_and_decode_match_xla(arch):
     # Chunks of 32 > FEW_QUERIES go to the kernel with their W-1 previous keys (mask offset);
@@ -145,6 +148,7 @@ def test_chunked_prefill_and_decode_match_xla(arch):
     np.testing.assert_allclose(results["splash"], results["xla"], atol=TOL, rtol=0)
 
 
+@pytest.mark.slow
 def test_output_copies_run_in_the_kernel_and_match_reference():
     # The seam alone: copies (one token three times) attend causally at their tokens' places.
     q_all = jax.random.normal(jax.random.PRNGKey(1), (1, T, 4, 16))
@@ -206,6 +210,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_kernel_under_a_mesh_matches_xla():
     # 4 simulated CPU devices in a child process (the device count is fixed at jax's start).
     import json

@@ -55,6 +55,7 @@ def _log_softmax_np(logits):
     return logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
 
 
+@pytest.mark.slow
 def test_pt_loss_is_masked_mean_of_next_token_nll(params):
     batch = pt_batch(0)
     logits = logits_of(params, batch)
@@ -71,6 +72,7 @@ def test_pt_loss_is_masked_mean_of_next_token_nll(params):
     )
 
 
+@pytest.mark.slow
 def test_packed_documents_do_not_see_each_other(params):
     """The second document of every packed row gives the same logits when it is alone at the
     start of a row (the rest padding): nothing attends across the boundary."""
@@ -102,6 +104,7 @@ def sft_batch():
     return data_lib.make_eval_batches(cfg, 1, process_index=0, process_count=1)[0]
 
 
+@pytest.mark.slow
 def test_sft_loss_matches_pt_on_the_same_positions(params, sft_batch):
     """The SFT loss (output copies only at answer positions) equals the PT loss (output stream
     everywhere) restricted to those positions, with the same model outputs there."""
@@ -130,6 +133,7 @@ def test_sft_loss_matches_pt_on_the_same_positions(params, sft_batch):
     )
 
 
+@pytest.mark.slow
 def test_sft_loss_counts_only_answer_tokens(params, sft_batch):
     b = sft_batch
     # Answer targets are the next tokens of the same example (the last one, the answer's
@@ -171,6 +175,7 @@ def test_schedule_warms_up_then_decays_to_min_ratio():
     assert float(sched(50)) < float(sched(20))
 
 
+@pytest.mark.slow
 def test_grad_accumulation_equals_one_big_batch():
     """2 micro-batches with MultiSteps == the concatenated batch in one step (equal loss weights
     per half, so the mean of means is the global mean)."""

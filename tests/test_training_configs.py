@@ -119,6 +119,7 @@ def test_unknown_override_fails_listing_valid_keys():
         configlib.dataclass_from_dict(OptimizerConfig, {"lrr": 1.0}, "optimizer")
 
 
+@pytest.mark.slow
 def test_launcher_rejects_unknown_key_and_trains_sft(tmp_path):
     bad = run_train(
         [*TINY_FLAGS, "--config.train.stepz=3", f"--workdir={tmp_path}/bad"], timeout=120

@@ -16,6 +16,7 @@ from orthros_jax import checkpoint, configlib
 from orthros_jax.training import NonFiniteLossError, TrainConfig, train
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp_path):
     cfg = tiny_train_config(n_layers=1, steps=10, checkpoint_every=2, log_every=2)
     # Batch 6 (0-based) is consumed by update 7; its NaN loss mask makes loss and grads NaN.
@@ -43,6 +44,7 @@ def _tiny_pt(steps: int) -> TrainConfig:
     return TrainConfig.from_config(c)
 
 
+@pytest.mark.slow
 def test_tiny_pt_lowers_validation_loss(tmp_path):
     cfg = _tiny_pt(18)
     assert cfg.model.window < cfg.data.seq_len  # a real Orthros: local base stream

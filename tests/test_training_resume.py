@@ -3,6 +3,7 @@ workdir, ends with the params (<= 1e-6) and data order of an uninterrupted run."
 
 from __future__ import annotations
 
+import pytest
 from resume_helpers import assert_same_run, sigkill_and_resume, train_records
 from training_helpers import TINY_FLAGS
 
@@ -17,6 +18,7 @@ FLAGS = [
 ]
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     full, killed = sigkill_and_resume(FLAGS, tmp_path, STEPS, timeout=300)
     assert_same_run(full, killed, STEPS, atol=1e-6)

@@ -77,10 +77,21 @@ TTFT_HEAD = ["full TTFT s", "int8_prefix TTFT s", "TTFT ratio"]
 
 
 def capacity(
-    cfg, params, *, memory_bytes: float, max_len: int, counts: list[int], system: int,
-    question: int, new: int, repeats: int, prefill_lengths: tuple[int, ...], batches,
-    command: str = "", **engine_kw,
-) -> dict:  # fmt: skip
+    cfg,
+    params,
+    *,
+    memory_bytes: float,
+    max_len: int,
+    counts: list[int],
+    system: int,
+    question: int,
+    new: int,
+    repeats: int,
+    prefill_lengths: tuple[int, ...],
+    batches,
+    command: str = "",
+    **engine_kw,
+) -> dict:
     """The sweep (module docstring), with the date, load and wall time. prefill_lengths x
     batches: the engines' prefill buckets (row buckets capped at the slots); engine_kw: the
     rest of serve_clients.serve's options (chunk_budget, decode_steps, batch_wait_s)."""

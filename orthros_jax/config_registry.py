@@ -45,8 +45,10 @@ ATTENTION_IMPLS: list[str] = []
 # Checks of a config with MoE layers that need the layer kinds (layers/registry.py adds its
 # _check_moe_kinds).
 MOE_CHECKS: list[ConfigCheck] = []
-# The FFN choices a config's moe.ffn_cycle may name: layers/ffn.FFNS' names (register_ffns).
+# The FFN choices a config's moe.ffn_cycle may name: layers/ffn.FFNS' names, and those of them
+# that are routed mixtures of experts (what MoEOptions configures; register_ffns).
 FFN_CHOICES: list[str] = []
+ROUTED_FFNS: list[str] = []
 
 
 def register_arms(table: dict[str, Arm]) -> None:
@@ -74,9 +76,11 @@ def register_layer_kind(
     LAYER_KINDS[name] = KindEntry(validate, recurrent, options)
 
 
-def register_ffns(names: tuple[str, ...]) -> None:
-    """Makes `names` (layers/ffn.FFNS) the FFN choices a config's ffn_cycle may name."""
-    FFN_CHOICES[:] = names
+def register_ffns(routed: dict[str, bool]) -> None:
+    """Makes the names of `routed` (layers/ffn.FFNS: name -> is it a routed MoE) the FFN
+    choices a config's ffn_cycle may name."""
+    FFN_CHOICES[:] = list(routed)
+    ROUTED_FFNS[:] = [name for name, r in routed.items() if r]
 
 
 def register_attention_impl(name: str) -> None:

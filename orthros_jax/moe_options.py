@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from orthros_jax.config_registry import FFN_CHOICES
+from orthros_jax.config_registry import FFN_CHOICES, ROUTED_FFNS
 from orthros_jax.options import check_choice, check_positive_int, unknown_keys
 
 ROUTINGS: tuple[str, ...] = ("paired", "independent")
@@ -30,7 +30,8 @@ class MoEOptions:
     routing ("paired": an output copy uses its base token's experts, the default of the
     two-stream arms; "independent": each copy routes itself; None: the arm's default),
     impl (the experts' kernel: "grouped" ragged_dot or the "dense" reference), ffn_cycle (the
-    FFN of each layer of the model's cycle, "moe" or "dense", repeated like layer_types),
+    FFN choice of each layer of the model's cycle, a name of layers/ffn.FFNS, repeated like
+    layer_types; by default every layer the routed one),
     aux_loss_coef (transformers' load-balancing loss, router_aux_loss_coef) and z_loss_coef
     (the router z-loss), both added to the training loss."""
 
@@ -41,7 +42,7 @@ class MoEOptions:
     shared_expert: int = 0
     routing: str | None = None
     impl: str = "grouped"
-    ffn_cycle: tuple[str, ...] = ("moe",)
+    ffn_cycle: tuple[str, ...] = dataclasses.field(default_factory=lambda: tuple(ROUTED_FFNS))
     aux_loss_coef: float = 0.0
     z_loss_coef: float = 0.0
     RUNTIME_FIELDS: ClassVar[tuple[str, ...]] = MOE_RUNTIME_FIELDS
@@ -71,10 +72,10 @@ class MoEOptions:
                 f"ModelConfig.moe.ffn_cycle={self.ffn_cycle!r}: a non-empty cycle of "
                 f"{', '.join(FFN_CHOICES)}"
             )
-        if "moe" not in self.ffn_cycle:
+        if not set(self.ffn_cycle) & set(ROUTED_FFNS):
             raise ValueError(
-                f"ModelConfig.moe.ffn_cycle={self.ffn_cycle!r} has no 'moe' layer "
-                "(set ModelConfig.moe=None for a dense model)"
+                f"ModelConfig.moe.ffn_cycle={self.ffn_cycle!r} has no routed layer "
+                f"({', '.join(ROUTED_FFNS)}; set ModelConfig.moe=None for a dense model)"
             )
         for name in ("aux_loss_coef", "z_loss_coef"):
             value = getattr(self, name)
@@ -102,7 +103,7 @@ class MoEOptions:
         return layer_types * (n // len(layer_types))
 
     def ffn_types(self, n: int) -> tuple[str, ...]:
-        """The FFN ("moe" / "dense") of each of the n positions of a layer cycle."""
+        """The FFN choice of each of the n positions of a layer cycle."""
         return tuple(self.ffn_cycle[j % len(self.ffn_cycle)] for j in range(n))
 
     @classmethod

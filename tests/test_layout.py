@@ -213,17 +213,16 @@ def test_every_kind_satisfies_the_protocol():
 
 def test_generic_modules_name_no_ffn_choice():
     from orthros_jax.layers.ffn import FFNS
+    from orthros_jax.moe_options import MOE_IMPLS
 
-    # An FFN choice is found through layers/ffn.FFNS, as a kind through the kind registry. The
-    # MoE FFN's own modules (its options, moe_options.py, with its default cycle; its kernel,
-    # kernels/moe.py, whose all-experts "dense" reference is another word) are not generic;
-    # ModelConfig's `moe` field is an identifier.
+    # An FFN choice is found through layers/ffn.FFNS, as a kind through the kind registry.
+    # The experts' kernels' names (MOE_IMPLS: "grouped", the all-experts "dense" reference) are
+    # another word in the two modules that name them; ModelConfig's `moe` field is an identifier.
     names = set(FFNS) | {f.params_key for f in FFNS.values()}
-    own = ("orthros_jax/moe_options.py", "orthros_jax/kernels/moe.py")
-    generic = [f for f in GENERIC if f not in own]
-    found = {
-        f: sorted(_string_literals(ROOT / f) & names)
-        for f in generic
-        if _string_literals(ROOT / f) & names
-    }
+    impls = {"orthros_jax/moe_options.py", "orthros_jax/kernels/moe.py"}
+    found = {}
+    for f in GENERIC:
+        hits = _string_literals(ROOT / f) & (names - set(MOE_IMPLS) if f in impls else names)
+        if hits:
+            found[f] = sorted(hits)
     assert not found, found

@@ -48,13 +48,15 @@ def _dense_active(cfg: ModelConfig) -> int:
 class FFN:
     """An FFN choice, declared like a layer kind: its parameter stack's key, its per-layer
     parameters (kind.ParamDecl: shape, logical axes, decay, init), the parameters one token
-    uses (active) and its matmul FLOPs per token."""
+    uses (active), its matmul FLOPs per token and whether it is a routed mixture of experts
+    (configured by ModelConfig.moe)."""
 
     name: str
     params_key: str
     params: Callable[[ModelConfig], dict[str, ParamDecl]]
     active_params: Callable[[ModelConfig], int]
     flops_per_token: Callable[[ModelConfig], int]
+    routed: bool = False
 
     def num_params(self, cfg: ModelConfig) -> int:
         """Parameters of one layer's FFN of this choice."""
@@ -63,9 +65,9 @@ class FFN:
 
 FFNS: dict[str, FFN] = {
     "dense": FFN("dense", "ffn", dense_ffn_params, _dense_active, _dense_flops),
-    "moe": FFN("moe", "moe", moe.params, moe.active_params, moe.flops_per_token),
+    "moe": FFN("moe", "moe", moe.params, moe.active_params, moe.flops_per_token, routed=True),
 }
-config_registry.register_ffns(tuple(FFNS))
+config_registry.register_ffns({name: f.routed for name, f in FFNS.items()})
 
 
 def ffns_of(cfg: ModelConfig) -> list[FFN]:

@@ -17,9 +17,6 @@ from orthros_jax.options import check_choice, check_positive_int, unknown_keys
 
 ROUTINGS: tuple[str, ...] = ("paired", "independent")
 MOE_IMPLS: tuple[str, ...] = ("grouped", "dense")  # kernels/moe.py's two implementations
-# Options that change how the model runs or trains, not what its weights compute (a resumed
-# run may change them: ModelConfig.runtime_keys): the experts' kernel, the loss coefficients.
-MOE_RUNTIME_FIELDS: tuple[str, ...] = ("impl", "aux_loss_coef", "z_loss_coef")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +42,9 @@ class MoEOptions:
     ffn_cycle: tuple[str, ...] = dataclasses.field(default_factory=lambda: tuple(ROUTED_FFNS))
     aux_loss_coef: float = 0.0
     z_loss_coef: float = 0.0
-    RUNTIME_FIELDS: ClassVar[tuple[str, ...]] = MOE_RUNTIME_FIELDS
+    # Options that change how the model runs or trains, not what its weights compute (a resumed
+    # run may change them: ModelConfig.runtime_keys): the experts' kernel, the loss coefficients.
+    RUNTIME_FIELDS: ClassVar[tuple[str, ...]] = ("impl", "aux_loss_coef", "z_loss_coef")
 
     def __post_init__(self) -> None:
         if isinstance(self.ffn_cycle, list):

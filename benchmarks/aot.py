@@ -185,19 +185,19 @@ class InferenceConfig:
 def inference_program(config: Any, devices: list[Any]) -> Program:
     """The jitted prefill / decode of an inference config over `devices`: the
     sequence-parallel drivers when mesh.sequence > 1, else inference.drivers' (rows over data,
-    heads over tensor)."""
+    heads over tensor, a MoE model's experts over expert)."""
     from orthros_jax.configlib import dataclass_from_dict
 
     plain = to_plain(config)
     cfg = ModelConfig.from_dict(plain["model"])
     inf = dataclass_from_dict(InferenceConfig, plain["inference"], "inference")
-    m = {"data": 1, "sequence": 1, "tensor": 1} | dict(plain.get("mesh", {}))
-    unknown = sorted(set(m) - {"data", "sequence", "tensor"})
+    m = {"data": 1, "sequence": 1, "tensor": 1, "expert": 1} | dict(plain.get("mesh", {}))
+    unknown = sorted(set(m) - {"data", "sequence", "tensor", "expert"})
     if unknown:
         raise ValueError(
-            f"unknown mesh key(s) {unknown} of an inference config: data, sequence, tensor"
+            f"unknown mesh key(s) {unknown} of an inference config: data, sequence, tensor, expert"
         )
-    need = m["data"] * m["sequence"] * m["tensor"]
+    need = m["data"] * m["sequence"] * m["tensor"] * m["expert"]
     if need > len(devices) or len(devices) % need:
         raise ValueError(
             f"mesh {m} needs {need} devices; the target has {len(devices)} (a divisor of it: "
@@ -206,14 +206,15 @@ def inference_program(config: Any, devices: list[Any]) -> Program:
     devices = devices[:need]
     bsz, s = inf.batch_size, inf.max_len
     if m["sequence"] > 1:
-        if m["tensor"] > 1:
-            raise ValueError("mesh.sequence > 1 cannot be combined with mesh.tensor > 1")
+        if m["tensor"] > 1 or m["expert"] > 1:
+            raise ValueError("mesh.sequence > 1 cannot be combined with mesh.tensor / expert > 1")
         mesh = pmesh.sequence_mesh(m["sequence"], m["data"], devices)
         params_sh = jax.tree.map(lambda _: pmesh.replicated(mesh), _params_shape(cfg))
     else:
         from orthros_jax.training import MeshConfig
 
-        mesh = pmesh.make_mesh(MeshConfig(data=m["data"], fsdp=1, tensor=m["tensor"]), devices)
+        mesh_cfg = MeshConfig(data=m["data"], fsdp=1, tensor=m["tensor"], expert=m["expert"])
+        mesh = pmesh.make_mesh(mesh_cfg, devices)
         params_sh = sharding.param_shardings(cfg, mesh)
     pseq.check_mesh(cfg, bsz, s, mesh)
     params = _abstract(_params_shape(cfg), params_sh)

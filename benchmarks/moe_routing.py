@@ -92,13 +92,13 @@ def expert_bytes(cfg: ModelConfig) -> int:
 
 @contextlib.contextmanager
 def recorded_routing(log: list[np.ndarray]) -> Iterator[None]:
-    """While active, programs traced call back with each MoE layer's experts [N, K] (both
-    streams' tokens, base rows first), appended to `log`."""
+    """While active, programs traced call back with each MoE layer's experts [N, K] (each
+    row's tokens, base then copies), appended to `log`."""
     original = kmoe.experts
 
-    def experts(impl: str, *args: jax.Array) -> jax.Array:
+    def experts(impl: str, *args: jax.Array, first: int | jax.Array = 0) -> jax.Array:
         jax.debug.callback(lambda e: log.append(np.asarray(e)), args[-1])
-        return original(impl, *args)
+        return original(impl, *args, first=first)
 
     kmoe.experts = experts  # type: ignore[assignment]
     try:
@@ -127,7 +127,8 @@ def expert_reads(
         jax.block_until_ready(logits)
     assert len(log) == steps * cfg.n_layers and all(e.shape[0] == 2 * batch for e in log)
     union = [len(np.unique(e)) for e in log]
-    base = [len(np.unique(e[:batch])) for e in log]
+    # Each row's tokens are [its new token, its copy] (layers/moe.py joins the streams per row).
+    base = [len(np.unique(e.reshape(batch, 2, -1)[:, 0])) for e in log]
     per_step = np.sum(np.reshape(union, (steps, -1)), axis=1) * expert_bytes(cfg)
     return {
         "batch": batch,

@@ -3,14 +3,13 @@
 names; parallel/mesh.py turns them into PartitionSpecs (shard_spec).
 
 The rules:
-  * batch dims are split over data x fsdp (every device gets distinct examples);
+  * batch dims are split over data x fsdp x expert (every device gets distinct examples);
   * parameters are split over fsdp along their embed dim (ZeRO-3 style: all-gathered per use)
     and over tensor along heads / kv heads / mlp / vocab (Megatron-style tensor parallelism);
   * a KV cache's slots (logical "length") are split over sequence (sequence-parallel prefill
     and decode); a mesh without that axis keeps them whole;
-  * a mixture-of-experts layer's experts are split over "expert" on a mesh that has that axis
-    (a caller's own Mesh; parallel/mesh.make_mesh builds data x fsdp x tensor only, so the
-    launchers keep every expert on every device);
+  * a mixture-of-experts layer's experts are split over "expert" (expert parallelism,
+    layers/expert_parallel.py: tokens all-gathered over the axis, results reduce-scattered);
   * the stacked layer axis and head_dim are never split.
 """
 
@@ -32,11 +31,14 @@ EXPERT = "expert"
 
 # The mesh axis a sequence (and a KV cache's slot axis) is split over.
 SEQUENCE_AXIS = "sequence"
+# The mesh axis a MoE layer's experts are split over (layers/expert_parallel.py); batch rows
+# split over it too, outside the experts.
+EXPERT_AXIS = "expert"
 
 MeshAxes = str | tuple[str, ...] | None
 
 RULES: dict[str, MeshAxes] = {
-    BATCH: ("data", "fsdp"),
+    BATCH: ("data", "fsdp", EXPERT_AXIS),
     LENGTH: SEQUENCE_AXIS,
     LAYERS: None,
     VOCAB: "tensor",
@@ -50,7 +52,7 @@ RULES: dict[str, MeshAxes] = {
     GDN_K_HEADS: "tensor",
     GDN_V_HEADS: "tensor",
     CONV_KERNEL: None,
-    # MoE experts over an "expert" mesh axis where a mesh has one; the launchers' meshes do
-    # not (make_mesh), so every expert is on every device there.
-    EXPERT: "expert",
+    # MoE experts over the "expert" mesh axis (MeshConfig.expert; size 1: every expert on
+    # every device).
+    EXPERT: EXPERT_AXIS,
 }

@@ -15,18 +15,20 @@ import pytest
 
 
 def _qwen35_on_torch_paths() -> None:
-    """transformers' Qwen3.5 layers pick flash-linear-attention's Triton kernels when `fla`
-    imports (its decorator tries the package when the modeling module is imported), and those
-    cannot run on a CPU. With fla and triton installed (the convert extra: fla's own models are
-    the GLA / RetNet references), import that module once with fla hidden, so the Hugging Face
-    references take transformers' torch path whichever test imports fla first."""
+    """transformers' Qwen3.5 and Qwen3.5-MoE layers pick flash-linear-attention's Triton kernels
+    when `fla` imports (its decorator tries the package when the modeling module is imported),
+    and those cannot run on a CPU. With fla and triton installed (the convert extra: fla's own
+    models are the GLA / RetNet references), import those modules once with fla hidden, so the
+    Hugging Face references take transformers' torch path whichever test imports fla first."""
     if importlib.util.find_spec("transformers") is None or "fla" in sys.modules:
         return
     sys.modules["fla"] = None  # type: ignore[assignment]  # makes `import fla` raise ImportError
     try:
-        importlib.import_module("transformers.models.qwen3_5.modeling_qwen3_5")
-    except ImportError:
-        pass
+        for name in ("qwen3_5.modeling_qwen3_5", "qwen3_5_moe.modeling_qwen3_5_moe"):
+            try:
+                importlib.import_module(f"transformers.models.{name}")
+            except ImportError:
+                pass
     finally:
         del sys.modules["fla"]
 

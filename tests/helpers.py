@@ -6,6 +6,9 @@ directory on sys.path, and module-level constants and parametrize lists cannot u
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import jax
@@ -38,3 +41,23 @@ def randomize_so(params: dict[str, Any], seed: int, scale: float) -> dict[str, A
         noise = jax.random.normal(jax.random.PRNGKey(seed + i), layers[name].shape)
         layers[name] = layers[name] + scale * noise
     return {**params, "layers": layers}
+
+
+def convert_cli_to_orthros(hf_dir: Any, out: Any, window: int) -> None:
+    """launch/convert.py --architecture=orthros of a saved Hugging Face dir (asserts success)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(root, "launch", "convert.py"),
+            f"--hf_dir={hf_dir}",
+            f"--out={out}",
+            "--architecture=orthros",
+            f"--window={window}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]

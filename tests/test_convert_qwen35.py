@@ -1,18 +1,17 @@
 """Qwen3.5 (Qwen3_5ForCausalLM) import/export against transformers: logits on tiny random
 configs (layer_types cycles, GQA in both kinds, partial rotary, output gate, zero-centred
-norms), export round trip, Qwen3.5 -> Orthros-H, MoE refusal and launch/convert.py."""
+norms), export round trip, Qwen3.5 -> Orthros-H, refusal of MoE keys and the multimodal
+wrapper, and launch/convert.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import convert_cli_to_orthros
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -20,10 +19,9 @@ from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig  #
 
 from orthros_jax import checkpoint  # noqa: E402
 from orthros_jax.convert import export_hf, from_transformer, load_hf  # noqa: E402
-from orthros_jax.convert.qwen35 import is_qwen35, layer_cycle  # noqa: E402
+from orthros_jax.convert.qwen35_config import is_qwen35, layer_cycle  # noqa: E402
 from orthros_jax.model import OrthrosLM  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATOL = 1e-4
 T = 40
 CONFIGS = {
@@ -168,13 +166,12 @@ def test_orthros_h_conversion_adds_identity_so_only(tmp_path):
     assert gap > 1e-2
 
 
-def test_moe_and_multimodal_refused_by_name(tmp_path):
-    with pytest.raises(ValueError, match="Qwen3_5MoeForCausalLM.*mixture-of-experts"):
-        is_qwen35({"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text"})
-    (tmp_path / "config.json").write_text(
-        json.dumps({"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe"})
-    )
-    with pytest.raises(ValueError, match="mixture-of-experts"):
+def test_moe_keys_and_multimodal_refused_by_name(tmp_path):
+    # Qwen3.5-MoE is its own importer (tests/test_convert_qwen35_moe.py), not this one.
+    assert not is_qwen35({"architectures": ["Qwen3_5MoeForCausalLM"]})
+    dense = {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text"}
+    (tmp_path / "config.json").write_text(json.dumps(dense | {"num_experts": 8}))
+    with pytest.raises(ValueError, match="num_experts.*Qwen3_5MoeForCausalLM"):
         load_hf(str(tmp_path))
     (tmp_path / "config.json").write_text(
         json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5"})
@@ -188,21 +185,7 @@ def test_convert_cli_imports_qwen35_as_orthros_h(tmp_path):
     model = _hf_model("cycle2_tied", seed=2)
     model.save_pretrained(tmp_path / "hf")
     out = tmp_path / "model"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "launch", "convert.py"),
-            f"--hf_dir={tmp_path / 'hf'}",
-            f"--out={out}",
-            "--architecture=orthros",
-            f"--window={T}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    convert_cli_to_orthros(tmp_path / "hf", out, T)
     loaded = checkpoint.load_model(str(out))
     assert loaded.cfg.architecture == "orthros_h" and loaded.cfg.layer_types == ("gdn", "attention")
     np.testing.assert_array_equal(np.asarray(loaded.params["gdn_layers"]["gdn_so_out_scale"]), 1.0)

@@ -1,6 +1,6 @@
 """Qwen3-MoE in and out: logits equal transformers' CPU path, the export reloads to the same
-logits, conversion to Orthros with a global window reproduces them; unsupported options
-refused by name."""
+logits, conversion to Orthros with a global window reproduces them (ours, and its
+trust_remote_code export in transformers); unsupported options refused by name."""
 
 from __future__ import annotations
 
@@ -82,8 +82,12 @@ def test_qwen3_moe_import_export_and_orthros_match_transformers(tmp_path, change
     convert.export_hf(str(tmp_path / "out"), cfg, params)
     back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
     np.testing.assert_allclose(_hf_logits(back, tokens), want, atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match=r"ModelConfig\.moe"):
-        convert.export_hf(str(tmp_path / "orthros"), ocfg, oparams)
+    # the Orthros-MoE leaves as trust_remote_code (its default) with the source's logits too
+    convert.export_hf(str(tmp_path / "orthros"), ocfg, oparams)
+    remote = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path / "orthros"), trust_remote_code=True
+    ).eval()
+    np.testing.assert_allclose(_hf_logits(remote, tokens), want, atol=1e-4, rtol=0)
 
 
 def test_unsupported_qwen3_moe_options_are_refused_by_name():

@@ -88,7 +88,7 @@ def test_gdn_params_and_state_shard_by_the_rules():
     from orthros_jax.training import MeshConfig
 
     cfg = tiny_model(architecture="orthros_h", **GDN)
-    mesh = AbstractMesh((2, 2, 2), pmesh.MESH_AXES)
+    mesh = AbstractMesh((2, 2, 2, 1), pmesh.MESH_AXES)
     logical = param_logical_axes(cfg)["gdn_layers"]
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))["gdn_layers"]
     spec = {n: pmesh.shard_spec(tuple(logical[n]), shapes[n].shape, mesh) for n in shapes}

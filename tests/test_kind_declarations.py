@@ -15,7 +15,7 @@ from conformance import case_id, case_params, cases, config, model, profile
 from jax.sharding import AbstractMesh, PartitionSpec
 
 from orthros_jax import inference as inf
-from orthros_jax.axes import BATCH, EMBED, RULES
+from orthros_jax.axes import EMBED, RULES
 from orthros_jax.convert import export_hf, load_hf
 from orthros_jax.convert.export import WHOLE_MODELS
 from orthros_jax.convert.remote import load_remote
@@ -28,7 +28,7 @@ from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.training import optimizer
 
 CASES = pytest.mark.parametrize("case", case_params(tier=False))
-MESH = AbstractMesh((2, 2, 2), pmesh.MESH_AXES)  # data x fsdp x tensor, 8 abstract devices
+MESH = AbstractMesh((2, 2, 2, 1), pmesh.MESH_AXES)  # data x fsdp x tensor (x expert 1)
 
 
 def _abstract(cfg):
@@ -118,7 +118,7 @@ def test_every_parameter_and_state_leaf_has_a_sharding(case):
         axes_leaves = tree.flatten_up_to(state_axes)
         for leaf, leaf_axes in zip(leaves, axes_leaves, strict=True):
             spec = _resolves(leaf_axes, leaf.shape, f"{kind.name} state")
-            assert spec[1] == RULES[BATCH], (kind.name, leaf.shape, spec)
+            assert spec[1] == pmesh.batch_axes(MESH), (kind.name, leaf.shape, spec)
 
 
 def _state_copies(cfg) -> list[str]:

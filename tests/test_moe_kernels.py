@@ -58,6 +58,28 @@ def test_experts_match_float64_oracle(impl, normalize):
     np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("impl", MOE_IMPLS)
+def test_expert_slices_sum_to_all_experts(impl):
+    """Expert parallelism's per-device call: the weights of experts first .. first + E' - 1
+    alone give those experts' share; the shares of a split of E add up to the whole, and a
+    slice no token chose gives zeros."""
+    x, wg, wu, wd, logits = _weights(1)
+    probs = kmoe.router_probs(jnp.asarray(logits, jnp.float32))
+    gates, experts = kmoe.top_k_route(probs, K, True, jnp.float32)
+    x, wg, wu, wd = (jnp.asarray(a, jnp.float32) for a in (x, wg, wu, wd))
+    whole = kmoe.experts(impl, x, wg, wu, wd, gates, experts)
+    cuts = (0, 2, 3, E)  # uneven slices: 2, 1 and 2 experts
+    parts = [
+        kmoe.experts(impl, x, wg[a:b], wu[a:b], wd[a:b], gates, experts, first=a)
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True)
+    ]
+    np.testing.assert_allclose(np.asarray(sum(parts)), np.asarray(whole), atol=1e-5, rtol=1e-5)
+    assert all(float(jnp.max(jnp.abs(p))) > 0 for p in parts)
+    unchosen = jnp.full_like(experts, E - 1).at[:, 1].set(E - 2)  # nobody routes to 0 .. 2
+    none = kmoe.experts(impl, x, wg[:3], wu[:3], wd[:3], gates, unchosen, first=0)
+    np.testing.assert_array_equal(np.asarray(none), 0.0)
+
+
 def test_grouped_equals_dense_with_empty_and_crowded_experts_and_grads():
     # Every token picks experts 0 and 3 (1, 2, 4 get no token): groups of 0 and of N.
     x, wg, wu, wd, _ = _weights(1)

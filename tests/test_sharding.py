@@ -23,7 +23,7 @@ P = PartitionSpec
 
 
 def _mesh(data: int, fsdp: int, tensor: int) -> AbstractMesh:
-    return AbstractMesh((data, fsdp, tensor), pmesh.MESH_AXES)
+    return AbstractMesh((data, fsdp, tensor, 1), pmesh.MESH_AXES)
 
 
 def test_rules_map_logical_axes():
@@ -55,7 +55,8 @@ def test_cache_is_split_over_batch_and_kv_heads():
 
 
 def test_mesh_shape_fills_and_validates():
-    assert pmesh.mesh_shape(MeshConfig(data=-1, fsdp=2, tensor=2), 8) == (2, 2, 2)
+    assert pmesh.mesh_shape(MeshConfig(data=-1, fsdp=2, tensor=2), 8) == (2, 2, 2, 1)
+    assert pmesh.mesh_shape(MeshConfig(data=2, expert=-1), 8) == (2, 1, 1, 4)
     with pytest.raises(ValueError, match="at most one -1"):
         pmesh.mesh_shape(MeshConfig(data=-1, fsdp=-1, tensor=1), 8)
     with pytest.raises(ValueError, match="devices"):

@@ -1,5 +1,5 @@
-"""Hugging Face Llama/Qwen3/Qwen3-MoE/Qwen3.5 and fla (GLA, RetNet, Gated DeltaNet) import and
-export, and Transformer -> Orthros conversion.
+"""Hugging Face Llama/Qwen3/Qwen3-MoE/Qwen3.5/Qwen3.5-MoE and fla (GLA, RetNet, Gated DeltaNet)
+import and export, and Transformer -> Orthros conversion.
 
     cfg, params = load_hf(hf_dir)                       # transformer (Qwen3.5: hybrid), numpy
     ocfg, oparams = from_transformer(params, cfg, window=128)   # orthros (Qwen3.5: orthros_h)
@@ -34,7 +34,13 @@ from orthros_jax.convert.hf_weights import (
 from orthros_jax.convert.mamba2_hf import config_from_mamba2, is_mamba2, params_from_mamba2
 from orthros_jax.convert.orthros import from_transformer
 from orthros_jax.convert.qwen3_moe import config_from_qwen3_moe, is_qwen3_moe, params_from_qwen3_moe
-from orthros_jax.convert.qwen35 import config_from_qwen35, is_qwen35, params_from_qwen35
+from orthros_jax.convert.qwen35 import params_from_qwen35
+from orthros_jax.convert.qwen35_config import config_from_qwen35, is_qwen35
+from orthros_jax.convert.qwen35_moe import (
+    config_from_qwen35_moe,
+    is_qwen35_moe,
+    params_from_qwen35_moe,
+)
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -46,9 +52,12 @@ __all__ = [
     "export_hf",
     "config_from_qwen3_moe",
     "config_from_qwen35",
+    "config_from_qwen35_moe",
     "from_transformer",
     "is_qwen35",
+    "is_qwen35_moe",
     "params_from_qwen35",
+    "params_from_qwen35_moe",
     "hf_config_from",
     "hf_from_params",
     "hf_tensor_shapes",
@@ -63,9 +72,9 @@ __all__ = [
 def load_hf(hf_dir: str, **overrides: Any) -> tuple[ModelConfig, dict[str, Any]]:
     """(cfg, params) of the checkpoint's own single-stream arm from a HF Llama/Qwen3 directory
     (transformer; Qwen3-MoE: transformer with ModelConfig.moe), a Qwen3.5 one (hybrid; gdn when
-    every layer is linear attention), a transformers Mamba2 one (mamba2, without FFN) or an
-    flash-linear-attention one (model_type gla / retnet / gated_deltanet: arms gla / retnet /
-    gdn).
+    every layer is linear attention; Qwen3.5-MoE: the same with ModelConfig.moe), a
+    transformers Mamba2 one (mamba2, without FFN) or an flash-linear-attention one (model_type
+    gla / retnet / gated_deltanet: arms gla / retnet / gdn).
 
     overrides: extra ModelConfig fields (e.g. param_dtype='bfloat16', window, prefill_chunk);
     the architecture stays the checkpoint's — convert with `from_transformer`. Config and
@@ -84,6 +93,9 @@ def load_hf(hf_dir: str, **overrides: Any) -> tuple[ModelConfig, dict[str, Any]]
     if is_qwen3_moe(hf):
         cfg = config_from_qwen3_moe(hf, **overrides)
         return cfg, params_from_qwen3_moe(SafetensorsCheckpoint(hf_dir), cfg)
+    if is_qwen35_moe(hf):
+        cfg = config_from_qwen35_moe(hf, **overrides)
+        return cfg, params_from_qwen35_moe(SafetensorsCheckpoint(hf_dir), cfg)
     if is_qwen35(hf):
         cfg = config_from_qwen35(hf, **overrides)
         return cfg, params_from_qwen35(SafetensorsCheckpoint(hf_dir), cfg)

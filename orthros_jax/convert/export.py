@@ -1,8 +1,9 @@
 """Export params to a Hugging Face directory that `transformers` loads.
 
 Writes config.json (LlamaForCausalLM, or Qwen3ForCausalLM when cfg.qk_norm; Qwen3_5ForCausalLM
-for the gdn / hybrid arms and for a transformer with Qwen3.5's output gate; Qwen3MoeForCausalLM
-for a transformer with MoE layers (ModelConfig.moe: convert/qwen3_moe.py); fla's for a pure
+for the gdn / hybrid arms and for a transformer with Qwen3.5's output gate; with MoE layers
+(ModelConfig.moe) Qwen3_5MoeForCausalLM for those (convert/qwen35_moe.py) and
+Qwen3MoeForCausalLM for a transformer without the gate (convert/qwen3_moe.py); fla's for a pure
 gla / retnet / gdn stack; the trust_remote_code OrthrosForCausalLM of remote.py for orthros /
 swa / orthros_h), each layer kind's form in it from its declaration (kind.Export), the weights
 as safetensors (sharded with an index above max_shard_bytes) and, when given, tokenizer.json.
@@ -35,7 +36,9 @@ from orthros_jax.convert.hf_config import CONFIG_JSON, hf_config_from
 from orthros_jax.convert.hf_weights import hf_from_params, write_safetensors
 from orthros_jax.convert.mamba2_hf import MAMBA2, mamba2_config_from, mamba2_from_params
 from orthros_jax.convert.qwen3_moe import qwen3_moe_config_from, qwen3_moe_from_params
-from orthros_jax.convert.qwen35 import qwen35_config_from, qwen35_from_params
+from orthros_jax.convert.qwen35 import qwen35_from_params
+from orthros_jax.convert.qwen35_config import qwen35_config_from
+from orthros_jax.convert.qwen35_moe import qwen35_moe_config_from, qwen35_moe_from_params
 from orthros_jax.layers.kind import FLA, FORMATS, HF, REMOTE
 from orthros_jax.layers.registry import kinds_of
 
@@ -98,8 +101,12 @@ def export_hf(
     make_config, make_tensors = (
         (qwen35_config_from, qwen35_from_params) if qwen35 else (hf_config_from, hf_from_params)
     )
-    if cfg.moe is not None:  # a transformer arm with MoE layers: Qwen3MoeForCausalLM
-        make_config, make_tensors = qwen3_moe_config_from, qwen3_moe_from_params
+    if cfg.moe is not None:  # MoE layers: Qwen3_5MoeForCausalLM, or a Qwen3MoeForCausalLM
+        make_config, make_tensors = (
+            (qwen35_moe_config_from, qwen35_moe_from_params)
+            if qwen35
+            else (qwen3_moe_config_from, qwen3_moe_from_params)
+        )
     whole = [k.export.hf for k in kinds_of(cfg) if k.export.hf in WHOLE_MODELS]
     if fla:
         make_config, make_tensors = fla_config_from, fla_from_params

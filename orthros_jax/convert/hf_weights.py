@@ -200,8 +200,8 @@ def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _shape_of(tensors: Mapping[str, Any], name: str) -> tuple[int, ...]:
-    if isinstance(tensors, SafetensorsCheckpoint):
-        return tensors.shape(name)  # header only, nothing read
+    if hasattr(tensors, "shape"):  # SafetensorsCheckpoint or a view of one: header only
+        return tuple(tensors.shape(name))
     return tuple(np.shape(tensors[name]))
 
 

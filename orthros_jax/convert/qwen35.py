@@ -1,212 +1,60 @@
-"""Hugging Face Qwen3.5 (text, `Qwen3_5ForCausalLM`) config and tensors <-> ModelConfig/params.
+"""Hugging Face Qwen3.5 (text, `Qwen3_5ForCausalLM`) tensors <-> single-stream params (the
+config: qwen35_config.py).
 
-Qwen3.5 is a Linear Hybrid: `layer_types` repeats a cycle of "linear_attention" (gated DeltaNet,
-our kind "gdn") and "full_attention" (our "attention") layers. Its attention uses q/k norm, a
-sigmoid output gate (q_proj holds, per head, the query then the gate: [N * 2H, D]), partial
-rotary and zero-centred RMSNorms (scale 1 + w); its GDN layers map through gdn_hf. A config
-with both kinds imports as the `hybrid` arm (all linear: `gdn`; all full attention:
-`transformer`); `orthros_h` / `orthros` are their two-stream conversions (identity SO,
-convert.orthros.from_transformer). Mixture-of-experts variants (Qwen3_5Moe*) and the
-multimodal wrapper are refused by name, before any tensor is read.
+Attention layers: q_proj holds, per head, the query then the sigmoid output gate ([N * 2H, D]
+-> wq, wq_gate [D, N, H]); k/v/o_proj, q/k_norm as Qwen3's. GDN layers (linear_attn.*) map
+through gdn_hf; the norms are zero-centred RMSNorms (scale 1 + w), stored as HF stores them.
+The FFN is a dense SwiGLU here; the mixture-of-experts variant (Qwen3_5MoeForCausalLM,
+qwen35_moe.py) reuses everything else with its own FFN tensors (the `ffn=` shapes below, and
+cfg.moe leaving the FFN out). Tensors are read under the text model's names (TextTensors: a
+multimodal checkpoint's `model.language_model.` prefix stripped, its `mtp.*` /
+`model.visual.*` tensors left out, as transformers' loader does for Qwen3_5*ForCausalLM).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from orthros_jax.arms import TWO_STREAM_FORM
 from orthros_jax.config import ModelConfig
-from orthros_jax.convert.common import config_with
-from orthros_jax.convert.gdn_hf import GDN_CONFIG_KEYS, gdn_to_hf, hf_tensor_shapes, hf_to_gdn
 from orthros_jax.convert.gdn_hf import HF_NAMES as GDN_HF_NAMES
-from orthros_jax.convert.hf_config import shape_fields
+from orthros_jax.convert.gdn_hf import gdn_to_hf, hf_tensor_shapes, hf_to_gdn
+from orthros_jax.convert.hf_weights import _shape_of
+from orthros_jax.convert.qwen35_config import check_exportable
 
-QWEN35, QWEN35_TYPE = "Qwen3_5ForCausalLM", "qwen3_5_text"
-HF_KIND = {"linear_attention": "gdn", "full_attention": "attention"}
-OUR_KIND = {v: k for k, v in HF_KIND.items()}
-# The single-stream arm a kind set imports as, and its two-stream (Orthros) conversion.
-OWN_ARM = {
-    frozenset({"gdn"}): "gdn",
-    frozenset({"gdn", "attention"}): "hybrid",
-    frozenset({"attention"}): "transformer",
-}
-_MOE_KEYS = ("num_experts", "num_local_experts", "moe_intermediate_size", "num_experts_per_tok")
-_BLOCK = {
-    "attn_norm": "input_layernorm.weight",
-    "mlp_norm": "post_attention_layernorm.weight",
+_NORMS = {"attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight"}
+_DENSE_FFN = {
     "w_gate": "mlp.gate_proj.weight",
     "w_up": "mlp.up_proj.weight",
     "w_down": "mlp.down_proj.weight",
 }
+_BLOCK = _NORMS | _DENSE_FFN  # the shared block's HF names (remote.py's too)
+# A multimodal checkpoint's text-model prefix, and the tensors a text model ignores.
+_TEXT_PREFIX, _NOT_TEXT = "model.language_model.", ("mtp.", "model.visual.")
 _ATTN = {"wk": "k_proj", "wv": "v_proj", "wo": "o_proj", "q_norm": "q_norm", "k_norm": "k_norm"}
 Params = dict[str, Any]
+FFNShapes = Callable[[int], Mapping[str, tuple[int, ...]]]
 
 
-def is_qwen35(hf: Mapping[str, Any]) -> bool:
-    """Whether a config.json dict is a Qwen3.5 one (ValueError for its MoE variants)."""
-    archs = [str(a) for a in hf.get("architectures") or []]
-    model_type = str(hf.get("model_type") or "")
-    moe = [a for a in archs if a.startswith("Qwen3_5Moe")]
-    if moe or model_type.startswith("qwen3_5_moe"):
-        raise ValueError(
-            f"unsupported architecture {moe or model_type!r}: Qwen3.5 mixture-of-experts is not "
-            f"implemented; supported: {QWEN35} (dense text model)"
-        )
-    return any(a.startswith("Qwen3_5") for a in archs) or model_type.startswith("qwen3_5")
+def dense_ffn_shapes(cfg: ModelConfig) -> FFNShapes:
+    """Layer i's FFN tensors (names under model.layers.{i}.) with their shapes: Qwen3.5's dense
+    SwiGLU of width d_ff in every layer."""
+    d, f = cfg.d_model, cfg.d_ff
+    shapes = {"w_gate": (f, d), "w_up": (f, d), "w_down": (d, f)}
+    return lambda i: {_DENSE_FFN[name]: s for name, s in shapes.items()}
 
 
-def _check_config(hf: Mapping[str, Any]) -> None:
-    archs = list(hf.get("architectures") or [QWEN35])
-    if archs != [QWEN35] or hf.get("model_type", QWEN35_TYPE) != QWEN35_TYPE:
-        raise ValueError(
-            f"unsupported Qwen3.5 config (architectures {archs}, model_type "
-            f"{hf.get('model_type')!r}): expected {QWEN35} / {QWEN35_TYPE!r}, the text model "
-            "(save the language model of a multimodal checkpoint on its own)"
-        )
-    moe = [k for k in _MOE_KEYS if hf.get(k)]
-    if moe:
-        raise ValueError(f"unsupported Qwen3.5 mixture-of-experts config ({', '.join(moe)} set)")
-    if hf.get("attention_bias"):
-        raise ValueError("unsupported attention_bias=True: expected False (no bias terms)")
-    if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"unsupported hidden_act={hf['hidden_act']!r}; expected 'silu'")
-    rope = dict(hf.get("rope_parameters") or {})
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"unsupported rope_type {rope['rope_type']!r}; expected 'default'")
-
-
-def layer_cycle(hf_layer_types: list[str]) -> tuple[str, ...]:
-    """The shortest cycle of our kinds that repeats into the HF per-layer `layer_types`."""
-    unknown = sorted(set(hf_layer_types) - set(HF_KIND))
-    if unknown or not hf_layer_types:
-        raise ValueError(
-            f"Qwen3.5 layer_types {unknown or hf_layer_types}: expected a non-empty list of "
-            f"{', '.join(HF_KIND)}"
-        )
-    kinds = [HF_KIND[t] for t in hf_layer_types]
-    n = len(kinds)
-    for p in range(1, n + 1):
-        if n % p == 0 and all(kinds[i] == kinds[i % p] for i in range(n)):
-            return tuple(kinds[:p])
-    raise AssertionError("unreachable: p = n always repeats")
-
-
-def config_from_qwen35(
-    hf: Mapping[str, Any], *, architecture: str | None = None, window: int = 128, **overrides: Any
-) -> ModelConfig:
-    """ModelConfig of a Qwen3.5 config.json dict: the checkpoint's own arm by default (hybrid,
-    gdn or transformer), or its two-stream conversion (orthros_h / orthros)."""
-    _check_config(hf)
-    n_layers = int(hf.get("num_hidden_layers", 32))
-    types = hf.get("layer_types") or [
-        "linear_attention"
-        if (i + 1) % int(hf.get("full_attention_interval", 4))
-        else "full_attention"
-        for i in range(n_layers)
-    ]
-    if len(types) != n_layers:
-        raise ValueError(f"layer_types has {len(types)} entries for {n_layers} layers")
-    cycle = layer_cycle(list(types))
-    own = OWN_ARM[frozenset(cycle)]
-    allowed = (own, TWO_STREAM_FORM[own]) if own in TWO_STREAM_FORM else (own,)
-    architecture = architecture or own
-    if architecture not in allowed:
-        raise ValueError(
-            f"a Qwen3.5 checkpoint with layer kinds {sorted(set(cycle))} imports as "
-            f"{' or '.join(allowed)}, not {architecture!r}"
-        )
-    rope = dict(hf.get("rope_parameters") or {})
-    fields: dict[str, Any] = dict(
-        vocab_size=int(hf.get("vocab_size", 248320)),
-        d_model=int(hf.get("hidden_size", 4096)),
-        n_layers=n_layers,
-        n_heads=int(hf.get("num_attention_heads", 16)),
-        n_kv_heads=int(hf.get("num_key_value_heads", 4)),
-        head_dim=int(hf.get("head_dim") or 256),
-        d_ff=int(hf.get("intermediate_size", 12288)),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        qk_norm=True,
-        attn_output_gate=True,
-        norm_zero_centered=True,
-        partial_rotary_factor=float(
-            rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))
-        ),
-        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0))),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        layer_types=cycle,
-        window=window,
-        architecture=architecture,
-        kinds={
-            "gdn": dict(
-                num_k_heads=int(hf.get("linear_num_key_heads", 16)),
-                num_v_heads=int(hf.get("linear_num_value_heads", 32)),
-                k_head_dim=int(hf.get("linear_key_head_dim", 128)),
-                v_head_dim=int(hf.get("linear_value_head_dim", 128)),
-                conv_kernel=int(hf.get("linear_conv_kernel_dim", 4)),
-            )
-        },
-    )
-    return config_with(fields, overrides)
-
-
-def qwen35_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict[str, Any]:
-    """config.json of a single-stream model with Qwen3.5's conventions (gdn / hybrid, or a
-    transformer with q/k norm, output gate and zero-centred norms)."""
-    check_exportable(cfg)
-    return {
-        "architectures": [QWEN35],
-        "model_type": QWEN35_TYPE,
-        **shape_fields(cfg),
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": cfg.rope_theta,
-            "partial_rotary_factor": cfg.partial_rotary_factor,
-        },
-        "layer_types": [OUR_KIND[kind] for kind, _ in cfg.layer_slots()],
-        **{key: getattr(cfg.kinds.gdn, name) for name, key in GDN_CONFIG_KEYS.items()},
-        "max_position_embeddings": 32_768,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "initializer_range": cfg.init_std,
-        "use_cache": True,
-        "dtype": torch_dtype or cfg.param_dtype,
-    }
-
-
-def check_exportable(cfg: ModelConfig) -> None:
-    """ValueError unless transformers' Qwen3.5 computes exactly cfg's function."""
-    if cfg.architecture not in ("gdn", "hybrid", "transformer"):
-        raise ValueError(
-            f"only single-stream arms export to Qwen3.5 (got {cfg.architecture!r}): "
-            "transformers has no Orthros output stream"
-        )
-    need = {
-        "qk_norm": True,
-        "attn_output_gate": True,
-        "norm_zero_centered": True,
-        "rope_type": "default",
-    }
-    wrong = {k: getattr(cfg, k) for k, v in need.items() if getattr(cfg, k) != v}
-    if wrong:
-        raise ValueError(f"a Qwen3.5 export needs {need}; this config has {wrong}")
-
-
-def qwen35_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every HF tensor name of a Qwen3.5 checkpoint of cfg, with its shape."""
-    d, n, k, h, f, v = (
-        cfg.d_model,
-        cfg.n_heads,
-        cfg.n_kv_heads,
-        cfg.head_dim,
-        cfg.d_ff,
-        cfg.vocab_size,
-    )
+def qwen35_tensor_shapes(
+    cfg: ModelConfig, ffn: FFNShapes | None = None
+) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor name of a Qwen3.5 checkpoint of cfg, with its shape; ffn gives layer
+    i's FFN tensors (default dense_ffn_shapes)."""
+    d, n, k, h, v = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.vocab_size
+    ffn = ffn or dense_ffn_shapes(cfg)
     gdn_shapes = hf_tensor_shapes(cfg)
-    attn_shapes = {
+    attn_shapes: dict[str, tuple[int, ...]] = {
         "q_proj": (2 * n * h, d),
         "k_proj": (k * h, d),
         "v_proj": (k * h, d),
@@ -214,17 +62,11 @@ def qwen35_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         "q_norm": (h,),
         "k_norm": (h,),
     }
-    out = {"model.embed_tokens.weight": (v, d)}
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, d)}
     for i, (kind, _) in enumerate(cfg.layer_slots()):
         pre = f"model.layers.{i}."
-        block = {
-            "attn_norm": (d,),
-            "mlp_norm": (d,),
-            "w_gate": (f, d),
-            "w_up": (f, d),
-            "w_down": (d, f),
-        }
-        out.update({pre + _BLOCK[name]: s for name, s in block.items()})
+        out.update({pre + hf_name: (d,) for hf_name in _NORMS.values()})
+        out.update({pre + name: s for name, s in ffn(i).items()})
         if kind == "gdn":
             out.update({f"{pre}linear_attn.{name}": s for name, s in gdn_shapes.items()})
         else:
@@ -235,8 +77,43 @@ def qwen35_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _check_tensors(tensors: Mapping[str, Any], cfg: ModelConfig) -> None:
-    want = qwen35_tensor_shapes(cfg)
+class TextTensors(Mapping[str, Any]):
+    """A Qwen3.5 checkpoint's tensors under the text model's names: `model.language_model.X`
+    (a multimodal checkpoint's prefix) read as `model.X`, `mtp.*` (multi-token prediction) and
+    `model.visual.*` left out, as transformers' loader does for Qwen3_5*ForCausalLM."""
+
+    def __init__(self, tensors: Mapping[str, Any]) -> None:
+        self._tensors = tensors
+        self._source: dict[str, str] = {}
+        for name in tensors:
+            if name.startswith(_NOT_TEXT):
+                continue
+            ours = (
+                "model." + name.removeprefix(_TEXT_PREFIX)
+                if name.startswith(_TEXT_PREFIX)
+                else name
+            )
+            if ours in self._source:
+                raise ValueError(
+                    f"tensor {ours!r} is stored twice ({self._source[ours]!r}, {name!r})"
+                )
+            self._source[ours] = name
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return _shape_of(self._tensors, self._source[name])
+
+    def __getitem__(self, name: str) -> Any:
+        return self._tensors[self._source[name]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._source)
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+
+def _check_tensors(tensors: Mapping[str, Any], cfg: ModelConfig, ffn: FFNShapes | None) -> None:
+    want = qwen35_tensor_shapes(cfg, ffn)
     found = {n for n in tensors if not n.endswith("rotary_emb.inv_freq")}
     if cfg.tie_embeddings:
         found.discard("lm_head.weight")
@@ -247,18 +124,24 @@ def _check_tensors(tensors: Mapping[str, Any], cfg: ModelConfig) -> None:
             f"{missing[:8]}, unexpected {extra[:8]}"
         )
     for name, shape in want.items():
-        got = tensors.shape(name) if hasattr(tensors, "shape") else np.shape(tensors[name])
+        got = _shape_of(tensors, name)
         if tuple(got) != shape:
             raise ValueError(f"tensor {name!r} has shape {list(got)}; expected {list(shape)}")
 
 
-def params_from_qwen35(tensors: Mapping[str, Any], cfg: ModelConfig, dtype: Any = None) -> Params:
-    """Single-stream params (numpy) of cfg from HF-named Qwen3.5 tensors, validated first."""
-    _check_tensors(tensors, cfg)
+def params_from_qwen35(
+    tensors: Mapping[str, Any], cfg: ModelConfig, dtype: Any = None, ffn: FFNShapes | None = None
+) -> Params:
+    """Single-stream params (numpy) of cfg from HF-named Qwen3.5 tensors (read as TextTensors),
+    validated first against qwen35_tensor_shapes(cfg, ffn). The dense FFN goes into the kinds'
+    stacks; with cfg.moe no FFN tensor is read (qwen35_moe maps them)."""
+    tensors = TextTensors(tensors)
+    _check_tensors(tensors, cfg, ffn)
     dtype = np.dtype(dtype or cfg.param_dtype)
     n, h = cfg.n_heads, cfg.head_dim
     get = lambda name: np.asarray(tensors[name], np.float32)
     stacks: dict[str, dict[str, np.ndarray]] = {"attention": {}, "gdn": {}}
+    block = _NORMS if cfg.moe is not None else _BLOCK
 
     def put(kind: str, li: int, name: str, value: np.ndarray) -> None:
         stack = stacks[kind]
@@ -268,7 +151,7 @@ def params_from_qwen35(tensors: Mapping[str, Any], cfg: ModelConfig, dtype: Any 
 
     for i, (kind, li) in enumerate(cfg.layer_slots()):
         pre = f"model.layers.{i}."
-        for name, hf_name in _BLOCK.items():
+        for name, hf_name in block.items():
             put(
                 kind,
                 li,
@@ -304,7 +187,8 @@ def params_from_qwen35(tensors: Mapping[str, Any], cfg: ModelConfig, dtype: Any 
 def qwen35_from_params(
     params: Params, cfg: ModelConfig, dtype: Any = None
 ) -> dict[str, np.ndarray]:
-    """HF-named Qwen3.5 tensors (numpy) of single-stream params; inverse of params_from_qwen35."""
+    """HF-named Qwen3.5 tensors (numpy) of single-stream params; inverse of params_from_qwen35
+    (with cfg.moe without the FFN tensors, which qwen35_moe adds)."""
     check_exportable(cfg)
     cast = (
         (lambda a: np.ascontiguousarray(a))
@@ -312,11 +196,12 @@ def qwen35_from_params(
         else (lambda a: np.ascontiguousarray(a).astype(np.dtype(dtype)))
     )
     out = {"model.embed_tokens.weight": cast(np.asarray(params["embedding"]))}
-    stacks = {"attention": params.get("layers"), "gdn": params.get("gdn_layers")}
+    stacks: dict[str, Any] = {"attention": params.get("layers"), "gdn": params.get("gdn_layers")}
+    block = _NORMS if cfg.moe is not None else _BLOCK
     for i, (kind, li) in enumerate(cfg.layer_slots()):
         pre = f"model.layers.{i}."
         p = {name: np.asarray(a[li]) for name, a in stacks[kind].items()}
-        for name, hf_name in _BLOCK.items():
+        for name, hf_name in block.items():
             out[pre + hf_name] = cast(p[name].T if name.startswith("w_") else p[name])
         if kind == "gdn":
             gdn_params = {k: v for k, v in p.items() if k.startswith("gdn_")}

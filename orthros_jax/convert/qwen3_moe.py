@@ -4,10 +4,8 @@ The attention and norms are Qwen3's (hf_config / hf_weights). Layer i is a MoE l
 i is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0 (transformers'
 Qwen3MoeDecoderLayer), else a dense SwiGLU of intermediate_size; the pattern becomes
 ModelConfig.moe.ffn_cycle (its shortest period dividing the layers). Tensors per layer i:
-  mlp.gate.weight [E, D]                       -> moe/router [D, E]
-  mlp.experts.{e}.gate_proj / up_proj [I, D]   -> moe/w_gate, w_up [E, D, I]
-  mlp.experts.{e}.down_proj [D, I]             -> moe/w_down [E, I, D]
-  (or transformers 5's fused mlp.experts.gate_up_proj [E, 2I, D] / down_proj [E, D, I])
+  mlp.gate.weight, mlp.experts.*               -> moe/router, w_gate, w_up, w_down (moe_hf.py:
+                                                 per-expert or transformers 5's fused layout)
   mlp.gate_proj / up_proj / down_proj          -> ffn/w_gate, w_up, w_down (dense layers)
 Export writes the per-expert layout (what the Hub's checkpoints hold; transformers 4 and 5 load
 it). Options the model here does not compute are refused by name.
@@ -22,7 +20,8 @@ import numpy as np
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.convert.hf_config import QWEN3, config_from_hf, hf_config_from
-from orthros_jax.convert.hf_weights import _GLOBAL_NAMES, _LAYER_NAMES, _layouts, _shape_of
+from orthros_jax.convert.hf_weights import _GLOBAL_NAMES, _LAYER_NAMES, _layouts
+from orthros_jax.convert.moe_hf import moe_config_keys, moe_from_hf, moe_options_of, moe_to_hf
 from orthros_jax.moe_options import MoEOptions
 
 QWEN3_MOE = "Qwen3MoeForCausalLM"
@@ -81,14 +80,10 @@ def config_from_qwen3_moe(hf: Mapping[str, Any], **overrides: Any) -> ModelConfi
         )
     dense = {k: v for k, v in hf.items() if k not in _MOE_KEYS}
     dense |= {"architectures": [QWEN3], "model_type": "qwen3"}
-    coef = float(hf.get("router_aux_loss_coef", 0.001)) if hf.get("output_router_logits") else 0.0
     moe = MoEOptions(
-        n_experts=int(hf.get("num_experts") or hf.get("num_local_experts")),
-        top_k=int(hf["num_experts_per_tok"]),
-        d_expert=int(hf["moe_intermediate_size"]),
+        **moe_options_of(hf),
         norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
         ffn_cycle=_shortest_period(["moe" if s else "dense" for s in pattern]),
-        aux_loss_coef=coef,
     )
     moe = moe.replace(**dict(overrides.pop("moe", None) or {}))
     return config_from_hf(dense, **overrides, moe=moe)
@@ -103,18 +98,16 @@ def qwen3_moe_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -
         )
     hf = hf_config_from(cfg.replace(moe=None), torch_dtype=torch_dtype)
     types = _ffn_of_layers(cfg)
-    return hf | {
-        "architectures": [QWEN3_MOE],
-        "model_type": "qwen3_moe",
-        "num_experts": cfg.moe.n_experts,
-        "num_experts_per_tok": cfg.moe.top_k,
-        "moe_intermediate_size": cfg.moe.d_expert,
-        "norm_topk_prob": cfg.moe.norm_topk_prob,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [i for i, t in enumerate(types) if t == "dense"],
-        "router_aux_loss_coef": cfg.moe.aux_loss_coef,
-        "output_router_logits": cfg.moe.aux_loss_coef > 0,
-    }
+    return (
+        hf
+        | {"architectures": [QWEN3_MOE], "model_type": "qwen3_moe"}
+        | moe_config_keys(cfg)
+        | {
+            "norm_topk_prob": cfg.moe.norm_topk_prob,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [i for i, t in enumerate(types) if t == "dense"],
+        }
+    )
 
 
 _DENSE = {
@@ -129,37 +122,6 @@ def _ffn_of_layers(cfg: ModelConfig) -> tuple[str, ...]:
     """The FFN choice of every layer, in order."""
     assert cfg.moe is not None
     return cfg.moe.ffn_types(cfg.n_layers)
-
-
-def _experts_of(tensors: Mapping[str, Any], pre: str, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """One MoE layer's w_gate, w_up [E, D, I] and w_down [E, I, D] from either layout."""
-    assert cfg.moe is not None
-    e, i, d = cfg.moe.n_experts, cfg.moe.d_expert, cfg.d_model
-    fused = f"{pre}mlp.experts.gate_up_proj"
-    if fused in tensors:
-        gate_up = np.asarray(tensors[fused])  # [E, 2I, D]
-        down = np.asarray(tensors[f"{pre}mlp.experts.down_proj"])  # [E, D, I]
-        if gate_up.shape != (e, 2 * i, d) or down.shape != (e, d, i):
-            raise ValueError(f"{fused} / down_proj have shapes {gate_up.shape}, {down.shape}")
-        t = lambda a: np.swapaxes(a, 1, 2)
-        return {"w_gate": t(gate_up[:, :i]), "w_up": t(gate_up[:, i:]), "w_down": t(down)}
-    out: dict[str, list[np.ndarray]] = {"w_gate": [], "w_up": [], "w_down": []}
-    for j in range(e):
-        for ours, hf_name, shape in (
-            ("w_gate", "gate_proj", (i, d)),
-            ("w_up", "up_proj", (i, d)),
-            ("w_down", "down_proj", (d, i)),
-        ):
-            name = f"{pre}mlp.experts.{j}.{hf_name}.weight"
-            if name not in tensors:
-                raise ValueError(f"checkpoint is missing Qwen3-MoE expert tensor {name!r}")
-            if _shape_of(tensors, name) != shape:
-                raise ValueError(
-                    f"tensor {name!r} has shape {list(_shape_of(tensors, name))}; "
-                    f"expected {list(shape)}"
-                )
-            out[ours].append(np.asarray(tensors[name]).T)
-    return {k: np.stack(v) for k, v in out.items()}
 
 
 def params_from_qwen3_moe(tensors: Mapping[str, Any], cfg: ModelConfig) -> Params:
@@ -181,10 +143,7 @@ def params_from_qwen3_moe(tensors: Mapping[str, Any], cfg: ModelConfig) -> Param
             for key, name in _DENSE.items():
                 params["ffn"].setdefault(key, []).append(np.asarray(tensors[pre + name]).T)
             continue
-        params["moe"].setdefault("router", []).append(
-            np.asarray(tensors[pre + "mlp.gate.weight"]).T
-        )
-        for key, value in _experts_of(tensors, pre, cfg).items():
+        for key, value in moe_from_hf(tensors, pre, cfg).items():
             params["moe"].setdefault(key, []).append(value)
     params["layers"] = {k: np.stack(v).astype(dtype) for k, v in layers.items()}
     for stack in ("ffn", "moe"):
@@ -215,15 +174,8 @@ def qwen3_moe_from_params(
             for key, name in _DENSE.items():
                 out[pre + name] = cast(np.asarray(params["ffn"][key][j]).T)
             continue
-        m = params["moe"]
-        out[pre + "mlp.gate.weight"] = cast(np.asarray(m["router"][j]).T)
-        for e in range(cfg.moe.n_experts):  # type: ignore[union-attr]
-            for key, name in (
-                ("w_gate", "gate_proj"),
-                ("w_up", "up_proj"),
-                ("w_down", "down_proj"),
-            ):
-                out[f"{pre}mlp.experts.{e}.{name}.weight"] = cast(np.asarray(m[key][j][e]).T)
+        layer = {key: np.asarray(value[j]) for key, value in params["moe"].items()}
+        out.update({pre + name: cast(a) for name, a in moe_to_hf(layer, cfg).items()})
     out[_GLOBAL_NAMES["final_norm"]] = cast(np.asarray(params["final_norm"]))
     if not cfg.tie_embeddings:
         out[_GLOBAL_NAMES["lm_head"]] = cast(lay["lm_head"][2](np.asarray(params["lm_head"])))

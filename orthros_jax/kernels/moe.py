@@ -58,15 +58,19 @@ def experts_dense(
     w_down_EID: jax.Array,
     gates_NK: jax.Array,
     experts_NK: jax.Array,
+    first: int | jax.Array = 0,
 ) -> jax.Array:
     """sum_k gates[n, k] * SwiGLU_{experts[n, k]}(x[n]) by running every expert on every token
-    (the reference: O(N * E) work). Returns [N, D] in x's dtype."""
+    (the reference: O(N * E) work). The weights may be a slice of the experts, ids first ..
+    first + E - 1 (expert parallelism: one device's experts); a choice of another expert adds
+    nothing. Returns [N, D] in x's dtype."""
     dt = x_ND.dtype
     n_experts = w_gate_EDI.shape[0]
     gate = jnp.einsum("nd,edi->nei", x_ND, w_gate_EDI.astype(dt))
     up = jnp.einsum("nd,edi->nei", x_ND, w_up_EDI.astype(dt))
     y_NED = jnp.einsum("nei,eid->ned", jax.nn.silu(gate) * up, w_down_EID.astype(dt))
-    onehot = jax.nn.one_hot(experts_NK, n_experts, dtype=dt)  # [N, K, E]
+    # one_hot of an id outside 0 .. E - 1 is all zeros: other devices' experts drop out.
+    onehot = jax.nn.one_hot(experts_NK - first, n_experts, dtype=dt)  # [N, K, E]
     combine_NE = jnp.einsum("nk,nke->ne", gates_NK.astype(dt), onehot)
     return jnp.einsum("ne,ned->nd", combine_NE, y_NED)
 
@@ -78,27 +82,44 @@ def experts_grouped(
     w_down_EID: jax.Array,
     gates_NK: jax.Array,
     experts_NK: jax.Array,
+    first: int | jax.Array = 0,
 ) -> jax.Array:
     """The same as experts_dense, dropless: the N*K (token, expert) pairs sorted by expert, one
     ragged_dot per projection over the groups (each expert reads only its tokens; no token is
-    dropped, whatever the imbalance). Returns [N, D] in x's dtype."""
+    dropped, whatever the imbalance). With a slice of the experts (ids first .. first + E - 1)
+    the pairs of other experts sort after the last group and add nothing. Returns [N, D] in
+    x's dtype."""
     dt = x_ND.dtype
     n, k = experts_NK.shape
     n_experts = w_gate_EDI.shape[0]
-    flat = experts_NK.reshape(-1)  # [N*K]
-    order = jnp.argsort(flat, stable=True)
-    sizes = jnp.bincount(flat, length=n_experts).astype(jnp.int32)  # [E]
+    local = experts_NK.reshape(-1) - first  # [N*K]
+    mine = (local >= 0) & (local < n_experts)
+    key = jnp.where(mine, local, n_experts)  # other devices' pairs: one group past the last
+    order = jnp.argsort(key, stable=True)
+    sizes = jnp.bincount(key, length=n_experts + 1)[:n_experts].astype(jnp.int32)  # [E]
     xs = jnp.take(x_ND, order // k, axis=0)  # [N*K, D], grouped by expert
     gate = jax.lax.ragged_dot(xs, w_gate_EDI.astype(dt), sizes)
     up = jax.lax.ragged_dot(xs, w_up_EDI.astype(dt), sizes)
     ys = jax.lax.ragged_dot(jax.nn.silu(gate) * up, w_down_EID.astype(dt), sizes)  # [N*K, D]
+    # Rows past the groups (other experts' pairs) are zeroed explicitly, not left to the op.
+    ys = jnp.where(jnp.take(mine, order)[:, None], ys, 0)
     y_NKD = jnp.zeros_like(ys).at[order].set(ys).reshape(n, k, -1)
     return jnp.einsum("nk,nkd->nd", gates_NK.astype(dt), y_NKD)
 
 
-def experts(impl: str, *args: jax.Array) -> jax.Array:
+def experts(
+    impl: str,
+    x_ND: jax.Array,
+    w_gate_EDI: jax.Array,
+    w_up_EDI: jax.Array,
+    w_down_EID: jax.Array,
+    gates_NK: jax.Array,
+    experts_NK: jax.Array,
+    first: int | jax.Array = 0,
+) -> jax.Array:
     """experts_grouped or experts_dense by name (moe_options.MOE_IMPLS: "grouped", "dense")."""
-    return (experts_grouped if impl == "grouped" else experts_dense)(*args)
+    fn = experts_grouped if impl == "grouped" else experts_dense
+    return fn(x_ND, w_gate_EDI, w_up_EDI, w_down_EID, gates_NK, experts_NK, first)
 
 
 def router_stats(

@@ -26,6 +26,15 @@ def _as_tuple(r: Any) -> tuple[str, ...]:
     return (r,) if isinstance(r, str) else tuple(r or ())
 
 
+def row_axes(free: Sequence[str], sizes: dict[str, int], bsz: int) -> list[str]:
+    """The batch axes (RULES[BATCH], those free and of size > 1) that `bsz` rows split over:
+    the trailing ones dropped until the product divides bsz."""
+    rows = [a for a in _as_tuple(RULES[BATCH]) if a in free and sizes[a] > 1]
+    while rows and bsz % math.prod(sizes[a] for a in rows):
+        rows.pop()
+    return rows
+
+
 def shard_rows_and_heads(
     fn: Callable[..., jax.Array],
     args: Sequence[jax.Array],
@@ -40,10 +49,7 @@ def shard_rows_and_heads(
     sizes = dict(mesh.shape) if free else {}
     if not free or math.prod(sizes[a] for a in free) == 1:
         return fn(*args)
-    bsz = args[0].shape[0]
-    rows = [a for a in _as_tuple(RULES[BATCH]) if a in free and sizes[a] > 1]
-    while rows and bsz % math.prod(sizes[a] for a in rows):
-        rows.pop()
+    rows = row_axes(free, sizes, args[0].shape[0])
     heads = [a for a in _as_tuple(RULES[HEADS]) if a in free and sizes[a] > 1][:1]
     if heads and (n_heads % sizes[heads[0]] or kv_heads % sizes[heads[0]]):
         heads = []

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from orthros_jax.axes import EMBED, EXPERT, MLP
 from orthros_jax.config import ModelConfig
 from orthros_jax.kernels import moe as kmoe
+from orthros_jax.layers import expert_parallel
 from orthros_jax.layers import primitives as nnl
 from orthros_jax.layers.kind import ParamDecl, Params, matrix, residual_std
 
@@ -95,10 +96,10 @@ def _route_out(
     return kmoe.paired_gates(probs_o, experts_o, normalize, dtype), experts_o
 
 
-def _shared(p: Params, h_ND: jax.Array) -> jax.Array:
-    dt = h_ND.dtype
-    y = nnl.swiglu(h_ND[None], p["shared_gate"], p["shared_up"], p["shared_down"])[0]
-    gate = jax.nn.sigmoid(h_ND @ p["shared_router"].astype(dt))  # [N, 1]
+def _shared(p: Params, h_BLD: jax.Array) -> jax.Array:
+    dt = h_BLD.dtype
+    y = nnl.swiglu(h_BLD, p["shared_gate"], p["shared_up"], p["shared_down"])
+    gate = jax.nn.sigmoid(h_BLD @ p["shared_router"].astype(dt))  # [B, L, 1]
     return gate * y
 
 
@@ -119,7 +120,7 @@ def moe_ffn(
     assert cfg.moe is not None
     m = cfg.moe
     dt = (h_base if h_base is not None else h_out).dtype  # type: ignore[union-attr]
-    logits, probs, gates, experts, valid, sizes = [], [], [], [], [], []
+    hs, logits, probs, gates, experts, valid = [], [], [], [], [], []
     experts_b = None
     for h, v, is_base in ((h_base, valid_base, True), (h_out, valid_out, False)):
         if h is None:
@@ -131,25 +132,25 @@ def moe_ffn(
             experts_b = e
         else:
             g, e = _route_out(cfg, pr, experts_b, out_index, dt)
-        n = h.shape[0] * h.shape[1]
-        logits.append(lg.reshape(n, -1))
-        probs.append(pr.reshape(n, -1))
-        gates.append(g.reshape(n, -1))
-        experts.append(e.reshape(n, -1))
-        valid.append(jnp.ones((n,), bool) if v is None else v.reshape(n))
-        sizes.append(h.shape)
-    x_ND = jnp.concatenate([h.reshape(-1, h.shape[-1]) for h in (h_base, h_out) if h is not None])
-    cat = lambda xs: jnp.concatenate(xs, axis=0)
-    experts_NK = cat(experts)
-    y = kmoe.experts(m.impl, x_ND, p["w_gate"], p["w_up"], p["w_down"], cat(gates), experts_NK)
+        hs.append(h)
+        logits.append(lg)
+        probs.append(pr)
+        gates.append(g)
+        experts.append(e)
+        valid.append(jnp.ones(h.shape[:2], bool) if v is None else v)
+    # Both streams as one [B, Lb + Lo, ...] batch: its rows stay the batch rows (so a mesh's
+    # row split holds for both), and one grouped matmul reads each chosen expert once for them.
+    cat = lambda xs: jnp.concatenate(xs, axis=1)
+    x_BLD, experts_BLK = cat(hs), cat(experts)
+    w = (p["w_gate"], p["w_up"], p["w_down"])
+    y_BLD = expert_parallel.run_experts(m.impl, x_BLD, *w, cat(gates), experts_BLK)
     if m.shared_expert:
-        y = y + _shared(p, x_ND)
-    stats = kmoe.router_stats(cat(logits), cat(probs), experts_NK, cat(valid))
-    outs, start = [], 0
-    for shape in sizes:
-        n = shape[0] * shape[1]
-        outs.append(y[start : start + n].reshape(shape))
-        start += n
-    y_base = outs.pop(0) if h_base is not None else None
-    y_out = outs.pop(0) if h_out is not None else None
+        y_BLD = y_BLD + _shared(p, x_BLD)
+    flat = lambda a: a.reshape(-1, *a.shape[2:])
+    stats = kmoe.router_stats(
+        flat(cat(logits)), flat(cat(probs)), flat(experts_BLK), flat(cat(valid))
+    )
+    lb = h_base.shape[1] if h_base is not None else 0
+    y_base = y_BLD[:, :lb] if h_base is not None else None
+    y_out = y_BLD[:, lb:] if h_out is not None else None
     return y_base, y_out, stats

@@ -1,10 +1,12 @@
 """The mesh, and shardings by the logical-axis rules (axes.RULES, the one table).
 
 One table, RULES, maps the logical axis names that parameters carry (each kind's ParamDecl) to
-axes of the mesh ("data", "fsdp", "tensor"; "sequence" in an inference mesh, `sequence_mesh`):
-  * batch dims are split over data x fsdp (every device gets distinct examples);
+axes of the mesh ("data", "fsdp", "tensor", "expert"; "sequence" in an inference mesh,
+`sequence_mesh`):
+  * batch dims are split over data x fsdp x expert (every device gets distinct examples);
   * parameters are split over fsdp along their embed dim (ZeRO-3 style: all-gathered per use)
     and over tensor along heads / kv heads / mlp / vocab (Megatron-style tensor parallelism);
+  * a MoE layer's experts are split over expert (expert parallelism, layers/expert_parallel);
   * a KV cache's slots (logical "length") are split over sequence (sequence-parallel prefill
     and decode, inference/sequence_parallel.py); a mesh without that axis keeps them whole;
   * the stacked layer axis and head_dim are never split.
@@ -25,7 +27,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from orthros_jax.axes import BATCH, RULES, SEQUENCE_AXIS, MeshAxes
 
-MESH_AXES = ("data", "fsdp", "tensor")
+# "expert" last: an expert group's all-gather / reduce-scatter runs between neighbouring
+# devices (on a GPU host, within NVLink).
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
 
 
 def initialize_distributed(dist_cfg: Any) -> None:
@@ -48,9 +52,10 @@ def _named(sizes: Sequence[int]) -> dict[str, int]:
     return dict(zip(MESH_AXES, sizes, strict=True))
 
 
-def mesh_shape(mesh_cfg: Any, num_devices: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor) sizes with a single -1 filled in; the product must be num_devices."""
-    sizes = [mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor]
+def mesh_shape(mesh_cfg: Any, num_devices: int) -> tuple[int, ...]:
+    """(data, fsdp, tensor, expert) sizes with a single -1 filled in; the product must be
+    num_devices."""
+    sizes = [getattr(mesh_cfg, a) for a in MESH_AXES]
     if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
         raise ValueError(f"mesh sizes {_named(sizes)}: at most one -1, others >= 1")
     if -1 in sizes:
@@ -62,12 +67,11 @@ def mesh_shape(mesh_cfg: Any, num_devices: int) -> tuple[int, int, int]:
         raise ValueError(
             f"mesh {_named(sizes)} has {math.prod(sizes)} devices, but {num_devices} are available"
         )
-    data, fsdp, tensor = sizes
-    return data, fsdp, tensor
+    return tuple(sizes)
 
 
 def make_mesh(mesh_cfg: Any, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A Mesh over ("data", "fsdp", "tensor") from a MeshConfig (all devices by default)."""
+    """A Mesh over MESH_AXES from a MeshConfig (all devices by default)."""
     devices = list(jax.devices() if devices is None else devices)
     shape = mesh_shape(mesh_cfg, len(devices))
     # Auto axes: the compiler propagates shardings from the jit in/out shardings (GSPMD);

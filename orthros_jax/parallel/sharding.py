@@ -11,12 +11,17 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from orthros_jax import model as model_lib
+from orthros_jax.axes import EXPERT_AXIS
 from orthros_jax.config import ModelConfig
+from orthros_jax.layers.expert_parallel import check_experts_divide
 from orthros_jax.parallel.mesh import batch_sharding, replicated, shard_spec
 
 
 def param_shardings(cfg: ModelConfig, mesh: Mesh) -> Any:
-    """NamedSharding for every parameter of OrthrosLM(cfg), from its logical axes."""
+    """NamedSharding for every parameter of OrthrosLM(cfg), from its logical axes. ValueError
+    when a MoE model's experts do not divide over the mesh's expert axis."""
+    if cfg.moe is not None:
+        check_experts_divide(cfg.moe.n_experts, mesh.shape.get(EXPERT_AXIS, 1))
     abstract = jax.eval_shape(lambda r: model_lib.init_params(cfg, r), jax.random.PRNGKey(0))
     logical = model_lib.param_logical_axes(cfg)
     return jax.tree.map(

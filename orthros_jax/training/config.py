@@ -5,7 +5,7 @@ Config file layout (configs/*.py, `get_config()`):
   data         orthros_jax.data.DataConfig fields
   optimizer    OptimizerConfig
   train        LoopConfig (steps, logging, eval, checkpointing)
-  mesh         MeshConfig  (data, fsdp, tensor; -1 = all remaining devices)
+  mesh         MeshConfig  (data, fsdp, tensor, expert; -1 = all remaining devices)
   distributed  DistributedConfig (jax.distributed.initialize arguments)
   init_from    None or a model directory / training workdir readable by checkpoint.load_model
 """
@@ -91,11 +91,14 @@ class LoopConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Device mesh sizes over ("data", "fsdp", "tensor"); one of them may be -1 (the rest)."""
+    """Device mesh sizes over ("data", "fsdp", "tensor", "expert"); one of them may be -1 (the
+    rest). expert > 1: expert parallelism (a MoE model's experts split over it, batch rows
+    too)."""
 
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
+    expert: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

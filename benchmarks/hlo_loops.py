@@ -40,7 +40,9 @@ def _computations(text: str) -> dict[str, list[str]]:
                 current = m["name"]
                 comps[current] = []
             continue
-        if line.startswith("}"):
+        # A computation ends at a line that is "}" alone: an instruction's backend_config may
+        # span lines, one of them starting with "}}" (the TPU splash kernel's xprof_metadata).
+        if line.rstrip() == "}":
             current = None
             continue
         comps[current].append(line)

@@ -190,3 +190,12 @@ ENTRY %main (a: f32[4]) -> f32[4] {
         "  ROOT %lt", "  %five = s32[] constant(5)\n  ROOT %lt"
     )
     assert loop_weighted_collective_bytes(no_count)["all-reduce"] == 5 * 16
+    # A backend_config written over several lines (as the TPU compiler writes the splash
+    # kernel's) does not end the loop body: the all-reduce after it is still weighted by 3.
+    multiline = hlo.replace(
+        "  %ar = f32[4]",
+        '  %k = f32[4]{0} custom-call(%x), backend_config={"m":"{\\"a\\": 1,\n}}", x=1\n'
+        "  %ar = f32[4]",
+    )
+    assert multiline.count("\n}}") == 1
+    assert loop_weighted_collective_bytes(multiline)["all-reduce"] == 3 * 16

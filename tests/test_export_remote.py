@@ -4,7 +4,9 @@ equals ours, save -> load -> save keeps every tensor, and lm-eval's own `hf` mod
 exported Orthros like our harness model.
 
 Each arm uses tiny shapes, a window shorter than the prompts (so the base stream's window and
-the output stream's global read differ) and random, non-identity scale-offsets.
+the output stream's global read differ) and random, non-identity scale-offsets; the MoE arms
+(ModelConfig.moe: paired and independent routing, a shared expert, dense layers between) a
+router scaled up so that routing is decisive.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from orthros_jax.model import OrthrosLM, init_params  # noqa: E402
 
 SMALL = dict(vocab_size=32, d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=48, window=3)
 GDN = dict(kinds=dict(gdn=dict(num_k_heads=2, num_v_heads=4, k_head_dim=8, v_head_dim=8)))
+MOE = dict(n_experts=4, top_k=2, d_expert=16)
 ARMS = {
     "orthros": ModelConfig(**SMALL, n_layers=2, architecture="orthros"),
     "orthros_no_so": ModelConfig(**SMALL, n_layers=2, architecture="orthros", scale_offset=False),
@@ -47,17 +50,37 @@ ARMS = {
     ),
     "swa": ModelConfig(**SMALL, n_layers=2, architecture="swa"),
     "orthros_h": ModelConfig(**SMALL, **GDN, n_layers=4, architecture="orthros_h"),
+    "transformer_moe": ModelConfig(
+        **SMALL,
+        n_layers=2,
+        architecture="transformer",
+        moe=dict(**MOE, shared_expert=24, norm_topk_prob=False, ffn_cycle=("dense", "moe")),
+    ),
+    "orthros_moe_paired": ModelConfig(
+        **SMALL, n_layers=2, architecture="orthros", moe=dict(**MOE, shared_expert=16)
+    ),
+    "orthros_moe_independent": ModelConfig(
+        **SMALL,
+        n_layers=2,
+        architecture="orthros",
+        moe=dict(**MOE, routing="independent", ffn_cycle=("dense", "moe")),
+    ),
 }
 
 
 def _params(cfg: ModelConfig, seed: int = 0):
-    """Random params; scale-offsets and norms moved away from the identity."""
+    """Random params; scale-offsets and norms moved away from the identity, MoE routers and
+    experts scaled up (peaked routing, no two experts near a tie, and the choice matters)."""
     rng = np.random.default_rng(seed)
 
     def perturb(path, a):
         name = jax.tree_util.keystr(path)
         if "so_" in name or "norm" in name:
             return a + 0.3 * rng.standard_normal(a.shape).astype(a.dtype)
+        if "router" in name:
+            return 25 * a
+        if "['moe']" in name:  # the experts' share of the residual stream, beyond the init's
+            return 3 * a
         return a
 
     return jax.tree_util.tree_map_with_path(perturb, init_params(cfg, jax.random.PRNGKey(seed)))
@@ -69,7 +92,7 @@ def exported(request, tmp_path_factory):
     cfg = ARMS[request.param]
     params = _params(cfg)
     path = str(tmp_path_factory.mktemp(request.param))
-    export_hf(path, cfg, params, max_position=64)
+    export_hf(path, cfg, params, max_position=64, fmt="remote")
     model = transformers.AutoModelForCausalLM.from_pretrained(
         path, trust_remote_code=True, dtype=torch.float32
     ).eval()

@@ -114,7 +114,7 @@ def default_format(cfg: ModelConfig, source: str | None = None) -> str:
 
 def check_format(cfg: ModelConfig, fmt: str) -> None:
     """A one-line ValueError unless every layer kind of cfg has a form in `fmt` (fla: also a
-    single-stream pure stack; MoE layers: hf only), naming the kind, why, and the formats it
+    single-stream pure stack; MoE layers: hf or remote), naming the kind, why, and the formats it
     has."""
     for kind in kinds_of(cfg):
         if kind.export.name(fmt) is None:
@@ -130,11 +130,11 @@ def check_format(cfg: ModelConfig, fmt: str) -> None:
             f"cannot export this {cfg.architecture} model (layer_types {cfg.layer_types}) as "
             "fla: fla's models are single-stream pure stacks of one kind"
         )
-    if cfg.moe is not None and fmt != HF:
+    if cfg.moe is not None and fmt not in (HF, REMOTE):
         raise ValueError(
             f"cannot export this {cfg.architecture} model with MoE layers (ModelConfig.moe) as "
-            f"{fmt}: only transformers' Qwen3MoeForCausalLM (--export_format={HF}, a transformer "
-            "arm) has a MoE FFN"
+            f"{fmt}: only trust_remote_code (--export_format={REMOTE}, any arm) and transformers' "
+            f"Qwen3MoeForCausalLM (--export_format={HF}, a transformer arm) have a MoE FFN"
         )
 
 

@@ -5,12 +5,14 @@
     cfg, params = load_remote(out_dir)          # the inverse (e.g. after save_pretrained)
 
 The directory holds config.json (model_type "orthros", `auto_map` naming the two files below),
-configuration_orthros.py and modeling_orthros.py (package data of orthros_jax.convert.hf_remote:
-the PyTorch model of the paper's equations), the weights as safetensors and, when given,
-tokenizer.json. Tensor names follow transformers' Llama / Qwen3.5 ones
-(model.layers.{i}.self_attn.q_proj.weight, ...linear_attn.in_proj_qkv.weight, ...) plus the
-scale-offsets (self_attn.so_{base,out}_{scale,offset} [N, H], linear_attn.so_out_{scale,offset}
-[Hk, dk]) and the attention output gate (self_attn.g_proj.weight). Needs neither torch nor
+configuration_orthros.py and modeling_orthros.py with the modules it imports (REMOTE_FILES:
+package data of orthros_jax.convert.hf_remote, the PyTorch model of the paper's equations), the
+weights as safetensors and, when given, tokenizer.json. Tensor names follow transformers'
+Llama / Qwen3.5 ones (model.layers.{i}.self_attn.q_proj.weight, ...linear_attn.in_proj_qkv.weight,
+...) plus the scale-offsets (self_attn.so_{base,out}_{scale,offset} [N, H],
+linear_attn.so_out_{scale,offset} [Hk, dk]) and the attention output gate
+(self_attn.g_proj.weight); with ModelConfig.moe, the FFNs' as remote_moe.py says (Qwen3-MoE /
+Qwen3.5-MoE names: mlp.gate.weight, mlp.experts.gate_up_proj, ...). Needs neither torch nor
 transformers.
 """
 
@@ -38,11 +40,17 @@ from orthros_jax.convert.gdn_hf import HF_NAMES as GDN_HF_NAMES
 from orthros_jax.convert.hf_config import CONFIG_JSON, read_hf_config
 from orthros_jax.convert.hf_weights import SafetensorsCheckpoint, write_safetensors
 from orthros_jax.convert.qwen35 import _BLOCK  # the shared block's HF names (norms, MLP)
+from orthros_jax.convert.remote_moe import ffn_from_hf, ffn_to_hf, moe_config, moe_fields
 from orthros_jax.layers.kind import REMOTE, LayerKind
 from orthros_jax.layers.registry import KINDS
 
 REMOTE_DIR = os.path.join(os.path.dirname(__file__), "hf_remote")
-REMOTE_FILES = ("configuration_orthros.py", "modeling_orthros.py", "gdn_orthros.py")
+REMOTE_FILES = (
+    "configuration_orthros.py",
+    "modeling_orthros.py",
+    "gdn_orthros.py",
+    "moe_orthros.py",
+)
 MODEL_TYPE, HF_CLASS = "orthros", "OrthrosForCausalLM"
 AUTO_MAP = {
     "AutoConfig": "configuration_orthros.OrthrosConfig",
@@ -151,6 +159,7 @@ def remote_config(
             {key: getattr(cfg.kinds[kind.name], n) for n, key in _codec(kind).options.items()}
         )
     hf["layer_types"] = [KINDS[kind].export.remote for kind, _ in cfg.layer_slots()]
+    hf.update(moe_config(cfg))
     hf["max_position_embeddings"] = int(max_position or 2048)
     hf["torch_dtype"] = torch_dtype or cfg.param_dtype
     hf["use_cache"] = True
@@ -179,6 +188,7 @@ def config_from_remote(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
         if len(kinds) % p == 0 and kinds == kinds[:p] * (len(kinds) // p)
     )
     fields["layer_types"] = tuple(cycle)
+    fields.update(moe_fields(hf))
     return config_with(fields, overrides)
 
 
@@ -223,6 +233,7 @@ def remote_from_params(
             mixer = {n: v for n, v in p.items() if n not in names}
             for name, value in codec.to_hf(mixer, cfg).items():
                 out[f"{pre}{codec.prefix}{name}"] = cast(value)
+    out.update({name: cast(a) for name, a in ffn_to_hf(params, cfg).items()})
     out["model.norm.weight"] = cast(np.asarray(params["final_norm"]))
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = cast(np.asarray(params["lm_head"]).T)
@@ -262,6 +273,7 @@ def params_from_remote(tensors: Mapping[str, Any], cfg: ModelConfig) -> Params:
             if name not in stack:
                 stack[name] = np.empty((cfg.layers_of(kind), *shapes[name]), dtype)
             stack[name][li] = value
+    params.update(ffn_from_hf(get, cfg))
     params["final_norm"] = get("model.norm.weight", (d,)).astype(dtype)
     if not cfg.tie_embeddings:
         params["lm_head"] = get("lm_head.weight", (v, d)).T.astype(dtype)

@@ -141,10 +141,12 @@ def batch_axes(mesh: Mesh) -> tuple[str, ...]:
     return tuple(a for a in axes if mesh.shape.get(a, 1) > 1)
 
 
-def check_batch_divisible(batch: int, mesh: Mesh, what: str = "global batch size") -> None:
+def check_batch_divisible(
+    batch: int, mesh: Mesh, what: str = "global batch size", whole_over: Sequence[str] = ()
+) -> None:
     """ValueError (before any compile) unless `batch` rows split evenly over the mesh's batch
-    axes."""
-    sizes = {a: mesh.shape[a] for a in batch_axes(mesh)}
+    axes (but those of `whole_over`, over which rows may also stay whole)."""
+    sizes = {a: mesh.shape[a] for a in batch_axes(mesh) if a not in whole_over}
     n = math.prod(sizes.values())
     if batch % n:
         raise ValueError(

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from orthros_jax.axes import SEQUENCE_AXIS
+from orthros_jax.axes import EXPERT_AXIS, SEQUENCE_AXIS
 from orthros_jax.config import ModelConfig
 from orthros_jax.kernels import collectives
 from orthros_jax.kernels import slots as slot_ops
@@ -46,8 +46,10 @@ def sequence_size(mesh: Mesh | None) -> int:
 
 def check_mesh(cfg: ModelConfig, batch_size: int, max_len: int, mesh: Mesh) -> None:
     """ValueError (before anything compiles) unless a cache of batch_size rows and max_len
-    slots can be split over the mesh: rows over its batch axes, slots over "sequence"."""
-    pmesh.check_batch_divisible(batch_size, mesh, "batch size")
+    slots can be split over the mesh: rows over its batch axes, slots over "sequence". Over
+    the expert axis rows may stay whole (a batch-1 decode with the experts split: every device
+    runs the row through its own experts, layers/expert_parallel)."""
+    pmesh.check_batch_divisible(batch_size, mesh, "batch size", whole_over=(EXPERT_AXIS,))
     seq = sequence_size(mesh)
     if seq == 1:
         return

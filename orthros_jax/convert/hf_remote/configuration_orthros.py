@@ -5,6 +5,10 @@ one of orthros, swa, transformer, orthros_h, hybrid, gdn; `layer_types` names ev
 transformers' cache names ("full_attention": an attention layer that keeps its whole K/V
 history, which the output stream reads even where the base stream only sees a window;
 "linear_attention": a gated DeltaNet layer), so `DynamicCache(config=...)` builds the cache.
+num_experts > 0 (ModelConfig.moe) makes every FFN but those of mlp_only_layers a mixture of
+experts (Qwen3-MoE's keys; shared_expert_intermediate_size as Qwen3.5-MoE's); moe_routing is
+the output copies' ("paired", "independent"; None: paired for a two-stream architecture);
+router_aux_loss_coef / router_z_loss_coef are orthros-jax's training options (not used here).
 This file imports only `transformers`; it is copied next to the weights.
 """
 
@@ -18,6 +22,7 @@ except ImportError:  # transformers 4.x
 ARCHITECTURES = ("orthros", "swa", "transformer", "orthros_h", "hybrid", "gdn")
 TWO_STREAM = ("orthros", "orthros_h")
 LAYER_TYPES = ("full_attention", "linear_attention")
+ROUTINGS = ("paired", "independent")
 
 
 class OrthrosConfig(PreTrainedConfig):
@@ -53,6 +58,15 @@ class OrthrosConfig(PreTrainedConfig):
         linear_key_head_dim: int = 32,
         linear_value_head_dim: int = 32,
         linear_conv_kernel_dim: int = 4,
+        num_experts: int = 0,
+        num_experts_per_tok: int = 2,
+        moe_intermediate_size: int = 128,
+        norm_topk_prob: bool = True,
+        shared_expert_intermediate_size: int = 0,
+        mlp_only_layers: list[int] | None = None,
+        moe_routing: str | None = None,
+        router_aux_loss_coef: float = 0.0,
+        router_z_loss_coef: float = 0.0,
         max_position_embeddings: int = 2048,
         initializer_range: float = 0.02,
         tie_word_embeddings: bool = False,
@@ -71,6 +85,15 @@ class OrthrosConfig(PreTrainedConfig):
             )
         if scale_offset and architecture not in TWO_STREAM:
             raise ValueError(f"scale_offset needs a two-stream architecture {TWO_STREAM}")
+        mlp_only_layers = list(mlp_only_layers or [])
+        if any(not 0 <= i < num_hidden_layers for i in mlp_only_layers):
+            raise ValueError(f"mlp_only_layers {mlp_only_layers} must be layer indices")
+        if moe_routing not in (None, *ROUTINGS):
+            raise ValueError(f"moe_routing={moe_routing!r} is unknown; allowed: {ROUTINGS}")
+        if moe_routing == "paired" and architecture not in TWO_STREAM:
+            raise ValueError(f"moe_routing='paired' needs a two-stream architecture {TWO_STREAM}")
+        if num_experts and not 0 < num_experts_per_tok <= num_experts:
+            raise ValueError(f"num_experts_per_tok must be in 1..num_experts={num_experts}")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -98,6 +121,15 @@ class OrthrosConfig(PreTrainedConfig):
         self.linear_key_head_dim = linear_key_head_dim
         self.linear_value_head_dim = linear_value_head_dim
         self.linear_conv_kernel_dim = linear_conv_kernel_dim
+        self.num_experts = num_experts
+        self.num_experts_per_tok = num_experts_per_tok
+        self.moe_intermediate_size = moe_intermediate_size
+        self.norm_topk_prob = norm_topk_prob
+        self.shared_expert_intermediate_size = shared_expert_intermediate_size
+        self.mlp_only_layers = mlp_only_layers
+        self.moe_routing = moe_routing
+        self.router_aux_loss_coef = router_aux_loss_coef
+        self.router_z_loss_coef = router_z_loss_coef
         self.max_position_embeddings = max_position_embeddings
         self.initializer_range = initializer_range
         self.use_cache = use_cache
@@ -111,3 +143,12 @@ class OrthrosConfig(PreTrainedConfig):
     def base_window(self) -> int | None:
         """The base stream's window (None: causal over every key)."""
         return None if self.architecture in ("transformer", "hybrid") else self.window
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        """Whether layer layer_idx's FFN is a mixture of experts (else a dense SwiGLU)."""
+        return self.num_experts > 0 and layer_idx not in self.mlp_only_layers
+
+    @property
+    def paired_routing(self) -> bool:
+        """Do the output copies take their base tokens' experts (moe_routing, resolved)?"""
+        return (self.moe_routing or ("paired" if self.two_streams else "independent")) == "paired"

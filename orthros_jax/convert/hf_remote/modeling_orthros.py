@@ -10,7 +10,8 @@ own position and produces the logits:
 then the shared W_O, residual and SwiGLU FFN, each stream on its own residual path. Orthros-H
 adds gated DeltaNet (Qwen3.5) layers: the base stream runs the delta rule; an output copy reads
 the state after its token with its own query q' = silu(h' W_q) (no conv), SO before the L2
-norm. swa / transformer / hybrid / gdn are the single-stream arms (no output stream).
+norm. swa / transformer / hybrid / gdn are the single-stream arms (no output stream). With
+ModelConfig.moe some FFNs are mixtures of experts (moe_orthros.py), both streams routed together.
 
 Forward with `logits_to_keep=k` places output copies at the last k new tokens only (generate's
 prefill: one copy, so the prompt costs the base stream's window per token); k=0 places one at
@@ -36,6 +37,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_orthros import OrthrosConfig
 from .gdn_orthros import GatedDeltaNet
+from .moe_orthros import MLP, Experts, SparseMoE
 
 # transformers 5 names the cache field `cache`, 4.x `past_key_values`.
 _CACHE_FIELD = (
@@ -114,18 +116,6 @@ class Streams:
     key_valid: torch.Tensor | None
     valid: torch.Tensor | None
     past: int
-
-
-class MLP(nn.Module):
-    def __init__(self, config: OrthrosConfig) -> None:
-        super().__init__()
-        d, f = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(d, f, bias=False)
-        self.up_proj = nn.Linear(d, f, bias=False)
-        self.down_proj = nn.Linear(f, d, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 def attend(q_BLNH, k_BSKH, v_BSKH, mask_BLS) -> torch.Tensor:
@@ -230,7 +220,12 @@ class DecoderLayer(nn.Module):
         eps, zc = config.rms_norm_eps, config.norm_zero_centered
         self.input_layernorm = Norm(config.hidden_size, eps, zc)
         self.post_attention_layernorm = Norm(config.hidden_size, eps, zc)
-        self.mlp = MLP(config)
+        # The FFN: a dense SwiGLU or (ModelConfig.moe) a mixture of experts, per mlp_only_layers.
+        self.moe = config.is_moe_layer(layer_idx)
+        if self.moe:
+            self.mlp = SparseMoE(config)
+        else:
+            self.mlp = MLP(config.hidden_size, config.intermediate_size)
         self.linear = config.layer_types[layer_idx] == "linear_attention"
         if self.linear:
             self.linear_attn = GatedDeltaNet(config, layer_idx)
@@ -242,13 +237,15 @@ class DecoderLayer(nn.Module):
         h_out = None if s.out is None else self.input_layernorm(s.out)
         mixer = self.linear_attn if self.linear else self.self_attn
         y, y_out = mixer(h, h_out, s, cache)
-
-        def ffn(x, mixed):
-            x = x + mixed.to(x.dtype)
-            return x + self.mlp(self.post_attention_layernorm(x))
-
-        out = None if s.out is None else ffn(s.out, y_out)
-        return dataclasses.replace(s, base=ffn(s.base, y), out=out)
+        base = s.base + y.to(s.base.dtype)
+        out = None if s.out is None else s.out + y_out.to(s.out.dtype)
+        normed = self.post_attention_layernorm(base)
+        normed_out = None if out is None else self.post_attention_layernorm(out)
+        if self.moe:  # both streams at once (paired copies take their base tokens' experts)
+            f, f_out = self.mlp(normed, normed_out, s.out_index)
+        else:
+            f, f_out = self.mlp(normed), None if out is None else self.mlp(normed_out)
+        return dataclasses.replace(s, base=base + f, out=None if out is None else out + f_out)
 
 
 class OrthrosPreTrainedModel(PreTrainedModel):
@@ -263,6 +260,10 @@ class OrthrosPreTrainedModel(PreTrainedModel):
         if isinstance(module, nn.Linear | nn.Embedding | nn.Conv1d):
             with torch.no_grad():
                 module.weight.normal_(0.0, std)
+        elif isinstance(module, Experts):
+            with torch.no_grad():
+                module.gate_up_proj.normal_(0.0, std)
+                module.down_proj.normal_(0.0, std)
 
 
 class OrthrosModel(OrthrosPreTrainedModel):

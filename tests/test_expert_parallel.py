@@ -21,7 +21,13 @@ from orthros_jax.parallel import sharding
 P = PartitionSpec
 MOE = dict(n_experts=8, top_k=2, d_expert=32, shared_expert=16, ffn_cycle=("dense", "moe"))
 # (name, mesh sizes data, fsdp, tensor, expert): rows over data x expert; fsdp x tensor x expert.
-MESHES = (("single", (1, 1, 1, 1)), ("dp2_ep4", (2, 1, 1, 4)), ("fsdp2_tp2_ep2", (1, 2, 2, 2)))
+# dp4_tp2: no expert axis (every expert on every device, each device's rows sorted locally).
+MESHES = (
+    ("single", (1, 1, 1, 1)),
+    ("dp2_ep4", (2, 1, 1, 4)),
+    ("fsdp2_tp2_ep2", (1, 2, 2, 2)),
+    ("dp4_tp2", (4, 1, 2, 1)),
+)
 
 
 def _cfg(routing: str = "paired", impl: str = "grouped"):
@@ -92,10 +98,10 @@ def _worker(out: str) -> None:
     meta: dict = {}
     arrays: dict = {}
     # (routing, impl, meshes, with inference): every mesh for the default arm; the others
-    # (independent copies, the dense reference's expert slice) on dp2_ep4's train step alone.
+    # (independent copies, the dense reference's expert slice) on one more mesh's train step.
     cases = (
         ("paired", "grouped", MESHES, True),
-        ("independent", "grouped", MESHES[:2], False),
+        ("independent", "grouped", MESHES[::3], False),
         ("paired", "dense", MESHES[:2], False),
     )
     for routing, impl, meshes, infer in cases:
@@ -148,6 +154,9 @@ def test_expert_parallel_equals_one_device(tmp_path):
                 rtol=0,
                 err_msg=f"{key} batch {batch}",
             )
+        if name == "dp4_tp2":  # no expert axis: no token gathered over one
+            assert "'expert'" not in rec["specs"]["['moe']['w_gate']"]
+            continue
         # The experts really are split over "expert" (and the tokens gathered / scattered).
         assert rec["specs"]["['moe']['w_gate']"].startswith("PartitionSpec(None, 'expert'")
         assert rec["hlo"] == {"all-gather": True, "reduce-scatter": True}, key

@@ -1,9 +1,10 @@
 """The experts of a MoE layer under the mesh in context: expert parallelism.
 
-With no mesh, or one without an "expert" axis (axes.EXPERT_AXIS) of size > 1, the experts run
-as one call (kernels/moe.experts) and GSPMD partitions it like any op. On a mesh with that
-axis, every device holds E / ep experts (the parameters' "expert" logical axis, axes.RULES) and
-the layer runs in jax.shard_map over every free axis, dropless, with Megatron's "allgather"
+With no mesh (or one device) the experts run as one call (kernels/moe.experts). Under a mesh
+the layer runs in jax.shard_map over every free axis, each device sorting its own rows' tokens
+(left to GSPMD, the sort over all tokens of a row-split batch would gather them). On a mesh
+with an "expert" axis (axes.EXPERT_AXIS) of size ep > 1, every device holds E / ep experts
+(the parameters' "expert" logical axis, axes.RULES), dropless, with Megatron's "allgather"
 token dispatch:
   * rows over the batch axes (layers/kernel_mesh.row_axes: data x fsdp x expert where the
     batch divides); an expert group's rows are all-gathered over "expert" (every device of the
@@ -22,6 +23,8 @@ Shapes: B rows, L tokens per row (both streams), D d_model, K top-k, E experts, 
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 from jax.sharding import PartitionSpec as P
@@ -74,21 +77,22 @@ def run_experts(
     (expert-parallel when it has an "expert" axis; see the module docstring)."""
     w = (w_gate_EDI, w_up_EDI, w_down_EID)
     mesh = jax.sharding.get_abstract_mesh()
-    ep = expert_axis_size(mesh)
-    if ep == 1:
-        return _flat_experts(impl, x_BLD, w, gates_BLK, experts_BLK)
-    check_experts_divide(w_gate_EDI.shape[0], ep)
-    free = [a for a in mesh.axis_names if a not in mesh.manual_axes]
+    free = [] if mesh.empty else [a for a in mesh.axis_names if a not in mesh.manual_axes]
     sizes = {a: int(mesh.shape[a]) for a in free}
+    if math.prod(sizes.values()) == 1:
+        return _flat_experts(impl, x_BLD, w, gates_BLK, experts_BLK)
+    ep = expert_axis_size(mesh)
+    check_experts_divide(w_gate_EDI.shape[0], ep)
     rows = row_axes(free, sizes, x_BLD.shape[0])
-    gather = EXPERT_AXIS in rows
+    gather = ep > 1 and EXPERT_AXIS in rows
     tp = RULES[MLP]
     tp = tp if isinstance(tp, str) and sizes.get(tp, 1) > 1 else None
     if tp is not None and w_gate_EDI.shape[-1] % sizes[tp]:
         tp = None
     row = P(tuple(rows) if len(rows) > 1 else (rows[0] if rows else None))
-    w_in = P(EXPERT_AXIS, None, tp)  # [E, D, I]: experts over "expert", I over "tensor"
-    w_out = P(EXPERT_AXIS, tp, None)  # [E, I, D]
+    ex = EXPERT_AXIS if ep > 1 else None
+    w_in = P(ex, None, tp)  # [E, D, I]: experts over "expert", I over "tensor"
+    w_out = P(ex, tp, None)  # [E, I, D]
 
     def local(
         x: jax.Array,
@@ -102,13 +106,13 @@ def run_experts(
             x, gates, experts = (
                 jax.lax.all_gather(a, EXPERT_AXIS, axis=0, tiled=True) for a in (x, gates, experts)
             )
-        first = jax.lax.axis_index(EXPERT_AXIS) * w_gate.shape[0]
+        first = jax.lax.axis_index(EXPERT_AXIS) * w_gate.shape[0] if ep > 1 else 0
         y = _flat_experts(impl, x, (w_gate, w_up, w_down), gates, experts, first)
         if tp is not None:
             y = jax.lax.psum(y, tp)
         if gather:
             return jax.lax.psum_scatter(y, EXPERT_AXIS, scatter_dimension=0, tiled=True)
-        return jax.lax.psum(y, EXPERT_AXIS)
+        return jax.lax.psum(y, EXPERT_AXIS) if ep > 1 else y
 
     sharded = jax.shard_map(
         local,

@@ -176,6 +176,12 @@ def test_engine_rollouts_carry_the_policy_log_probs_and_repeat_exactly():
     got = [s.tokens for g in ro.samples for s in g]
     assert got == [s.tokens for g in again.samples for s in g]
     assert len({tuple(t) for t in got}) > 1  # samples differ within a group
+    # More requests (3 prompts x 4) than the engine's queue holds: submitted as slots free up,
+    # the same completions (the seeds are per request), not a 429 "queue is full".
+    engine.max_queue = 5
+    waves = rollout(engine, prompts, **kw)
+    assert [s.tokens for g in waves.samples for s in g] == got
+    engine.max_queue = 64
     pairs = [
         batch_lib.Pair(prompts[i].ids, np.asarray(s.tokens), np.asarray(s.logprobs), 0.0)
         for i, g in enumerate(ro.samples)

@@ -13,6 +13,7 @@ completions from the same parameters.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 
@@ -87,16 +88,21 @@ def rollout(
         raise ValueError("rollout steps the engine itself; do not start() it")
     start, steps0 = time.perf_counter(), engine.steps
     samples = [[Sample() for _ in range(group_size)] for _ in prompts]
-    for i, p in enumerate(prompts):
-        for j in range(group_size):
+    pending = collections.deque(
+        (i, j, p.ids.tolist()) for i, p in enumerate(prompts) for j in range(group_size)
+    )
+    while pending or engine.busy():
+        # Submit no more than the engine's queue holds (it refuses the rest: HTTP 429); the
+        # others wait for slots. Seeds are per request, so the order changes no completion.
+        while pending and len(engine.queue) < engine.max_queue:
+            i, j, ids = pending.popleft()
             params = SamplingParams(
                 max_tokens=max_new_tokens,
                 temperature=temperature,
                 seed=sample_seed(seed, step, i, j),
                 logprobs=None,
             )
-            engine.submit(p.ids.tolist(), params, samples[i][j])
-    while engine.busy():
+            engine.submit(ids, params, samples[i][j])
         engine.step()
     for i, group in enumerate(samples):
         for j, s in enumerate(group):

@@ -76,7 +76,12 @@ def test_train_step_with_splash_compiles_for_v5e_and_reports(tmp_path):
     cfg = load_config_file("configs/tiny_pt.py")
     model = ModelConfig.from_dict({**cfg.model, "dtype": "bfloat16", "head_dim": 128})
     bsz, t = cfg.data.batch_size, cfg.data.seq_len
-    assert rec["devices"] == 4 and rec["summary"]["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert rec["devices"] == 4 and rec["summary"]["mesh"] == {
+        "data": 1,
+        "fsdp": 4,
+        "tensor": 1,
+        "expert": 1,
+    }
     assert rec["flops_per_step"] == 3 * bsz * flops.pt_forward_flops(
         model.replace(attention_impl="splash"), t
     )

@@ -157,7 +157,7 @@ def declared(case, fmt: str) -> bool:
     cfg = config(case)
     if fmt == "fla" and len(cfg.layer_types) > 1 or fmt == "hf" and cfg.two_streams:
         return False
-    if cfg.moe is not None and fmt != "hf":  # only Qwen3-MoE has MoE layers
+    if cfg.moe is not None and fmt not in ("hf", "remote"):  # fla has no MoE layers
         return False
     whole = any(KINDS[k].export.hf in WHOLE_MODELS for k in cfg.layer_types)
     if fmt == "hf" and whole and len(set(cfg.layer_types)) > 1:  # a whole-model class: pure only

@@ -134,7 +134,7 @@ def check_format(cfg: ModelConfig, fmt: str) -> None:
         raise ValueError(
             f"cannot export this {cfg.architecture} model with MoE layers (ModelConfig.moe) as "
             f"{fmt}: only trust_remote_code (--export_format={REMOTE}, any arm) and transformers' "
-            f"Qwen3MoeForCausalLM (--export_format={HF}, a transformer arm) have a MoE FFN"
+            f"Qwen3-MoE / Qwen3.5-MoE (--export_format={HF}, single-stream arms) have a MoE FFN"
         )
 
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from orthros_jax import inference
 from orthros_jax.config import ModelConfig
+from orthros_jax.configlib import to_plain
 from orthros_jax.inference.cache import KVCache, init_cache
 from orthros_jax.inference.drivers import prefill
 from orthros_jax.kernels.attention import local_attention
@@ -42,8 +43,9 @@ from orthros_jax.model import OrthrosLM, Params
 
 def model_configs(model: Any, arms: dict[str, dict[str, Any]]) -> dict[str, ModelConfig]:
     """One ModelConfig per arm: the `model` mapping (a config's c.model) updated by the arm's
-    fields, in bfloat16 on accelerators (as given on CPU)."""
-    base = dict(model)
+    fields, in bfloat16 on accelerators (as given on CPU). Nested sections (kinds, moe) may be
+    ConfigDicts."""
+    base = dict(to_plain(model))
     if jax.default_backend() != "cpu":
         base.update(dtype="bfloat16", param_dtype="bfloat16")
     return {name: ModelConfig.from_dict(base | dict(fields)) for name, fields in arms.items()}

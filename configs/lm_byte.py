@@ -5,18 +5,29 @@
 
 Arms (the config argument): transformer | swa | orthros | orthros_noso (scale_offset=False) |
 gla | retnet (fla's linear baselines: the token mixer replaced, its heads at fla's proportions
-for this width) | mamba2 (Mamba-2's SSD at its proportions). All arms share data, optimizer, budget and the block (width, layers, FFN);
-only the token mixer (model.architecture, scale_offset and the mixer's own dims) differs. T=128 with window 16, so the base stream sees 1/8 of the context.
+for this width) | mamba2 (Mamba-2's SSD at its proportions) | transformer_moe | orthros_moe |
+orthros_moe_independent (the FFN a mixture of experts, docs/moe.md: 8 experts, top-2, each
+d_ff / 2 wide, so a token's 2 experts hold the dense FFN's parameters; paired or independent
+routing of the output copies). All arms share data, optimizer, budget and the block (width,
+layers, FFN active parameters); only the token mixer (model.architecture, scale_offset and the
+mixer's own dims) or the FFN (model.moe) differs. T=128 with window 16, so the base stream
+sees 1/8 of the context. The variants (orthros_noso, the MoE arms) are orthros_jax/arms.py's:
+their architecture's fields with the arm's overrides. An override of model.d_ff leaves a MoE
+arm's model.moe.d_expert as it is (set it too to keep the active parameters equal).
 Sized for 2 CPU cores: 12 runs (4 arms x 3 seeds) in ~10-15 minutes.
 """
 
 import ml_collections
 
+from orthros_jax import arms
+from orthros_jax.moe_options import dense_equivalent_d_expert
+
+D_FF = 192  # the dense FFN's width; a MoE arm's experts are sized from it
+
 ARMS = {
     "transformer": dict(architecture="transformer", scale_offset=False),
     "swa": dict(architecture="swa", scale_offset=False),
     "orthros": dict(architecture="orthros", scale_offset=True),
-    "orthros_noso": dict(architecture="orthros", scale_offset=False),
     # Table 1's fla baselines at this width, fla's proportions (GLA: expand_k 0.5, expand_v 1;
     # RetNet: expand_k 1, expand_v 2): GLA 2 heads of 16 (keys) / 32 (values), RetNet 4 heads.
     "gla": dict(
@@ -37,6 +48,25 @@ ARMS = {
         kinds=dict(mamba2=dict(heads=2, head_dim=64, state=16)),
     ),
 }
+# The registry's variants that run here (orthros_noso, the MoE arms): their architecture's
+# fields with the arm's overrides.
+ARMS.update(
+    {
+        name: ARMS[arm.variant_of] | dict(arm.overrides)
+        for name, arm in arms.ARMS.items()
+        if arm.variant_of in ARMS and arms.LM in arm.runs
+    }
+)
+
+
+def _moe_at_width(fields: dict, d_ff: int) -> dict:
+    """An arm's model fields with its MoE (if any) sized at dense width d_ff: d_expert =
+    d_ff / top_k (equal active FFN parameters)."""
+    if "moe" not in fields:
+        return fields
+    moe = dict(fields["moe"])
+    moe["d_expert"] = dense_equivalent_d_expert(d_ff, moe["top_k"])
+    return fields | {"moe": moe}
 
 
 def get_config(arm: str = "orthros") -> ml_collections.ConfigDict:
@@ -51,7 +81,7 @@ def get_config(arm: str = "orthros") -> ml_collections.ConfigDict:
             n_heads=4,
             n_kv_heads=2,
             head_dim=16,
-            d_ff=192,
+            d_ff=D_FF,
             window=16,
             tie_embeddings=False,
             dtype="float32",
@@ -60,7 +90,7 @@ def get_config(arm: str = "orthros") -> ml_collections.ConfigDict:
             remat="none",
             attention_block_q=64,
             attention_block_k=64,
-            **ARMS[arm],
+            **_moe_at_width(ARMS[arm], D_FF),
         )
     )
     c.data = ml_collections.ConfigDict(

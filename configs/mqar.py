@@ -3,11 +3,14 @@
     python launch/mqar.py --out=runs/mqar                      # transformer, swa, orthros
     python launch/mqar.py --out=runs/mqar_gdn --arms=gdn,hybrid,orthros_h
     python launch/mqar.py --out=runs/mqar_linear --arms=gla,retnet
+    python launch/mqar.py --out=runs/mqar_moe \
+        --arms=transformer_moe,orthros_moe,orthros_moe_independent
     python launch/mqar.py --out=runs/mqar --override=train.steps=300     # every arm
 
 The arms are configs/recall_passkey.py's (configs/lm_byte.py's attention arms, 2 layers, 4 query
 / 2 kv heads, and the GDN arms gdn, hybrid, orthros_h), with d_model 128 (head_dim 32, d_ff 384;
-GDN heads of 32, at the model's width as recall_passkey.py's 16 are at 64) and window 8. At
+GDN heads of 32, at the model's width as recall_passkey.py's 16 are at 64; the MoE arms' experts
+d_ff / top_k = 192 wide, equal active FFN parameters) and window 8. At
 d_model 64 the Transformer learns this task too slowly for the CPU budget (held-out answer
 loss 1.55 nats after 1000 steps, accuracy 0.34); at 128 it drops
 from 1.1 to 0.5 between steps 400 and 450 and reaches 0.01 by step 850 (this data, 2026-12-01).
@@ -32,12 +35,15 @@ import ml_collections
 from orthros_jax.configlib import load_config_file, section
 from orthros_jax.data.mqar import MQARConfig
 from orthros_jax.evaluation.mqar_report import MQAREval
+from orthros_jax.moe_options import dense_equivalent_d_expert
 
 
 def get_config(arm: str = "orthros") -> ml_collections.ConfigDict:
     here = os.path.dirname(os.path.abspath(__file__))
     c = load_config_file(os.path.join(here, f"recall_passkey.py:{arm}"))  # same arms
     c.model.update(dict(vocab_size=32, d_model=128, head_dim=32, d_ff=384, window=8))
+    if "moe" in c.model:  # a MoE arm: experts resized at the doubled dense width
+        c.model.moe.d_expert = dense_equivalent_d_expert(c.model.d_ff, c.model.moe.top_k)
     kinds = c.model.kinds if "kinds" in c.model else {}  # the recurrent arms' option sections
     if "gdn" in kinds:  # a GDN arm
         kinds.gdn.update(dict(k_head_dim=32, v_head_dim=32))

@@ -7,7 +7,7 @@
 1. recall   configs/recall_passkey.py:<arm>: train each arm on passkey retrieval at context
             8 x window, score query accuracy (teacher-forced argmax) over lengths x depths.
 2. lm       configs/lm_byte.py:<arm>: equal steps on the embedded corpus, held-out NLL per
-            arm, --seeds seeds (mean +- std).
+            arm, --seeds seeds (mean +- std); MoE arms also their experts' load balance.
 3. convert  configs/lm_convert.py:<stage>: pretrain a Transformer; convert it
             (convert.from_transformer, window < T) and continue; continue the Transformer
             for the same steps (base CPT). Held-out NLL before/after, per seed.
@@ -15,7 +15,8 @@
 Arms (--arms): by default the four attention arms transformer, swa, orthros, orthros_noso
 (scale_offset=False), those of results/results.md. The gated-DeltaNet arms are opt-in via
 --arms=gdn,hybrid,orthros_h (recall only: lm and convert have no GDN arms), and so are fla's
-gla and retnet (recall and lm). Everything goes into
+gla and retnet and the mixture-of-experts arms transformer_moe, orthros_moe and
+orthros_moe_independent (recall and lm). Everything goes into
 --out: results.json, results.md, results.png (a panel per experiment), results_niah.png
 (recall heatmaps per arm) and work/<experiment>/<run>/ (training workdirs, the converted
 model, per-run evaluation outputs and heatmaps). Rerunning with a subset of --experiments
@@ -251,11 +252,13 @@ class Driver:
                 cfg = self.config(f"lm_byte.py:{arm}", **{"train.seed": seed, "data.seed": seed})
                 spec_s = spec.replace(lm_seq_len=cfg.data.seq_len)
                 name = f"lm/{arm}_s{seed}"
-                runs.append(self.evaluate(self.train(cfg, name), spec_s, name)["lm"])
-            out[arm] = report.aggregate(runs, "nll") | {
-                "bpb_mean": float(np.mean([r["bpb"] for r in runs])),
-                "runs": runs,
-            }
+                workdir = self.train(cfg, name)
+                # A MoE arm's runs also record the experts' load balance at the end of training.
+                runs.append(
+                    self.evaluate(workdir, spec_s, name)["lm"] | report.expert_load(workdir)
+                )
+            agg = report.aggregate(runs, "nll") | report.aggregate_load(runs)
+            out[arm] = agg | {"bpb_mean": float(np.mean([r["bpb"] for r in runs])), "runs": runs}
         first = self.config(f"lm_byte.py:{arms[0]}")
         self.results["lm"] = {
             "arms": out,

@@ -70,7 +70,8 @@ def arm_config(arm: str, overrides: dict[str, Any]) -> tuple[TrainConfig, mqar_r
 
 
 def run_arm(cfg: TrainConfig, ev: mqar_report.MQAREval, workdir: str) -> dict[str, Any]:
-    """Trains one arm into a fresh workdir and scores it: mqar_report.score + train info."""
+    """Trains one arm into a fresh workdir and scores it: mqar_report.score + train info (and
+    a MoE arm's report.expert_load)."""
     if os.path.isdir(workdir):
         shutil.rmtree(workdir)  # an old workdir would be resumed
     t0 = time.perf_counter()
@@ -84,7 +85,8 @@ def run_arm(cfg: TrainConfig, ev: mqar_report.MQAREval, workdir: str) -> dict[st
     out = mqar_report.score(cfg.model, state.params, ev, cfg.data)
     curve = report.eval_curve(workdir)
     logging.warning("%s: accuracy %.3f, trained in %.0fs", workdir, out["accuracy"], seconds)
-    return out | {"train_seconds": seconds, "eval_loss": curve[-1][1] if curve else None}
+    info = {"train_seconds": seconds, "eval_loss": curve[-1][1] if curve else None}
+    return out | report.expert_load(workdir) | info  # a MoE arm: its experts' load balance
 
 
 def setup(cfg: TrainConfig, ev: mqar_report.MQAREval, seeds: int) -> dict[str, Any]:
@@ -140,7 +142,8 @@ def main(argv: list[str]) -> None:
             for seed in range(seeds):
                 cfg, ev = arm_config(arm, overrides | {"train.seed": seed, "data.seed": seed})
                 runs.append(run_arm(cfg, ev, os.path.join(work, f"{arm}_s{seed}")))
-            results["arms"][arm] = report.aggregate(runs, "accuracy") | {"runs": runs}
+            agg = report.aggregate(runs, "accuracy") | report.aggregate_load(runs)
+            results["arms"][arm] = agg | {"runs": runs}
             results["setup"] = setup(cfg, ev, seeds)
             results["seconds"] = time.perf_counter() - t0
             results["load_average"] = {"start": load0, "end": os.getloadavg()}

@@ -19,6 +19,18 @@ ROUTINGS: tuple[str, ...] = ("paired", "independent")
 MOE_IMPLS: tuple[str, ...] = ("grouped", "dense")  # kernels/moe.py's two implementations
 
 
+def dense_equivalent_d_expert(d_ff: int, top_k: int) -> int:
+    """The expert width I at which top_k experts hold a dense SwiGLU of width d_ff's parameters
+    (k x 3 D I = 3 D d_ff: equal active FFN parameters, the router's D x E aside)."""
+    check_positive_int("ModelConfig.moe.top_k", top_k)
+    if d_ff % top_k:
+        raise ValueError(
+            f"ModelConfig.moe.top_k={top_k} must divide d_ff={d_ff} for experts of equal active "
+            "parameters"
+        )
+    return d_ff // top_k
+
+
 @dataclasses.dataclass(frozen=True)
 class MoEOptions:
     """n_experts E, top_k K experts per token, d_expert I (each expert's SwiGLU width: HF's

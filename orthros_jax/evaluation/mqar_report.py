@@ -82,7 +82,8 @@ def _fmt(v: float | None) -> str:
 
 
 def markdown(results: Mapping[str, Any]) -> str:
-    """The README-ready tables: accuracy per cell, and per distance bin, for every arm."""
+    """The README-ready tables: accuracy per cell, and per distance bin, for every arm (and the
+    MoE arms' expert load balance)."""
     s, arms = results["setup"], results["arms"]
     names = [cell_name(n, d) for n, d in s["cells"]]
     bins = mqar.distance_bins(s["distance_bins"])
@@ -113,6 +114,18 @@ def markdown(results: Mapping[str, Any]) -> str:
     for arm in report.arms_in_order(arms):
         per = [_mean_over_runs(arms[arm]["runs"], "by_distance", b) for b in bins]
         lines.append(f"| {report.label(arm)} | " + " | ".join(_fmt(v) for v in per) + " |")
+    moe = [arm for arm in report.arms_in_order(arms) if "load_cv_mean" in arms[arm]]
+    if moe:
+        lines += [
+            "",
+            "Expert load at the end of training (each expert's share of the routed (token, "
+            "choice) pairs over the last log interval, all MoE layers, both streams; mean ± std "
+            "over seeds):",
+            "",
+            f"| arm | {report.LOAD_HEADER} |",
+            "|---|---|---|---|",
+        ]
+        lines += [f"| {report.label(arm)} | {report.load_cells(arms[arm])} |" for arm in moe]
     load = results.get("load_average")  # absent in hand-made results
     during = (
         f"; load average {load['start'][0]:.1f} at the start, {load['end'][0]:.1f} at the end"

@@ -2,7 +2,8 @@
 
 The results dict (results.json) has one entry per experiment that ran:
   recall   {"arms": {arm: {accuracy_mean, accuracy_std, runs: [...]}}, "setup", "seconds"}
-  lm       {"arms": {arm: {nll_mean, nll_std, bpb_mean, runs}}, "setup", "seconds"}
+  lm       {"arms": {arm: {nll_mean, nll_std, bpb_mean, runs}}, "setup", "seconds"}; a MoE
+           arm's runs also carry expert_load() and the arm its aggregate_load()
   convert  {"arms": {stage: {nll_mean, nll_std, before, runs, curves}}, "pretrain", "setup", ...}
 """
 
@@ -39,6 +40,66 @@ def eval_curve(workdir: str) -> list[tuple[int, float]]:
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [(int(r["step"]), float(r["loss"])) for r in rows if r.get("split") == "eval"]
+
+
+# The train metrics' per-expert load share keys (training/metrics.moe_log_values): <prefix><e>.
+LOAD_PREFIX = "moe_load/"
+# The load-balance figures of a MoE run, aggregated over seeds by aggregate_load.
+LOAD_KEYS = ("load_max_over_min", "load_cv", "balance_loss")
+
+
+def expert_load(workdir: str) -> dict[str, Any]:
+    """The experts' load balance at the end of training, from the last train row of
+    workdir/metrics.jsonl: load [E] (each expert's share of the routed (token, choice) pairs
+    over that row's log interval, summed over the MoE layers and both streams),
+    load_max_over_min (inf when an expert got nothing), load_cv (std / mean of the shares; 0 is
+    perfect balance) and balance_loss (transformers' aux loss over the same interval: top_k when
+    the loads and mean router probabilities are even). {} for a
+    run without MoE layers."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    rows = [r for r in rows if r.get("split") != "eval" and f"{LOAD_PREFIX}0" in r]
+    if not rows:
+        return {}
+    last = rows[-1]
+    n = sum(1 for k in last if k.startswith(LOAD_PREFIX))
+    load = np.array([float(last[f"{LOAD_PREFIX}{e}"]) for e in range(n)])
+    low = float(load.min())
+    return {
+        "load": load.tolist(),
+        "load_step": int(last["step"]),
+        "load_max_over_min": float(load.max()) / low if low > 0 else math.inf,
+        "load_cv": float(load.std() / load.mean()),
+        "balance_loss": float(last["moe_balance_loss"]),
+    }
+
+
+def aggregate_load(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """{<key>_mean, <key>_std} over runs for each of LOAD_KEYS ({} unless every run has an
+    expert_load)."""
+    if not runs or not all("load_cv" in r for r in runs):
+        return {}
+    out: dict[str, float] = {}
+    for key in LOAD_KEYS:
+        agg = aggregate(runs, key)
+        out |= {f"{key}_mean": agg[f"{key}_mean"], f"{key}_std": agg[f"{key}_std"]}
+    return out
+
+
+def load_cells(arm: Mapping[str, Any]) -> str:
+    """An arm's load-balance table cells (max/min, CV, balance loss), dashes without MoE."""
+    if "load_cv_mean" not in arm:
+        return "— | — | —"
+    return " | ".join(
+        _pm(arm[f"{key}_mean"], arm[f"{key}_std"], 2 if key == "load_max_over_min" else 3)
+        for key in LOAD_KEYS
+    )
+
+
+LOAD_HEADER = "expert load max/min | load CV | balance loss"
 
 
 def _pm(mean: float, std: float, digits: int = 3) -> str:
@@ -97,16 +158,27 @@ def markdown(results: Mapping[str, Any]) -> str:
             f"batch {s['batch_size']}, window {s['window']}, {s['model']}; held-out NLL in "
             f"nats/byte, mean ± std over {s['seeds']} seeds)",
             "",
-            "| arm | NLL | bits/byte | per seed |",
-            "|---|---|---|---|",
+        ]
+        moe = any("load_cv_mean" in a for a in r["arms"].values())  # the load columns
+        lines += [
+            "| arm | NLL | bits/byte | per seed |" + (f" {LOAD_HEADER} |" if moe else ""),
+            "|---|---|---|---|" + ("---|---|---|" if moe else ""),
         ]
         for arm in arms_in_order(r["arms"]):
             a = r["arms"][arm]
             seeds = ", ".join(f"{run['nll']:.3f}" for run in a["runs"])
             lines.append(
                 f"| {label(arm)} | {_pm(a['nll_mean'], a['nll_std'])} "
-                f"| {a['bpb_mean']:.3f} | {seeds} |"
+                f"| {a['bpb_mean']:.3f} | {seeds} |" + (f" {load_cells(a)} |" if moe else "")
             )
+        if moe:
+            lines += [
+                "",
+                "Expert load: each expert's share of the routed (token, choice) pairs over the "
+                "last training log interval (all MoE layers, both streams), mean ± std over "
+                "seeds; CV = std / mean of the shares (0: even); balance loss: transformers' "
+                "aux loss, top_k when loads and router probabilities are even.",
+            ]
         lines += [""]
     if "convert" in results:
         r = results["convert"]

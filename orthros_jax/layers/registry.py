@@ -62,6 +62,10 @@ _ATTENTION = (attention.KIND.name,)
 # The hybrids use Qwen3.5's cycle of three GDN layers and one attention layer.
 _HYBRID = (gdn.KIND.name,) * 3 + _ATTENTION
 _EVERYWHERE = frozenset({RECALL, LM, CONVERT, MQAR})
+# The MoE arms' FFN (ModelConfig.moe): 8 experts, top-2, transformers' load-balancing loss at
+# 0.01. d_expert is left to each experiment config, which sizes it at its dense width
+# (moe_options.dense_equivalent_d_expert: the k active experts hold the dense FFN's parameters).
+_MOE = dict(n_experts=8, top_k=2, aux_loss_coef=0.01)
 config_registry.register_arms(
     {
         "transformer": Arm("Transformer", "C0", _ATTENTION, runs=CONVERT_RUNS,
@@ -73,6 +77,15 @@ config_registry.register_arms(
         "orthros_noso": Arm("Orthros w/o SO", "C1", variant_of="orthros",
                             overrides=(("scale_offset", False),), runs=CONVERT_RUNS,
                             default_in=frozenset({RECALL, LM})),
+        # Mixture-of-experts variants (docs/moe.md): paired (the copies read their base
+        # token's experts) and independent routing of the output copies.
+        "transformer_moe": Arm("Transformer-MoE", "navy", variant_of="transformer",
+                               overrides=(("moe", _MOE),), runs=ATTN_RUNS),
+        "orthros_moe": Arm("Orthros-MoE", "darkred", variant_of="orthros",
+                           overrides=(("moe", _MOE | dict(routing="paired")),), runs=ATTN_RUNS),
+        "orthros_moe_independent": Arm(
+            "Orthros-MoE (indep.)", "lightcoral", variant_of="orthros",
+            overrides=(("moe", _MOE | dict(routing="independent")),), runs=ATTN_RUNS),
         "gdn": Arm("GDN", "C2", (gdn.KIND.name,)),
         "hybrid": Arm("Linear Hybrid", "C4", _HYBRID, any_recurrent=True,
                       two_stream_form="orthros_h"),

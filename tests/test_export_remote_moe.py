@@ -124,3 +124,23 @@ def test_top_k_breaks_ties_towards_the_lower_index_like_ours():
     np.testing.assert_array_equal(idx.numpy(), np.asarray(want_i))
     np.testing.assert_array_equal(idx.numpy(), [[0, 1], [1, 3], [0, 2]])
     np.testing.assert_allclose(values.numpy(), np.asarray(want_v), atol=0, rtol=0)
+
+
+def test_plain_export_of_a_moe_transformer_qwen3_moe_cannot_hold_writes_remote(tmp_path):
+    """transformer_moe has a shared expert (no Qwen3-MoE field): a plain export writes
+    trust_remote_code (and reads back to the same parameters); asking for hf names the way."""
+    import json
+
+    from orthros_jax.convert.remote import load_remote
+
+    cfg = ARMS["transformer_moe"]
+    params = _params(cfg)
+    export_hf(str(tmp_path / "plain"), cfg, params)
+    hf = json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert "auto_map" in hf and hf["shared_expert_intermediate_size"] == 24
+    cfg2, params2 = load_remote(str(tmp_path / "plain"))
+    assert cfg2 == cfg
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2), strict=True):
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+    with pytest.raises(ValueError, match=r"try --export_format=remote"):
+        export_hf(str(tmp_path / "hf"), cfg, params, fmt="hf")

@@ -13,6 +13,7 @@ Needs neither torch nor transformers.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
@@ -77,13 +78,18 @@ def export_hf(
         raise ValueError(f"export dtype {dtype!r} is unknown; allowed: {', '.join(_DTYPE_NAMES)}")
     if fmt not in (None, *FORMATS):
         raise ValueError(f"export fmt {fmt!r} is unknown; allowed: {', '.join(FORMATS)}")
+    # A plain export (no format asked, none imported) that transformers' classes cannot hold
+    # (e.g. a transformer arm with a shared expert: no Qwen3-MoE field for it) writes
+    # trust_remote_code instead of failing.
+    fallback = fmt is None and remote is None and not source
     if remote:
         fmt = REMOTE
     elif fmt is None:  # remote=False asks for transformers' own classes
         fmt = HF if remote is False else default_format(cfg, source)
     check_format(cfg, fmt)
     fla = fmt == FLA
-    if fmt == REMOTE:
+
+    def as_remote() -> list[str]:
         from orthros_jax.convert.remote import export_remote
 
         return export_remote(
@@ -95,6 +101,9 @@ def export_hf(
             max_shard_bytes=max_shard_bytes,
             max_position=max_position,
         )
+
+    if fmt == REMOTE:
+        return as_remote()
     # Qwen3.5 for the linear-attention layers and attention with Qwen3.5's output gate.
     qwen35 = any(k.export.hf != "full_attention" for k in kinds_of(cfg)) or cfg.attn_output_gate
     # Both reject two-stream arms (transformers has no output stream).
@@ -115,6 +124,9 @@ def export_hf(
     try:
         hf_config = make_config(cfg, torch_dtype=dtype or cfg.param_dtype)
     except ValueError as e:  # name the formats that may fit
+        if fallback and fits(cfg, REMOTE):
+            logging.info("export: %s; writing trust_remote_code instead", e)
+            return as_remote()
         other = [f for f in FORMATS if f != fmt and fits(cfg, f)]
         hint = "; ".join(f"--export_format={f}" for f in other)
         raise ValueError(f"{e}{f' (try {hint})' if hint else ''}") from None

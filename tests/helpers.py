@@ -61,3 +61,22 @@ def convert_cli_to_orthros(hf_dir: Any, out: Any, window: int) -> None:
         cwd=root,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def hf_logits(model: Any, tokens: Any) -> Any:
+    """A transformers model's float32 logits [B, T, V] (numpy) for int tokens [B, T]."""
+    import torch
+
+    with torch.no_grad():
+        return model(torch.as_tensor(tokens)).logits.float().numpy()
+
+
+def our_logits(cfg: ModelConfig, params: Any, tokens: Any) -> Any:
+    """OrthrosLM(cfg)'s logits [B, T, V] (numpy) at params for int tokens [B, T]."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from orthros_jax.model import OrthrosLM
+
+    fn = jax.jit(lambda p, t: OrthrosLM(cfg).apply({"params": p}, t))
+    return np.asarray(fn(jax.tree.map(jnp.asarray, params), jnp.asarray(tokens)))

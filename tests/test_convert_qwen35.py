@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import json
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import convert_cli_to_orthros
+from helpers import convert_cli_to_orthros, hf_logits, our_logits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -20,7 +18,6 @@ from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig  #
 from orthros_jax import checkpoint  # noqa: E402
 from orthros_jax.convert import export_hf, from_transformer, load_hf  # noqa: E402
 from orthros_jax.convert.qwen35_config import is_qwen35, layer_cycle  # noqa: E402
-from orthros_jax.model import OrthrosLM  # noqa: E402
 
 ATOL = 1e-4
 T = 40
@@ -93,16 +90,6 @@ def _hf_model(name: str, seed: int = 0):
     return model
 
 
-def _hf_logits(model, tokens: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.as_tensor(tokens)).logits.float().numpy()
-
-
-def _our_logits(cfg, params, tokens: np.ndarray) -> np.ndarray:
-    fn = jax.jit(lambda p, t: OrthrosLM(cfg).apply({"params": p}, t))
-    return np.asarray(fn(jax.tree.map(jnp.asarray, params), jnp.asarray(tokens)))
-
-
 def _tokens(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 97, (2, T))
 
@@ -117,12 +104,12 @@ def test_import_logits_match_transformers_and_export_round_trips(name, tmp_path)
     assert cfg.architecture == "hybrid" and cfg.attn_output_gate and cfg.norm_zero_centered
     assert cfg.layer_types == layer_cycle(model.config.layer_types)
     toks = _tokens()
-    want = _hf_logits(model, toks)
-    np.testing.assert_allclose(_our_logits(cfg, params, toks), want, atol=ATOL, rtol=0)
+    want = hf_logits(model, toks)
+    np.testing.assert_allclose(our_logits(cfg, params, toks), want, atol=ATOL, rtol=0)
     # Export, reload with transformers: the same function and the very same tensors.
     export_hf(str(tmp_path / "out"), cfg, params)
     again = Qwen3_5ForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
-    np.testing.assert_allclose(_hf_logits(again, toks), want, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(hf_logits(again, toks), want, atol=ATOL, rtol=0)
     for key, value in model.state_dict().items():
         np.testing.assert_array_equal(again.state_dict()[key].numpy(), value.numpy(), err_msg=key)
 
@@ -146,7 +133,7 @@ def test_orthros_h_conversion_adds_identity_so_only(tmp_path):
     np.testing.assert_array_equal(oparams["gdn_layers"]["gdn_so_out_scale"], 1.0)
     np.testing.assert_array_equal(oparams["gdn_layers"]["gdn_so_out_offset"], 0.0)
     toks = _tokens(1)
-    hybrid = _our_logits(cfg, params, toks)
+    hybrid = our_logits(cfg, params, toks)
     # The cross query skips the conv: with q's conv the identity (last tap 1) and the window
     # covering the prompt, Orthros-H is the hybrid's function. Tolerance: this random 8-layer
     # model amplifies rounding (the GDN chunk 64 vs 16 alone moves its logits by 2e-5, and the
@@ -158,10 +145,10 @@ def test_orthros_h_conversion_adds_identity_so_only(tmp_path):
     base = {k: dict(v) if isinstance(v, dict) else v for k, v in params.items()}
     base["gdn_layers"]["gdn_conv_q"] = conv_q
     np.testing.assert_allclose(
-        _our_logits(ocfg, ident, toks), _our_logits(cfg, base, toks), atol=2e-4, rtol=0
+        our_logits(ocfg, ident, toks), our_logits(cfg, base, toks), atol=2e-4, rtol=0
     )
     # With the checkpoint's own conv the output stream's GDN read differs from the hybrid's.
-    gap = np.abs(_our_logits(ocfg, oparams, toks) - hybrid).max()
+    gap = np.abs(our_logits(ocfg, oparams, toks) - hybrid).max()
     print(f"Orthros-H (identity SO, own conv) vs hybrid: max |logit gap| {gap:.4f}")
     assert gap > 1e-2
 

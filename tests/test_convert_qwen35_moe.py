@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import convert_cli_to_orthros
+from helpers import convert_cli_to_orthros, hf_logits, our_logits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -27,7 +26,6 @@ from orthros_jax.convert.qwen35_moe import (  # noqa: E402
     is_qwen35_moe,
     qwen35_moe_config_from,
 )
-from orthros_jax.model import OrthrosLM  # noqa: E402
 
 ATOL = 1e-4
 T = 24
@@ -93,16 +91,6 @@ def _hf_model(name: str, seed: int = 0):
     return model
 
 
-def _hf_logits(model, tokens: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.as_tensor(tokens)).logits.float().numpy()
-
-
-def _our_logits(cfg, params, tokens: np.ndarray) -> np.ndarray:
-    fn = jax.jit(lambda p, t: OrthrosLM(cfg).apply({"params": p}, t))
-    return np.asarray(fn(jax.tree.map(jnp.asarray, params), jnp.asarray(tokens)))
-
-
 def _tokens(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 97, (2, T))
 
@@ -136,21 +124,21 @@ def test_import_logits_match_transformers_and_export_round_trips(name, tmp_path)
     assert cfg.moe is not None and cfg.moe.shared_expert == 24 and cfg.moe.norm_topk_prob
     assert cfg.moe.aux_loss_coef == (0.02 if name == "attention_tied" else 0.0)
     toks = _tokens()
-    want = _hf_logits(model, toks)
-    np.testing.assert_allclose(_our_logits(cfg, params, toks), want, atol=ATOL, rtol=0)
+    want = hf_logits(model, toks)
+    np.testing.assert_allclose(our_logits(cfg, params, toks), want, atol=ATOL, rtol=0)
     dense = cfg.replace(moe=cfg.moe.replace(impl="dense"))  # the experts' reference kernel
-    np.testing.assert_allclose(_our_logits(dense, params, toks), want, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(our_logits(dense, params, toks), want, atol=ATOL, rtol=0)
     # The fused layout under the multimodal text prefix: the very same params, and transformers
     # reads it to the same logits.
     _fused_prefixed_dir(model, tmp_path / "fused")
     _, fused = load_hf(str(tmp_path / "fused"), kinds=dict(gdn=dict(chunk=16)))
     jax.tree.map(np.testing.assert_array_equal, fused, params)
     again = Qwen3_5MoeForCausalLM.from_pretrained(str(tmp_path / "fused")).eval()
-    np.testing.assert_allclose(_hf_logits(again, toks), want, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(hf_logits(again, toks), want, atol=1e-6, rtol=0)
     # Export, reload with transformers: the same function and the very same tensors.
     export_hf(str(tmp_path / "out"), cfg, params)
     back = Qwen3_5MoeForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
-    np.testing.assert_allclose(_hf_logits(back, toks), want, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(hf_logits(back, toks), want, atol=ATOL, rtol=0)
     for key, value in model.state_dict().items():
         np.testing.assert_array_equal(back.state_dict()[key].numpy(), value.numpy(), err_msg=key)
     assert back.config.output_router_logits == (name == "attention_tied")
@@ -176,7 +164,7 @@ def test_orthros_h_and_orthros_conversions_reproduce_the_source(tmp_path):
     base["gdn_layers"]["gdn_conv_q"] = ident["gdn_layers"]["gdn_conv_q"] = conv_q
     toks = _tokens(1)
     np.testing.assert_allclose(
-        _our_logits(ocfg, ident, toks), _our_logits(cfg, base, toks), atol=2e-4, rtol=0
+        our_logits(ocfg, ident, toks), our_logits(cfg, base, toks), atol=2e-4, rtol=0
     )
     # Attention only -> Orthros (paired routing): transformers' logits themselves.
     model = _hf_model("attention_tied", seed=2)
@@ -184,8 +172,8 @@ def test_orthros_h_and_orthros_conversions_reproduce_the_source(tmp_path):
     cfg, params = load_hf(str(tmp_path / "attn"), window=T)
     ocfg, oparams = from_transformer(params, cfg)
     assert ocfg.architecture == "orthros" and ocfg.moe_routing == "paired"
-    want = _hf_logits(model, toks)
-    np.testing.assert_allclose(_our_logits(ocfg, oparams, toks), want, atol=ATOL, rtol=0)
+    want = hf_logits(model, toks)
+    np.testing.assert_allclose(our_logits(ocfg, oparams, toks), want, atol=ATOL, rtol=0)
     with pytest.raises(ValueError, match="single-stream"):
         export_hf(str(tmp_path / "orthros_out"), ocfg, oparams, fmt="hf")
 

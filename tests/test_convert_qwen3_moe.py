@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import hf_logits
 
 from orthros_jax import convert
 from orthros_jax.model import OrthrosLM
@@ -44,11 +45,6 @@ def _hf_model(**changes):
     return model
 
 
-def _hf_logits(model, tokens):
-    with torch.no_grad():
-        return model(torch.tensor(tokens)).logits.float().numpy()
-
-
 def _ours(cfg, params, tokens):
     fwd = jax.jit(lambda p, t: OrthrosLM(cfg).apply({"params": p}, t))
     return np.asarray(fwd(jax.tree.map(jnp.asarray, params), jnp.asarray(tokens)))
@@ -66,7 +62,7 @@ def _ours(cfg, params, tokens):
 def test_qwen3_moe_import_export_and_orthros_match_transformers(tmp_path, changes):
     model = _hf_model(**changes)
     tokens = np.random.default_rng(0).integers(0, 64, (2, T))
-    want = _hf_logits(model, tokens)
+    want = hf_logits(model, tokens)
     model.save_pretrained(tmp_path / "hf")
     cfg, params = convert.load_hf(str(tmp_path / "hf"))
     assert cfg.moe is not None and cfg.architecture == "transformer"
@@ -81,13 +77,13 @@ def test_qwen3_moe_import_export_and_orthros_match_transformers(tmp_path, change
     # export back: transformers reloads it to the same logits
     convert.export_hf(str(tmp_path / "out"), cfg, params)
     back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
-    np.testing.assert_allclose(_hf_logits(back, tokens), want, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(hf_logits(back, tokens), want, atol=1e-5, rtol=0)
     # the Orthros-MoE leaves as trust_remote_code (its default) with the source's logits too
     convert.export_hf(str(tmp_path / "orthros"), ocfg, oparams)
     remote = transformers.AutoModelForCausalLM.from_pretrained(
         str(tmp_path / "orthros"), trust_remote_code=True
     ).eval()
-    np.testing.assert_allclose(_hf_logits(remote, tokens), want, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(hf_logits(remote, tokens), want, atol=1e-4, rtol=0)
 
 
 def test_unsupported_qwen3_moe_options_are_refused_by_name():

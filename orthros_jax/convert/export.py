@@ -78,9 +78,9 @@ def export_hf(
         raise ValueError(f"export dtype {dtype!r} is unknown; allowed: {', '.join(_DTYPE_NAMES)}")
     if fmt not in (None, *FORMATS):
         raise ValueError(f"export fmt {fmt!r} is unknown; allowed: {', '.join(FORMATS)}")
-    # A plain export (no format asked, none imported) that transformers' classes cannot hold
-    # (e.g. a transformer arm with a shared expert: no Qwen3-MoE field for it) writes
-    # trust_remote_code instead of failing.
+    # A plain export (no format asked, none imported) that only trust_remote_code can hold
+    # (e.g. a transformer arm with a shared expert: no Qwen3-MoE field for it) writes it
+    # instead of failing.
     fallback = fmt is None and remote is None and not source
     if remote:
         fmt = REMOTE
@@ -124,10 +124,12 @@ def export_hf(
     try:
         hf_config = make_config(cfg, torch_dtype=dtype or cfg.param_dtype)
     except ValueError as e:  # name the formats that may fit
-        if fallback and fits(cfg, REMOTE):
+        other = [f for f in FORMATS if f != fmt and fits(cfg, f)]
+        # Fall back only when remote code is the one form left; a model another library holds
+        # (e.g. fla) is named, not silently written as remote code.
+        if fallback and other == [REMOTE]:
             logging.info("export: %s; writing trust_remote_code instead", e)
             return as_remote()
-        other = [f for f in FORMATS if f != fmt and fits(cfg, f)]
         hint = "; ".join(f"--export_format={f}" for f in other)
         raise ValueError(f"{e}{f' (try {hint})' if hint else ''}") from None
     if max_position:

@@ -309,7 +309,11 @@ def global_attention(
     queries = _block_queries(q, q_pos, q_seg, kv, bq)
     keys = _block_keys(k, v, k_pos, k_seg, min(block_k, _round_up(lk, 8)))
     kind = _block_kinds(queries, keys)
-    out = jax.lax.map(lambda a: _attend_key_blocks(a[0], a[1], a[2], a[3], keys), (*queries, kind))
+    # Each query block is rematerialised in the backward pass (memory-efficient attention, Rabe
+    # & Staats 2021): the gradient keeps one block's O(block_q * Lk) scores live, not all of
+    # them, O(Lq * Lk). prevent_cse=False: the map is a scan already.
+    attend = jax.checkpoint(_attend_key_blocks, prevent_cse=False)
+    out = jax.lax.map(lambda a: attend(a[0], a[1], a[2], a[3], keys), (*queries, kind))
     nq, bsz = out.shape[:2]  # out [nq, B, K, G*bq, H]
     out = out.reshape(nq, bsz, kv, n // kv, bq, h).transpose(1, 0, 4, 2, 3, 5)
     return out.reshape(bsz, nq * bq, n, h)[:, :lq].astype(q.dtype)

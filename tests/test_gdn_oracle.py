@@ -1,7 +1,7 @@
 """The GDN-bearing arms (gdn, hybrid, orthros_h) against the float64 oracle (oracle.py +
 oracle_gdn.py): packed PT, SFT at unsorted output positions, chunked prefill with a prefill
 chunk (3) that is not a multiple of the GDN chunk (4) and ragged prompts, decode after it; at
-2e-5 with random norms, SO, conv taps and decays. Then the Orthros-H cross-query choices are
+3e-5 with random norms, SO, conv taps and decays. Then the Orthros-H cross-query choices are
 shown to matter: the oracle without the cross SiLU moves the logits far beyond the tolerance."""
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ from test_oracle import _draw as oracle_draw
 
 from orthros_jax.config import ModelConfig
 
-ATOL = 2e-5
+# float32 against float64: the largest gaps measured are 7.7e-6 (gdn), 2.05e-5 (hybrid: one
+# logit of 636; the same on commits back to the stop-30 landing, where CI passed, so the
+# CPU's rounding, not a change, decides whether 2e-5 holds) and 6.8e-6 (orthros_h).
+ATOL = 3e-5
 ARCHS = ("gdn", "hybrid", "orthros_h")
 
 

@@ -6,7 +6,6 @@ Registering a kind (and its conformance.profile entry) runs it through all of th
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from conformance import LEN, ROWS, case_params, model, tokens
@@ -20,18 +19,8 @@ from orthros_jax.serving.requests import SamplingParams
 
 CASES = pytest.mark.parametrize("case", case_params())
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _unoptimized_compiles():
-    """These tests compare tiny programs' values, not compiled code: XLA's optimizing passes
-    cost more than they save at this size (a PT/SFT case 32 -> 14 s), so compile without."""
-    jax.config.update("jax_disable_most_optimizations", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_disable_most_optimizations", False)
-
-
+# Values of tiny programs, not compiled code: compile without XLA's optimizing passes.
+pytestmark = pytest.mark.usefixtures("unoptimized_compiles")
 ATOL = 1e-5  # fp32 cached path against the forward (DESIGN's invariant)
 LENGTHS = np.array([1, 5, 9, 17])  # ragged prompts over 1-3 prefill chunks of 6
 # A prompt continued over two prefill calls: the first ends at FIRST, the second (starting mid

@@ -159,12 +159,14 @@ def case_id(case: tuple[str, ...]) -> str:
 FAST_LAYOUT = "two_stream"
 
 
-def case_params(tier: bool = True) -> list[Any]:
-    """cases() as pytest params with ids; tier=True marks the layouts other than FAST_LAYOUT
-    slow."""
+def case_params(tier: bool = True, layouts: tuple[str, ...] = LAYOUTS) -> list[Any]:
+    """cases() in `layouts` as pytest params with ids; tier=True marks the layouts other than
+    FAST_LAYOUT slow."""
     slow = lambda c: tier and c[1] != FAST_LAYOUT  # noqa: E731
     return [
-        pytest.param(c, id=case_id(c), marks=[pytest.mark.slow] if slow(c) else []) for c in cases()
+        pytest.param(c, id=case_id(c), marks=[pytest.mark.slow] if slow(c) else [])
+        for c in cases()
+        if c[1] in layouts
     ]
 
 

@@ -4,10 +4,13 @@ helpers) lives in helpers.py."""
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 
 import jax
@@ -35,16 +38,46 @@ def _qwen35_on_torch_paths() -> None:
 
 _qwen35_on_torch_paths()
 
-# The CLIs the tests start (train, benchmark, serve, ... on tiny models) spend most of their time
-# compiling, and at these sizes XLA's optimizing passes cost more than they save: they inherit
-# JAX_DISABLE_MOST_OPTIMIZATIONS=1 (test_benchmark's end-to-end run: 109 -> 65 s). The test
-# processes themselves keep XLA's default pipeline: with it off in long-lived pytest workers,
-# XLA:CPU's compiler crashed twice in a few hundred compiles. Tests marked `optimized` (about
-# compiled programs: TPU / GPU compiles, memory, custom calls) give their subprocesses the
-# default pipeline too.
+
+# The suite runs on the CPU, also where libtpu is installed (the tpu extra: ahead-of-time TPU
+# compiles from abstract topologies need no TPU backend): no process probes for a TPU.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])  # jax read it at import
+
+
+def _shared_compilation_cache() -> None:
+    """One persistent compilation cache for the run: the first pytest process (the xdist
+    controller, or a plain run) makes a temp dir and names it in the environment, so the
+    workers it starts and every CLI the tests start read and write the same cache, and a
+    program compiled once (the tiny models, the CLIs' train steps) is loaded after that. A
+    cache dir set by the caller is used as it is (and kept)."""
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        path = tempfile.mkdtemp(prefix="orthros-jax-test-xla-cache-")
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+        atexit.register(shutil.rmtree, path, True)
+    # Every program, however quick its compile: the tiny models compile in well under a second.
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+    # This process imported jax above, before the environment named the cache.
+    env = os.environ
+    jax.config.update("jax_compilation_cache_dir", env["JAX_COMPILATION_CACHE_DIR"])
+    secs = float(env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", secs)
+    size = int(env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"])
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", size)
+
+
+_shared_compilation_cache()
+
+# The tests check the values of tiny programs, and at these sizes XLA's optimizing passes cost
+# more than they save: the test processes and the CLIs they start (which inherit
+# JAX_DISABLE_MOST_OPTIMIZATIONS=1) compile without them (test_kind_conformance's PT/SFT case
+# 32 -> 14 s; test_benchmark's end-to-end run 109 -> 65 s). Tests marked `optimized` are about
+# compiled programs (TPU / GPU compiles, memory, in-place updates, collectives, custom calls):
+# they and their subprocesses compile with XLA's default pipeline.
 _NO_OPT = "JAX_DISABLE_MOST_OPTIMIZATIONS"
 os.environ.setdefault(_NO_OPT, "1")
-jax.config.update("jax_disable_most_optimizations", False)  # this process: read at import
+jax.config.update("jax_disable_most_optimizations", os.environ[_NO_OPT] == "1")
 
 
 @pytest.fixture(autouse=True)
@@ -52,34 +85,39 @@ def _xla_optimizations(request: pytest.FixtureRequest) -> Iterator[None]:
     if request.node.get_closest_marker("optimized") is None:
         yield
         return
-    before = os.environ[_NO_OPT]
+    env, flag = os.environ[_NO_OPT], jax.config.read("jax_disable_most_optimizations")
     os.environ[_NO_OPT] = "0"
+    jax.config.update("jax_disable_most_optimizations", False)
     try:
         yield
     finally:
-        os.environ[_NO_OPT] = before
+        os.environ[_NO_OPT] = env
+        jax.config.update("jax_disable_most_optimizations", flag)
 
 
-@pytest.fixture(scope="module")
-def unoptimized_compiles() -> Iterator[None]:
-    """For a module whose tests check the values of tiny programs, not compiled code: it
-    compiles in this process without XLA's optimizing passes, which cost more than they save at
-    this size (test_kind_conformance's PT/SFT case 32 -> 14 s, the file 20 -> 11 min)."""
-    before = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
+# XLA:CPU maps each loaded executable's code and data into memory (a few mappings per kernel), and
+# Linux refuses a process's mmap past vm.max_map_count (65,530 by default): a pytest worker
+# that keeps thousands of compiled programs alive dies inside XLA, in whichever test compiles
+# next. The workers' maps, sampled over a full run (2026-12-04), peaked at 25,000 inside one
+# module. So a worker drops jax's compiled programs once its maps pass MAX_MAPS, and keeps them
+# otherwise: the tiny models that later modules reuse stay compiled, and a program dropped is
+# reloaded from the run's persistent cache rather than compiled again.
+MAX_MAPS = 20_000
+
+
+def _mapped_regions() -> int:
     try:
-        yield
-    finally:
-        jax.config.update("jax_disable_most_optimizations", before)
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:  # not Linux: no such limit to guard
+        return 0
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _free_compiled_programs() -> Iterator[None]:
-    """After each test module, drop jax's compiled programs and traces: a pytest-xdist worker
-    runs hundreds of modules, and what they compiled otherwise stays alive to the end (CI saw
-    two workers die late in the run, in XLA:CPU, with tests that pass alone)."""
+@pytest.fixture(autouse=True)
+def _bounded_live_programs() -> Iterator[None]:
     yield
-    import gc
+    if _mapped_regions() > MAX_MAPS:
+        import gc
 
-    jax.clear_caches()
-    gc.collect()
+        jax.clear_caches()
+        gc.collect()

@@ -240,6 +240,7 @@ def _grad_temp_bytes(t: int) -> int:
     return compiled.memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.optimized  # about the compiled program
 def test_global_attention_gradient_memory_is_linear_in_length():
     # Without the per-block remat the backward keeps every block's scores: 2048 -> 4096
     # grew temp memory 3.4x (237 -> 801 MiB); with it 1.7x (71 -> 121 MiB).

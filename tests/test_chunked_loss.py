@@ -81,6 +81,7 @@ def test_chunked_cross_entropy_matches_a_float64_oracle():
     assert float(weight) == float(mask.sum())
 
 
+@pytest.mark.optimized  # about the compiled program
 @pytest.mark.slow
 def test_chunked_gradient_program_never_holds_the_logits():
     """The compiled gradient of the chunked loss keeps O(B * C * V) temporaries; the full one

@@ -33,7 +33,7 @@ MESHES = (
 def _cfg(routing: str = "paired", impl: str = "grouped"):
     from training_helpers import tiny_model
 
-    return tiny_model(n_layers=4, moe=MOE | dict(routing=routing, impl=impl, aux_loss_coef=0.01))
+    return tiny_model(n_layers=2, moe=MOE | dict(routing=routing, impl=impl, aux_loss_coef=0.01))
 
 
 def _train(cfg, shape, batches):
@@ -94,7 +94,7 @@ def _worker(out: str) -> None:
     from training_helpers import pt_batch
 
     assert jax.device_count() == 8
-    batches = [pt_batch(i) for i in range(3)]
+    batches = [pt_batch(i) for i in range(2)]
     meta: dict = {}
     arrays: dict = {}
     # (routing, impl, meshes, with inference): every mesh for the default arm; the others

@@ -31,6 +31,9 @@ from orthros_jax.config import ModelConfig
 # CPU's rounding, not a change, decides whether 2e-5 holds) and 6.8e-6 (orthros_h).
 ATOL = 3e-5
 ARCHS = ("gdn", "hybrid", "orthros_h")
+# The fast tier: the kind beside attention in two streams (its cross query included).
+FAST = "orthros_h"
+TIERED = [pytest.param(a, marks=[] if a == FAST else [pytest.mark.slow]) for a in ARCHS]
 
 
 def _cfg(arch: str) -> ModelConfig:
@@ -80,8 +83,7 @@ def _setup(arch: str):
     return cfg, params32, params64, oracle.Spec.from_config(cfg), sft_forward(cfg)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", TIERED)
 def test_forward_matches_oracle(arch):
     cfg, p32, p64, spec, forward = _setup(arch)
     tokens = _tokens(cfg, (2, T), seed=1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conformance import LEN, ROWS, case_params, model, tokens
+from conformance import FAST_LAYOUT, LEN, ROWS, case_params, model, tokens
 from serving_helpers import ENGINE_SHAPE, NEW_TOKENS, PROMPT_LENS
 
 from orthros_jax import inference as inf
@@ -18,9 +18,11 @@ from orthros_jax.serving.engine import Engine
 from orthros_jax.serving.requests import SamplingParams
 
 CASES = pytest.mark.parametrize("case", case_params())
+# The decode loop and the engine run a kind through the same cache code in every layout (the
+# layouts differ in the forward, which CASES checks): the two-stream layout, which drives every
+# path (two streams, and for a recurrent kind attention beside it), and the MoE cases.
+TWO_STREAM = pytest.mark.parametrize("case", case_params(layouts=(FAST_LAYOUT,)))
 
-# Values of tiny programs, not compiled code: compile without XLA's optimizing passes.
-pytestmark = pytest.mark.usefixtures("unoptimized_compiles")
 ATOL = 1e-5  # fp32 cached path against the forward (DESIGN's invariant)
 LENGTHS = np.array([1, 5, 9, 17])  # ragged prompts over 1-3 prefill chunks of 6
 # A prompt continued over two prefill calls: the first ends at FIRST, the second (starting mid
@@ -102,7 +104,7 @@ def test_prefill_and_decode_equal_the_forward(case):
 
 
 @pytest.mark.slow
-@CASES
+@TWO_STREAM
 def test_greedy_generate_equals_argmax_decoding(case):
     cfg, params, forward = model(case)
     prompts, n = [[3, 4, 5, 6, 7, 8, 9], [11, 12]], 5
@@ -118,7 +120,7 @@ def test_greedy_generate_equals_argmax_decoding(case):
 
 
 @pytest.mark.slow
-@CASES
+@TWO_STREAM
 def test_serving_engine_equals_generate(case):
     """Greedy through the engine (5 requests for 3 slots arriving over time, prompts over 1-4
     prefill steps, rows reused) equals `generate`, with no compile in steady state."""

@@ -79,6 +79,7 @@ def test_quantized_cache_logits_within_tolerance_of_full_precision(arch):
     assert agree[clear].all() and clear.mean() > 0.5, (agree, clear)
 
 
+@pytest.mark.optimized  # about the compiled program
 def test_compiled_decode_holds_no_full_precision_copy_of_the_cache():
     cfg = tiny_config(architecture="orthros", n_layers=4, window=4)
     params = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))

@@ -97,8 +97,11 @@ def _setup(name: str):
     return cfg, params32, params64, oracle.Spec.from_config(cfg), sft_forward(cfg)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(CASES))
+# The fast tier: each kind alone (its cross query is the slow orthros_h cases').
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=[pytest.mark.slow] if "orthros" in n else []) for n in sorted(CASES)],
+)
 def test_forward_matches_oracle(name):
     cfg, p32, p64, spec, forward = _setup(name)
     kinds = _kinds(cfg)

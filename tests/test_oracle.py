@@ -33,6 +33,10 @@ VARIANTS = {"plain": {}, "qknorm_tied": {"qk_norm": True, "tie_embeddings": True
 # gets both, the single-stream arms one each; the head and the norms are shared by every arm.
 CASES = [("orthros", "plain"), ("orthros", "qknorm_tied"), ("transformer", "qknorm_tied")]
 CASES += [("swa", "plain")]
+# The fast tier (-m "not slow") runs Orthros with its window, SO and two streams; the rest slow.
+TIERED = [
+    pytest.param(*c, marks=[] if c == ("orthros", "plain") else [pytest.mark.slow]) for c in CASES
+]
 # Packed documents: segment lengths per row (positions restart at 0 in each document).
 DOCS = ([9, 15], [4, 11, 9])
 # Unsorted array indices into T, first tokens of documents included (row 0: index 9; row 1: 0, 4).
@@ -129,8 +133,7 @@ def _packing(docs_per_row: tuple[list[int], ...] = DOCS) -> tuple[np.ndarray, np
     return np.stack(pos), np.stack(seg)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("arch", "variant"), CASES)
+@pytest.mark.parametrize(("arch", "variant"), TIERED)
 def test_forward_matches_oracle(arch, variant):
     cfg, p32, p64, spec, forward, pt_forward = _setup(arch, variant)
     tokens = _tokens(cfg, (2, T), seed=1)
@@ -165,8 +168,7 @@ def check_prefill_decode(cfg, p32, p64, spec) -> None:
         np.testing.assert_allclose(np.asarray(logits), want, atol=ATOL, rtol=0, err_msg=f"step {i}")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("arch", "variant"), CASES)
+@pytest.mark.parametrize(("arch", "variant"), TIERED)
 def test_chunked_prefill_and_decode_match_oracle(arch, variant):
     cfg, p32, p64, spec, _, _ = _setup(arch, variant)
     check_prefill_decode(cfg, p32, p64, spec)

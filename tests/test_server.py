@@ -22,7 +22,6 @@ import pytest
 from serving_helpers import ENGINE_SHAPE, NEW_TOKENS, PROMPT_LENS, arm_model
 
 from orthros_jax import checkpoint, inference
-from orthros_jax.config import ARCHITECTURES
 from orthros_jax.data.tokenizers import ByteTokenizer
 from orthros_jax.serving.api import create_app
 from orthros_jax.serving.background import BackgroundServer
@@ -54,9 +53,10 @@ def orthros_server():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_greedy_completions_match_generate_under_concurrent_staggered_requests(arch):
-    cfg, params = arm_model(arch)
+def test_greedy_completions_match_generate_under_concurrent_staggered_requests(orthros_server):
+    """The HTTP path under concurrent, staggered requests, on one arm: that the engine equals
+    `generate` for every layer kind is test_kind_conformance's engine case."""
+    server, cfg, params = orthros_server
     rng = np.random.default_rng(3)
     lens, news = PROMPT_LENS, NEW_TOKENS
     prompts = [rng.integers(0, 256, n).tolist() for n in lens]
@@ -69,13 +69,12 @@ def test_greedy_completions_match_generate_under_concurrent_staggered_requests(a
         )
         return r.choices[0]
 
-    with _server(cfg, params) as server:
-        client = _client(server, openai.AsyncOpenAI)
+    client = _client(server, openai.AsyncOpenAI)
 
-        async def main():
-            return await asyncio.gather(*(one(client, k) for k in range(len(prompts))))
+    async def main():
+        return await asyncio.gather(*(one(client, k) for k in range(len(prompts))))
 
-        got = asyncio.run(main())
+    got = asyncio.run(main())
     for k, choice in enumerate(got):
         assert choice.text == TOK.decode(want[k, : news[k]].tolist()), k
         assert len(choice.logprobs.token_logprobs) == news[k] and choice.finish_reason == "length"

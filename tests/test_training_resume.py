@@ -1,5 +1,7 @@
 """Exact resume: launch/train.py killed with SIGKILL after a checkpoint, then rerun on the same
-workdir, ends with the params (<= 1e-6) and data order of an uninterrupted run."""
+workdir, ends with the params (<= 1e-6) and data order of an uninterrupted run. The model is
+the two-stream hybrid (a GDN layer beside attention): its recurrent kind's parameters and
+optimizer state go through the checkpoint too."""
 
 from __future__ import annotations
 
@@ -15,6 +17,13 @@ FLAGS = [
     "--config.train.log_every=5",  # steps logged after the kept checkpoint are replayed
     "--config.train.eval_every=0",
     "--config.train.data_fingerprints=True",
+    "--config.model.architecture=orthros_h",
+    "--config.model.layer_types=('gdn','attention')",
+    "--config.model.kinds.gdn.num_k_heads=1",
+    "--config.model.kinds.gdn.num_v_heads=2",
+    "--config.model.kinds.gdn.k_head_dim=16",
+    "--config.model.kinds.gdn.v_head_dim=16",
+    "--config.model.kinds.gdn.chunk=16",
 ]
 
 

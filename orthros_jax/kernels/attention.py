@@ -130,12 +130,14 @@ def local_attention(
     vw = windows(vt, 2)
     kpos_w = windows(k_pos.reshape(bsz, n_ext, b), 1)  # [B, nq, nb*b]
     kseg_w = windows(k_seg.reshape(bsz, n_ext, b), 1)
-    qp = q_pos.reshape(bsz, nq, b, 1)
-    visible = (
-        (kpos_w[:, :, None] <= qp)
-        & (qp - kpos_w[:, :, None] < window)
-        & (kseg_w[:, :, None] == q_seg.reshape(bsz, nq, b, 1))
-    )  # [B, nq, b, nb*b]
+    # The one mask rule, each query block against its key window as a row of its own.
+    visible = visibility(
+        q_pos.reshape(bsz * nq, b),
+        q_seg.reshape(bsz * nq, b),
+        kpos_w.reshape(bsz * nq, nb * b),
+        kseg_w.reshape(bsz * nq, nb * b),
+        window,
+    ).reshape(bsz, nq, b, nb * b)
     scale = 1.0 / math.sqrt(h)
     s = jnp.einsum("bkqxh,bkqyh->bkqxy", qb, kw, preferred_element_type=jnp.float32)
     s = s.reshape(bsz, kv, nq, g, b, nb * b) * scale

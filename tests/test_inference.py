@@ -58,22 +58,8 @@ def _tokens(cfg: ModelConfig, bsz: int, t: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, cfg.vocab_size, (bsz, t))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("arch", ARCHS)
-def test_prefill_then_decode_matches_pt_forward(arch):
-    cfg, params, forward = _model(arch)
-    bsz, rows = len(LENGTHS), np.arange(len(LENGTHS))
-    full = _tokens(cfg, bsz, LENGTHS.max() + N_DECODE)
-    want = np.asarray(forward(params, jnp.asarray(full)))  # [B, T, V]
-    # Right-padded prompts with junk (-1) after each length: it must never be read.
-    prompts = np.where(np.arange(full.shape[1])[None] < LENGTHS[:, None], full, -1)
-    cache = inf.init_cache(cfg, bsz, 37)  # 37: not a multiple of the chunk or the blocks
-    logits, cache = inf.prefill(params, cache, prompts, LENGTHS, cfg)
-    np.testing.assert_allclose(np.asarray(logits), want[rows, LENGTHS - 1], atol=ATOL, rtol=0)
-    for i in range(N_DECODE):
-        logits, cache = inf.decode_step(params, cache, full[rows, LENGTHS + i], cfg)
-        np.testing.assert_allclose(np.asarray(logits), want[rows, LENGTHS + i], atol=ATOL, rtol=0)
-    np.testing.assert_array_equal(np.asarray(cache.lengths), LENGTHS + N_DECODE)
+# Prefill + decode against the forward: test_oracle (against the float64 oracle, every arm of
+# this file) and test_kind_conformance (every kind and layout).
 
 
 @pytest.mark.slow

@@ -98,8 +98,8 @@ def _xla_optimizations(request: pytest.FixtureRequest) -> Iterator[None]:
 # XLA:CPU maps each loaded executable's code and data into memory (a few mappings per kernel), and
 # Linux refuses a process's mmap past vm.max_map_count (65,530 by default): a pytest worker
 # that keeps thousands of compiled programs alive dies inside XLA, in whichever test compiles
-# next. The workers' maps, sampled over a full run (2026-12-04), peaked at 25,000 inside one
-# module. So a worker drops jax's compiled programs once its maps pass MAX_MAPS, and keeps them
+# next (LLVM's "Cannot allocate memory", then a segfault). The workers' maps, sampled over a
+# full run (2026-12-04), peaked at 37,634 inside one module. So a worker drops jax's compiled programs once its maps pass MAX_MAPS, and keeps them
 # otherwise: the tiny models that later modules reuse stay compiled, and a program dropped is
 # reloaded from the run's persistent cache rather than compiled again.
 MAX_MAPS = 20_000

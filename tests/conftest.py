@@ -71,10 +71,9 @@ _shared_compilation_cache()
 
 # The tests check the values of tiny programs, and at these sizes XLA's optimizing passes cost
 # more than they save: the test processes and the CLIs they start (which inherit
-# JAX_DISABLE_MOST_OPTIMIZATIONS=1) compile without them (test_kind_conformance's PT/SFT case
-# 32 -> 14 s; test_benchmark's end-to-end run 109 -> 65 s). Tests marked `optimized` are about
-# compiled programs (TPU / GPU compiles, memory, in-place updates, collectives, custom calls):
-# they and their subprocesses compile with XLA's default pipeline.
+# JAX_DISABLE_MOST_OPTIMIZATIONS=1) compile without them. Tests marked `optimized` are about
+# compiled programs (TPU / GPU compiles, memory, in-place updates, custom calls): they and their
+# subprocesses compile with XLA's default pipeline.
 _NO_OPT = "JAX_DISABLE_MOST_OPTIMIZATIONS"
 os.environ.setdefault(_NO_OPT, "1")
 jax.config.update("jax_disable_most_optimizations", os.environ[_NO_OPT] == "1")
@@ -95,13 +94,12 @@ def _xla_optimizations(request: pytest.FixtureRequest) -> Iterator[None]:
         jax.config.update("jax_disable_most_optimizations", flag)
 
 
-# XLA:CPU maps each loaded executable's code and data into memory (a few mappings per kernel), and
-# Linux refuses a process's mmap past vm.max_map_count (65,530 by default): a pytest worker
-# that keeps thousands of compiled programs alive dies inside XLA, in whichever test compiles
-# next (LLVM's "Cannot allocate memory", then a segfault). The workers' maps, sampled over a
-# full run (2026-12-04), peaked at 37,634 inside one module. So a worker drops jax's compiled programs once its maps pass MAX_MAPS, and keeps them
-# otherwise: the tiny models that later modules reuse stay compiled, and a program dropped is
-# reloaded from the run's persistent cache rather than compiled again.
+# XLA:CPU maps each loaded executable's code into memory, and Linux refuses a process's mmap
+# past vm.max_map_count (65,530 by default): a worker that keeps too many compiled programs
+# alive dies inside XLA, in whichever test compiles next. So a worker drops jax's compiled
+# programs once its maps pass MAX_MAPS, and keeps them otherwise: the tiny models that later
+# modules reuse stay compiled, and a dropped program reloads from the run's persistent cache.
+# Figures and the reproduction: docs/contributing.md ("What keeps it fast").
 MAX_MAPS = 20_000
 
 

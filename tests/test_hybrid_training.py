@@ -25,8 +25,7 @@ GDN = dict(
 def test_scanned_remat_step_equals_unrolled():
     """orthros_h: scan over (gdn, attention) cycles, remat, both streams and the cross query;
     the single-stream hybrid's layer loop is this one without the output stream."""
-    arch = "orthros_h"
-    cfg = tiny_model(architecture=arch, remat="full", **GDN)
+    cfg = tiny_model(architecture="orthros_h", remat="full", **GDN)
     unrolled = cfg.replace(scan_layers=False, remat="none")
     params = init_params(cfg, jax.random.PRNGKey(0))
     batch = pt_batch(3, batch=2, seq=24)
@@ -41,8 +40,7 @@ def test_scanned_remat_step_equals_unrolled():
     gdn = g["gdn_layers"]
     for name in ("gdn_wq", "gdn_a_log", "gdn_conv_v", "w_down"):
         assert float(jnp.abs(gdn[name]).max()) > 0, name
-    if arch == "orthros_h":  # the cross query's SO is trained
-        assert float(jnp.abs(gdn["gdn_so_out_scale"]).max()) > 0
+    assert float(jnp.abs(gdn["gdn_so_out_scale"]).max()) > 0  # the cross query's SO trains
     # SFT at every position is the PT loss.
     sft = dict(batch, output_positions=np.broadcast_to(np.arange(24), (2, 24)))
     np.testing.assert_allclose(

@@ -78,8 +78,9 @@ def test_variant_config_and_continued_prefill_match_pt_forward():
     rest[0, :9], rest[1, :7] = full[0, 5:14], full[1, 11:18]
     logits, cache = inf.prefill(params, cache, rest, np.array([9, 7]), cfg)
     np.testing.assert_allclose(np.asarray(logits), want[[0, 1], [13, 17]], atol=ATOL, rtol=0)
-    logits, _ = inf.decode_step(params, cache, full[[0, 1], [14, 18]], cfg)
+    logits, cache = inf.decode_step(params, cache, full[[0, 1], [14, 18]], cfg)
     np.testing.assert_allclose(np.asarray(logits), want[[0, 1], [14, 18]], atol=ATOL, rtol=0)
+    np.testing.assert_array_equal(np.asarray(cache.lengths), [15, 19])  # 5 + 9 + 1, 11 + 7 + 1
 
 
 def _greedy_reference(forward, params, prompts: list[list[int]], n: int, width: int) -> np.ndarray:
@@ -104,7 +105,7 @@ def test_greedy_generate_matches_pt_argmax(arch):
     cfg, params, forward = _model(arch)
     full = _tokens(cfg, len(LENGTHS), LENGTHS.max(), seed=1)
     prompts = [list(full[i, :n]) for i, n in enumerate(LENGTHS)]
-    n_new = N_DECODE + 1  # the forward's width below matches the first test's: no new compile
+    n_new = N_DECODE + 1
     out = inf.generate(
         params, prompts, cfg, max_new_tokens=n_new, sampler=sampling.greedy(), cache_size=37
     )

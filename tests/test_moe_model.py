@@ -122,13 +122,12 @@ def test_paired_and_independent_routing_differ_with_trained_so():
     assert np.abs(paired - ind).max() > 1e-4
 
 
-# The two-stream MoE arms (paired and independent routing) are test_kind_conformance's MoE
-# cases; here the single-stream one.
 @pytest.mark.slow
-@pytest.mark.parametrize("arch, routing", [("transformer", None)])
-def test_prefill_then_decode_matches_pt_forward(arch, routing):
-    cfg = _cfg(arch, routing=routing)
-    params = _params() if arch == "orthros" else single_stream(_params())
+def test_single_stream_prefill_then_decode_matches_pt_forward():
+    """The Transformer-MoE arm; the two-stream MoE arms (paired and independent routing) are
+    test_kind_conformance's MoE cases."""
+    cfg = _cfg("transformer", routing=None)
+    params = single_stream(_params())
     bsz, rows = len(LENGTHS), np.arange(len(LENGTHS))
     full = _tokens(bsz, LENGTHS.max() + N_DECODE, seed=3)
     want = _forward(cfg, params, full)

@@ -29,6 +29,8 @@ elif [[ -n "$DRY" ]]; then
 else
   TESTS=()
   BENCH=()
+  # tests/conftest.py pins the suite to the CPU unless JAX_PLATFORMS says otherwise.
+  export JAX_PLATFORMS=${JAX_PLATFORMS:-cuda,cpu}
 fi
 echo "== cuDNN tests" | tee "$OUT/tests.log"
 timeout 200 "$PY" -m pytest -q tests/test_cudnn.py "${TESTS[@]}" --junitxml="$OUT/tests.xml" \

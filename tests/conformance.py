@@ -215,7 +215,8 @@ def model(case: tuple[str, ...]) -> tuple[ModelConfig, Any, Callable[..., np.nda
     and tokens padded to [ROWS, LEN] (positions arange, one segment by default), so that every
     call with or without output positions shares one compiled program."""
     cfg = config(case)
-    params = _off_init(jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(1)))
+    # One program for init and the offsets (eager, the offsets compiled an op per leaf shape).
+    params = jax.jit(lambda key: _off_init(init_params(cfg, key)))(jax.random.PRNGKey(1))
     apply = jax.jit(
         lambda p, t, pos, seg, **a: OrthrosLM(cfg).apply(
             {"params": p}, t, positions=pos, segment_ids=seg, **a

@@ -6,6 +6,7 @@ directory on sys.path, and module-level constants and parametrize lists cannot u
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -71,12 +72,18 @@ def hf_logits(model: Any, tokens: Any) -> Any:
         return model(torch.as_tensor(tokens)).logits.float().numpy()
 
 
+@functools.cache
+def _forward(cfg: ModelConfig) -> Any:
+    """One jitted forward per config: every call with that config's shapes shares a program."""
+    from orthros_jax.model import OrthrosLM
+
+    return jax.jit(lambda p, t: OrthrosLM(cfg).apply({"params": p}, t))
+
+
 def our_logits(cfg: ModelConfig, params: Any, tokens: Any) -> Any:
     """OrthrosLM(cfg)'s logits [B, T, V] (numpy) at params for int tokens [B, T]."""
     import jax.numpy as jnp
     import numpy as np
 
-    from orthros_jax.model import OrthrosLM
-
-    fn = jax.jit(lambda p, t: OrthrosLM(cfg).apply({"params": p}, t))
+    fn = _forward(cfg)
     return np.asarray(fn(jax.tree.map(jnp.asarray, params), jnp.asarray(tokens)))

@@ -1,6 +1,6 @@
-"""Shared pieces of the kill-and-resume tests (test_training_resume, test_prepared_resume,
-test_preemption): a run's environment, what it left in its workdir, and the comparison of a
-resumed run with an uninterrupted one."""
+"""Shared pieces of the kill-and-resume tests (test_prepared_resume, test_preemption): a run's
+environment, what it left in its workdir, and the comparison of a resumed run with an
+uninterrupted one."""
 
 from __future__ import annotations
 
@@ -17,13 +17,12 @@ from training_helpers import REPO, run_train
 from orthros_jax import checkpoint
 
 
-def run_env(tmp_path) -> dict[str, str]:
-    """The runs' environment: a shared compilation cache, so they compile the program once."""
-    return dict(
-        os.environ,
-        JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-    )
+def run_env() -> dict[str, str]:
+    """The runs' environment: conftest's compilation cache of the whole test run (in
+    os.environ), so the runs compile each program once, and a program another test compiled
+    (the same tiny model) is loaded, not compiled again."""
+    assert "JAX_COMPILATION_CACHE_DIR" in os.environ  # set by tests/conftest.py
+    return dict(os.environ)
 
 
 def fingerprints(workdir: str) -> dict[int, int]:
@@ -70,7 +69,7 @@ def flat_params(workdir: str) -> dict[str, np.ndarray]:
 def sigkill_and_resume(flags: list[str], tmp_path, steps: int, timeout: int) -> tuple[str, str]:
     """An uninterrupted launch/train.py run, and one killed with SIGKILL after its first
     checkpoint and rerun on its workdir. Returns the two workdirs (full, killed)."""
-    env = run_env(tmp_path)
+    env = run_env()
     full = str(tmp_path / "full")
     done = run_train([*flags, f"--workdir={full}"], env=env, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -18,8 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 def test_paired_copies_read_no_more_experts_than_independent_ones():
     model = load_config_file(os.path.join(ROOT, "configs", "bench.py")).model
-    moe = dict(n_experts=8, top_k=2, d_expert=16)
-    cfgs = moe_routing.moe_configs(model, 64, 1, 4, moe)
+    moe = dict(n_experts=8, top_k=2, d_expert=8)
+    cfgs = moe_routing.moe_configs(model, 32, 1, 4, moe)
     cfgs = {n: c.replace(vocab_size=64, d_ff=32) for n, c in cfgs.items()}
     params = init_params(cfgs["paired"], jax.random.PRNGKey(0))
     result = moe_routing.measure(cfgs, params, [2], 12, 2, 16, 8, 1)
@@ -34,11 +34,11 @@ def test_paired_copies_read_no_more_experts_than_independent_ones():
         result
         | dict(
             settings=dict(
-                d_model=64,
+                d_model=32,
                 layers=1,
                 experts=8,
                 top_k=2,
-                d_expert=16,
+                d_expert=8,
                 window=4,
                 steps=2,
                 prompt=12,
@@ -66,10 +66,10 @@ def test_expert_parallel_collectives_on_8_devices(tmp_path):
             sys.executable,
             os.path.join(ROOT, "benchmarks", "moe_expert_parallel.py"),
             f"--out={tmp_path}",
-            "--d_model=64",
+            "--d_model=32",
             "--layers=1",
             "--experts=8",
-            "--d_expert=16",
+            "--d_expert=8",
             "--train_len=16",
             "--context=16",
         ],

@@ -75,6 +75,9 @@ def test_flop_model_hand_values():
 
 @pytest.mark.slow
 def test_benchmark_runs_end_to_end(tmp_path):
+    """launch/benchmark.py at tiny sizes, the suites the device check's dry run does not run
+    (tests/test_device_check.py runs prefill, decode and train through the same script, and
+    checks their numbers, bench.md's prefill table and bench.png)."""
     out = tmp_path / "bench"
     cmd = [
         sys.executable,
@@ -89,11 +92,8 @@ def test_benchmark_runs_end_to_end(tmp_path):
         "--config.model.d_ff=64",
         "--config.model.window=8",
         "--config.model.prefill_chunk=16",
-        "--config.prefill_lengths=(32,64)",
+        "--config.prefill_lengths=(32,)",  # the honesty and memory suites' length
         "--config.dense_max_len=64",
-        "--config.decode_contexts=(32,)",
-        "--config.decode_steps=2",
-        "--config.train_len=32",
         "--config.repeats=1",
         "--config.window_blocks=(4,8)",
         "--config.inference_len=24",
@@ -110,17 +110,16 @@ def test_benchmark_runs_end_to_end(tmp_path):
         "--config.table4_n_layers=4",
         "--config.table4_lengths=(40,)",
         "--config.table4_contexts=(32,)",
-        "--suites=prefill,honesty,memory,decode,train,inference,window,table4",
+        "--suites=honesty,memory,inference,window,table4",
     ]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
     results = json.loads((out / "bench.json").read_text())
-    assert [r["T"] for r in results["prefill"]] == [32, 64]
-    assert results["prefill"][0]["orthros"]["median_s"] > 0
+    assert "prefill" not in results and "decode" not in results and "train" not in results
+    assert [r["T"] for r in results["honesty"]] == [32]
     assert results["honesty"][0]["ours_over_dense"] > 0
-    assert results["decode"][0]["orthros_over_transformer"] > 0
+    assert [r["T"] for r in results["memory"]] == [32]
     assert results["memory"][0]["orthros"]["cache_plus_params_bytes"] > 0
-    assert (out / "bench.png").stat().st_size > 1000
-    assert "| T |" in (out / "bench.md").read_text()
+    assert not (out / "bench.png").exists()  # no prefill times to plot
     assert [r["block"] for r in results["window"]] == [4, 8]
     assert all(r["ms_per_chunk_layer"] > 0 for r in results["window"])
     inf = results["inference"]

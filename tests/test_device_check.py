@@ -1,5 +1,7 @@
 """benchmarks/device_check.sh --dry-run on CPU at tiny sizes: every step runs and writes its
-files under the one output folder; the summary is built from the benchmark's own numbers."""
+files under the one output folder; the summary is built from the benchmark's own numbers. Its
+launch/benchmark.py run is also the end-to-end check of the prefill, decode and train suites
+(tests/test_benchmark.py runs the other suites)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,14 @@ def test_dry_run_writes_every_output(tmp_path):
     bench = json.loads((out / "bench" / "bench.json").read_text())
     assert [r["T"] for r in bench["prefill"]] == [128, 256]
     assert (out / "summary.md").read_text() == summary(bench)
+    # The prefill, decode and train suites end to end, and the report of their numbers.
+    for row in bench["prefill"]:
+        assert all(row[arm]["median_s"] > 0 for arm in ("orthros", "transformer", "floor"))
+    assert [r["context"] for r in bench["decode"]] == [128]
+    assert bench["decode"][0]["orthros_over_transformer"] > 0
+    assert bench["train"]["T"] == 64 and bench["train"]["time_ratio_over_flop_ratio"] > 0
+    assert (out / "bench" / "bench.png").stat().st_size > 1000
+    assert "| T |" in (out / "bench" / "bench.md").read_text()
 
 
 def test_summary_mfu_from_peak():

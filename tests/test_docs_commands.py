@@ -10,8 +10,6 @@ from __future__ import annotations
 import ast
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 from docs_markdown import (
@@ -25,6 +23,7 @@ from docs_markdown import (
     script_flags,
     shell_commands,
 )
+from training_helpers import run_launchers
 
 from orthros_jax import configlib
 from orthros_jax.training import TrainConfig
@@ -161,20 +160,24 @@ def test_training_commands_build_valid_configs(case, monkeypatch):
     TrainConfig.from_config(config)  # a ValueError here is a documented command that fails
 
 
-def _helpfull_flags(script: str) -> set[str]:
-    """The flags a script lists: absl's --helpfull, or --help for an argparse script."""
-    for flag in ("--helpfull", "--help"):
-        done = subprocess.run(
-            [sys.executable, script, flag], cwd=REPO, capture_output=True, text=True, timeout=120
-        )
-        if done.returncode == 0:
-            break
-    return set(re.findall(r"^\s+--(?:\[no\])?([a-z0-9_]+)", done.stdout, re.M))
+def _helpfull_flags(scripts: list[str], tmp_path) -> dict[str, set[str]]:
+    """The flags each script lists: absl's --helpfull, or --help for an argparse script. One
+    subprocess imports jax and the package once and runs each script in a forked child
+    (training_helpers.run_launchers), so every script defines its flags in a fresh copy."""
+    runs = run_launchers([[s, "--helpfull"] for s in scripts], tmp_path / "full")
+    again = [s for s, r in zip(scripts, runs, strict=True) if r.returncode != 0]
+    helps = run_launchers([[s, "--help"] for s in again], tmp_path / "help") if again else []
+    helped = dict(zip(again, helps, strict=True))
+    flag = re.compile(r"^\s+--(?:\[no\])?([a-z0-9_]+)", re.M)
+    texts = {s: helped.get(s, r).stdout for s, r in zip(scripts, runs, strict=True)}
+    return {s: set(flag.findall(t)) for s, t in texts.items()}
 
 
-@pytest.mark.slow  # one --helpfull per script (imports jax each)
-def test_flags_read_from_the_source_are_the_scripts_flags():
-    for script in sorted({s for _, s, _ in script_commands()}):
+@pytest.mark.slow  # every script's --helpfull, jax imported once (run_launchers)
+def test_flags_read_from_the_source_are_the_scripts_flags(tmp_path):
+    scripts = sorted({s for _, s, _ in script_commands()})
+    listed = _helpfull_flags(scripts, tmp_path)
+    for script in scripts:
         defined, _ = script_flags(script)
-        missing = defined - _helpfull_flags(script)
+        missing = defined - listed[script]
         assert not missing, f"{script} --helpfull does not list {sorted(missing)}"

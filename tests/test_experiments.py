@@ -56,11 +56,7 @@ def test_convert_stages():
     assert orth.data.seed != pre.data.seed
 
 
-def test_default_arms_are_the_attention_arms():
-    """docs/results.md's command (no --arms) reproduces results/: the GDN arms are opt-in."""
-    cmd = [sys.executable, os.path.join(REPO, "launch", "experiments.py"), "--help"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert f"(default: '{','.join(ARMS)}')" in proc.stdout, proc.stdout + proc.stderr
+# --help's default arms (the attention arms): test_rough_edges.py.
 
 
 @pytest.mark.slow

@@ -19,7 +19,9 @@ from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel import sharding
 
 P = PartitionSpec
-MOE = dict(n_experts=8, top_k=2, d_expert=32, shared_expert=16, ffn_cycle=("dense", "moe"))
+# One MoE layer: what expert parallelism splits (dense layers' sharding is tests/test_sharding.py);
+# every extra layer adds to the 8-device compiles that dominate this test.
+MOE = dict(n_experts=8, top_k=2, d_expert=32, shared_expert=16, ffn_cycle=("moe",))
 # (name, mesh sizes data, fsdp, tensor, expert): rows over data x expert; fsdp x tensor x expert.
 # dp4_tp2: no expert axis (every expert on every device, each device's rows sorted locally).
 MESHES = (
@@ -33,7 +35,7 @@ MESHES = (
 def _cfg(routing: str = "paired", impl: str = "grouped"):
     from training_helpers import tiny_model
 
-    return tiny_model(n_layers=2, moe=MOE | dict(routing=routing, impl=impl, aux_loss_coef=0.01))
+    return tiny_model(n_layers=1, moe=MOE | dict(routing=routing, impl=impl, aux_loss_coef=0.01))
 
 
 def _train(cfg, shape, batches):
@@ -89,21 +91,31 @@ def _infer(cfg, shape, params, batch: int):
     return np.stack(out)
 
 
-def _worker(out: str) -> None:
-    """Runs with 8 CPU devices: the train steps, prefill and decode on every mesh of MESHES."""
+# (routing, impl, meshes, meshes with inference) of each part, one subprocess each (so the
+# parts run side by side under xdist, and each stays short): the default arm's train step on
+# every mesh (each part with its own one-device reference), its prefill / decode on the
+# expert-split mesh (each mesh's inference programs cost a compile: the train steps already
+# check the other layouts); the others (independent copies, the dense reference's expert
+# slice) on one more mesh's train step.
+PARTS = {
+    "expert_split": (("paired", "grouped", MESHES[:2], ("single", "dp2_ep4")),),
+    "with_fsdp_tensor": (("paired", "grouped", (MESHES[0], *MESHES[2:]), ()),),
+    "independent_dense": (
+        ("independent", "grouped", MESHES[::3], ()),
+        ("paired", "dense", MESHES[:2], ()),
+    ),
+}
+
+
+def _worker(part: str, out: str) -> None:
+    """Runs with 8 CPU devices: the train steps, prefill and decode of one part of PARTS."""
     from training_helpers import pt_batch
 
     assert jax.device_count() == 8
     batches = [pt_batch(i) for i in range(2)]
     meta: dict = {}
     arrays: dict = {}
-    # (routing, impl, meshes, with inference): every mesh for the default arm; the others
-    # (independent copies, the dense reference's expert slice) on one more mesh's train step.
-    cases = (
-        ("paired", "grouped", MESHES, True),
-        ("independent", "grouped", MESHES[::3], False),
-        ("paired", "dense", MESHES[:2], False),
-    )
+    cases = PARTS[part]
     for routing, impl, meshes, infer in cases:
         cfg = _cfg(routing, impl)
         trained = None
@@ -113,7 +125,7 @@ def _worker(out: str) -> None:
             key = f"{routing}/{impl}/{name}"
             meta[key] = {"losses": losses, "balance": balance, "specs": specs, "hlo": coll}
             arrays |= {f"{key}:{k}": v for k, v in params.items()}
-            for batch in (1, 8) if infer else ():  # batch 1: rows not split over "expert"
+            for batch in (1, 8) if name in infer else ():  # batch 1: rows not split over "expert"
                 arrays[f"{key}:logits{batch}"] = _infer(cfg, shape, trained, batch)
     np.savez(os.path.join(out, "arrays.npz"), **arrays)
     with open(os.path.join(out, "meta.json"), "w") as f:
@@ -121,11 +133,12 @@ def _worker(out: str) -> None:
 
 
 @pytest.mark.slow
-def test_expert_parallel_equals_one_device(tmp_path):
+@pytest.mark.parametrize("part", list(PARTS))
+def test_expert_parallel_equals_one_device(tmp_path, part):
     from training_helpers import subprocess_env
 
     proc = subprocess.run(
-        [sys.executable, __file__, str(tmp_path)],
+        [sys.executable, __file__, part, str(tmp_path)],
         env=subprocess_env(8),
         capture_output=True,
         text=True,
@@ -160,9 +173,13 @@ def test_expert_parallel_equals_one_device(tmp_path):
         # The experts really are split over "expert" (and the tokens gathered / scattered).
         assert rec["specs"]["['moe']['w_gate']"].startswith(str(P(None, "expert"))[:-1])
         assert rec["hlo"] == {"all-gather": True, "reduce-scatter": True}, key
-    # Paired and independent routing are different models (the test compares like with like).
-    a, b = meta["paired/grouped/single"], meta["independent/grouped/single"]
-    assert abs(a["losses"][-1] - b["losses"][-1]) > 1e-6
+    if part == "independent_dense":
+        # Paired and independent routing are different models (the test compares like with
+        # like; the dense experts are the grouped ones' model).
+        a, b = meta["paired/dense/single"], meta["independent/grouped/single"]
+        assert abs(a["losses"][-1] - b["losses"][-1]) > 1e-6
+    elif part == "expert_split":  # the default arm's inference ran on the expert-split mesh
+        assert "paired/grouped/dp2_ep4:logits8" in arrays
 
 
 def test_experts_must_divide_the_expert_axis():
@@ -175,4 +192,4 @@ def test_experts_must_divide_the_expert_axis():
 
 
 if __name__ == "__main__":
-    _worker(sys.argv[1])
+    _worker(sys.argv[1], sys.argv[2])

@@ -4,6 +4,8 @@ a GDN arm is tests/test_training_resume.py)."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,13 +29,17 @@ def test_scanned_remat_step_equals_unrolled():
     the single-stream hybrid's layer loop is this one without the output stream."""
     cfg = tiny_model(architecture="orthros_h", remat="full", **GDN)
     unrolled = cfg.replace(scan_layers=False, remat="none")
-    params = init_params(cfg, jax.random.PRNGKey(0))
+    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0))
     batch = pt_batch(3, batch=2, seq=24)
+    sft = dict(batch, output_positions=np.broadcast_to(np.arange(24), (2, 24)))
 
-    def grads(c):
-        return jax.jit(jax.value_and_grad(lambda p: losses.pt_loss(OrthrosLM(c), p, batch)))(params)
+    # Each config's loss, gradient (and the scanned one's SFT loss) in one jitted program.
+    @functools.partial(jax.jit, static_argnums=0)
+    def grads(c, p):
+        value = jax.value_and_grad(lambda q: losses.pt_loss(OrthrosLM(c), q, batch))(p)
+        return value, losses.sft_loss(OrthrosLM(c), p, sft) if c.scan_layers else None
 
-    (loss, g), (loss_u, g_u) = grads(cfg), grads(unrolled)
+    ((loss, g), sft_loss), ((loss_u, g_u), _) = grads(cfg, params), grads(unrolled, params)
     np.testing.assert_allclose(float(loss), float(loss_u), atol=1e-6, rtol=0)
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_u), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
@@ -42,10 +48,7 @@ def test_scanned_remat_step_equals_unrolled():
         assert float(jnp.abs(gdn[name]).max()) > 0, name
     assert float(jnp.abs(gdn["gdn_so_out_scale"]).max()) > 0  # the cross query's SO trains
     # SFT at every position is the PT loss.
-    sft = dict(batch, output_positions=np.broadcast_to(np.arange(24), (2, 24)))
-    np.testing.assert_allclose(
-        float(losses.sft_loss(OrthrosLM(cfg), params, sft)), float(loss), atol=1e-6, rtol=0
-    )
+    np.testing.assert_allclose(float(sft_loss), float(loss), atol=1e-6, rtol=0)
 
 
 @pytest.mark.slow
@@ -61,7 +64,7 @@ def test_gdn_params_and_state_shard_by_the_rules():
     from orthros_jax.parallel import mesh as pmesh
     from orthros_jax.training import MeshConfig
 
-    cfg = tiny_model(architecture="orthros_h", **GDN)
+    cfg = tiny_model(architecture="orthros_h", **GDN | dict(n_layers=2))  # one cycle is enough
     mesh = AbstractMesh((2, 2, 2, 1), pmesh.MESH_AXES)
     logical = param_logical_axes(cfg)["gdn_layers"]
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))["gdn_layers"]
@@ -86,7 +89,7 @@ def test_gdn_params_and_state_shard_by_the_rules():
     one = pmesh.make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
     cache = inf.init_cache(cfg, 2, 16, mesh=one)
     assert cache.states["gdn"].recurrent.sharding.mesh.shape == one.shape
-    params = init_params(cfg, jax.random.PRNGKey(0))
+    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0))
     toks = np.random.default_rng(1).integers(0, 256, (2, 9))
     lens = np.array([9, 4])
     got, _ = inf.prefill(params, cache, toks, lens, cfg)

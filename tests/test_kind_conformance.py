@@ -1,15 +1,15 @@
 """Every registered kind through the model's entry points, in a pure stack, a hybrid cycle with
 attention and a two-stream (orthros_h) cycle (cases from tests/conformance.py): PT and SFT on
 packed rows, cached prefill (ragged, in one call or continued over calls) + decode against the
-forward, greedy `generate` against argmax decoding, and the serving engine against `generate`.
-Registering a kind (and its conformance.profile entry) runs it through all of this."""
+forward, and greedy decoding three ways (the serving engine, `generate`, argmax of the
+forward) against each other. Registering a kind (and its conformance.profile entry) runs it
+through all of this."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from conformance import FAST_LAYOUT, LEN, ROWS, case_params, model, tokens
-from serving_helpers import ENGINE_SHAPE, NEW_TOKENS, PROMPT_LENS
 
 from orthros_jax import inference as inf
 from orthros_jax.inference import sampling
@@ -26,10 +26,25 @@ TWO_STREAM = pytest.mark.parametrize("case", case_params(layouts=(FAST_LAYOUT,))
 ATOL = 1e-5  # fp32 cached path against the forward (DESIGN's invariant)
 LENGTHS = np.array([1, 5, 9, 17])  # ragged prompts over 1-3 prefill chunks of 6
 # A prompt continued over two prefill calls: the first ends at FIRST, the second (starting mid
-# prefill chunk and mid kernel chunk) at ENDS.
-FIRST, ENDS = np.array([1, 2, 4, 11]), np.array([2, 5, 9, 17])
+# prefill chunk and mid kernel chunk, and running over 1-3 chunks) at ENDS.
+FIRST, ENDS = np.array([13, 2, 4, 11]), np.array([14, 15, 9, 17])
 N_DECODE = 4
-assert ROWS == len(LENGTHS) and LEN == LENGTHS.max() + N_DECODE
+CACHE = 32  # slots per row of every cache here (prefill + decode, and generate's)
+assert ROWS == len(LENGTHS) and LEN == LENGTHS.max() + N_DECODE and ENDS.max() <= LENGTHS.max()
+# inference.prefill pads a call's tokens to the bucket of its longest prompt (prompt_bucket:
+# multiples of the prefill chunk 6 above it): every prefill call here (in one call, both
+# continued ones, generate's) has its longest prompt in 13..18, one bucket of 18, so a case
+# compiles one prefill program (and one decode) for its caches of [ROWS, CACHE].
+BUCKET = (13, 18)
+
+# Greedy decoding three ways: 5 requests for the engine's 3 slots (two wait for a free slot,
+# rows are reused), the first over 3 prefill steps of 6; each prompt + its new tokens fits the
+# forward's LEN (argmax decoding runs on it).
+PROMPT_LENS = (14, 3, 9, 1, 12)
+NEW_TOKENS = (6, 9, 4, 7, 5)
+ENGINE = dict(max_batch=3, max_len=CACHE, prefill_batches=(3,))  # one prefill program
+assert all(p + n <= LEN for p, n in zip(PROMPT_LENS, NEW_TOKENS, strict=True))
+assert BUCKET[0] <= max(PROMPT_LENS[:ROWS]) <= BUCKET[1]
 
 
 def _packed(cfg, seed: int):
@@ -83,16 +98,18 @@ def test_prefill_and_decode_equal_the_forward(case):
     (the second starts mid prefill chunk and mid kernel chunk), then decode steps: every
     logit equals the PT forward's at its position (fp32, <= 1e-5)."""
     cfg, params, forward = model(case)
+    for lens in (LENGTHS, FIRST, ENDS - FIRST):  # one compiled prefill (BUCKET)
+        assert inf.prompt_bucket(int(lens.max()), cfg) == BUCKET[1], lens
     rows = np.arange(len(LENGTHS))
     full = tokens(cfg, len(LENGTHS), int(LENGTHS.max()) + N_DECODE)
     want = forward(full)
     prompts = np.where(np.arange(full.shape[1])[None] < LENGTHS[:, None], full, -1)
-    cache = inf.init_cache(cfg, len(LENGTHS), 32)
+    cache = inf.init_cache(cfg, len(LENGTHS), CACHE)
     got, cache = inf.prefill(params, cache, prompts, LENGTHS, cfg)
     np.testing.assert_allclose(np.asarray(got), want[rows, LENGTHS - 1], atol=ATOL, rtol=0)
     _check_decode(cfg, params, cache, full, want, LENGTHS)
 
-    cache = inf.init_cache(cfg, len(LENGTHS), 32)
+    cache = inf.init_cache(cfg, len(LENGTHS), CACHE)
     got, cache = inf.prefill(params, cache, full[:, : FIRST.max()], FIRST, cfg)
     np.testing.assert_allclose(np.asarray(got), want[rows, FIRST - 1], atol=ATOL, rtol=0)
     rest = np.zeros((len(ENDS), int((ENDS - FIRST).max())), np.int64)
@@ -103,32 +120,47 @@ def test_prefill_and_decode_equal_the_forward(case):
     _check_decode(cfg, params, cache, full, want, ENDS)
 
 
+def _argmax_decoding(forward, prompts, new_tokens) -> list[list[int]]:
+    """Greedy continuations by argmax of the forward's logits, ROWS prompts per call."""
+    out = []
+    for at in range(0, len(prompts), ROWS):
+        batch, steps = prompts[at : at + ROWS], new_tokens[at : at + ROWS]
+        lens = np.array([len(p) for p in batch])
+        seqs = np.zeros((len(batch), LEN), np.int64)
+        for r, p in enumerate(batch):
+            seqs[r, : len(p)] = p
+        for i in range(max(steps)):
+            rows = np.flatnonzero(i < np.array(steps))  # rows still generating
+            seqs[rows, lens[rows] + i] = forward(seqs)[rows, lens[rows] + i - 1].argmax(-1)
+        out += [seqs[r, lens[r] : lens[r] + steps[r]].tolist() for r in range(len(batch))]
+    return out
+
+
 @pytest.mark.slow
 @TWO_STREAM
-def test_greedy_generate_equals_argmax_decoding(case):
+def test_engine_and_generate_equal_argmax_decoding(case):
+    """Greedy decoding three ways agrees token for token: argmax of the forward's logits,
+    `generate` (on the first ROWS prompts), and the serving engine (5 requests for 3 slots
+    arriving over time, prompts over 1-3 prefill steps, rows reused, two requests waiting),
+    which compiles nothing in steady state and ends every request for its length."""
     cfg, params, forward = model(case)
-    prompts, n = [[3, 4, 5, 6, 7, 8, 9], [11, 12]], 5
-    out = inf.generate(params, prompts, cfg, max_new_tokens=n, sampler=sampling.greedy())
-    seqs, lens = np.zeros((2, 7 + n), np.int64), np.array([7, 2])
-    for i, p in enumerate(prompts):
-        seqs[i, : len(p)] = p
-    for i in range(n):
-        step = forward(seqs)
-        seqs[[0, 1], lens + i] = step[[0, 1], lens + i - 1].argmax(-1)
-    want = np.stack([seqs[r, lens[r] : lens[r] + n] for r in range(2)])
-    np.testing.assert_array_equal(out.tokens, want)
-
-
-@pytest.mark.slow
-@TWO_STREAM
-def test_serving_engine_equals_generate(case):
-    """Greedy through the engine (5 requests for 3 slots arriving over time, prompts over 1-4
-    prefill steps, rows reused) equals `generate`, with no compile in steady state."""
-    cfg, params, _ = model(case)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in PROMPT_LENS]
+    want = _argmax_decoding(forward, prompts, NEW_TOKENS)
+
+    out = inf.generate(
+        params,
+        prompts[:ROWS],
+        cfg,
+        max_new_tokens=max(NEW_TOKENS[:ROWS]),
+        sampler=sampling.greedy(),
+        cache_size=CACHE,
+    )
+    for k in range(ROWS):
+        assert out.tokens[k, : NEW_TOKENS[k]].tolist() == want[k], f"generate, prompt {k}"
+
     chunk = dict(chunk_budget=cfg.prefill_chunk, prefill_lengths=(cfg.prefill_chunk,))
-    engine = Engine(params, cfg, **(ENGINE_SHAPE | chunk))
+    engine = Engine(params, cfg, **(ENGINE | chunk))
     engine.warmup()
     compiled = device.compile_count()
     got: list[list] = [[] for _ in prompts]
@@ -142,14 +174,14 @@ def test_serving_engine_equals_generate(case):
     submit(1), submit(2)
     engine.step(), engine.step()
     submit(3), submit(4)  # these wait for free slots
+    assert len(engine.queue) == 2 and all(engine.slots)
     for _ in range(500):
         if not engine.busy():
             break
         engine.step()
     assert not engine.busy(), "engine did not finish"
     assert device.compile_count() == compiled, "the engine compiled in steady state"
-    want = inf.generate(params, prompts, cfg, max_new_tokens=max(NEW_TOKENS)).tokens
     for k, events in enumerate(got):
         toks = [e.token for e in events if e.kind == "token"]
-        assert toks == want[k, : NEW_TOKENS[k]].tolist(), k
+        assert toks == want[k], f"engine, request {k}"
         assert events[-1].kind == "done" and events[-1].finish_reason == "length", k

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,7 @@ from orthros_jax.model import OrthrosLM, Stream, init_params
 BASE = tiny_config(
     vocab_size=97,
     d_model=48,
-    n_layers=3,
+    n_layers=2,
     head_dim=12,
     d_ff=96,
     window=6,
@@ -29,8 +31,15 @@ def _tokens(seed: int = 0, b: int = 2, t: int = T, vocab: int = 97) -> jax.Array
     return jax.random.randint(jax.random.PRNGKey(seed), (b, t), 0, vocab)
 
 
+@functools.cache
+def _jitted(cfg):
+    return jax.jit(lambda p, t, **kw: OrthrosLM(cfg).apply({"params": p}, t, **kw))
+
+
 def _apply(cfg, params, tokens, **kw):
-    return np.asarray(OrthrosLM(cfg).apply({"params": params}, tokens, **kw))
+    # Jitted, once per config: an eager apply re-traces and re-dispatches every op on every
+    # call, and tests here call one config at one shape several times.
+    return np.asarray(_jitted(cfg)(params, jnp.asarray(tokens), **kw))
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +152,7 @@ def test_gradients_reach_shared_weights_and_both_so_sets(params):
         logits = model.apply({"params": p}, tokens)
         return -jnp.mean(jax.nn.log_softmax(logits)[:, :-1].max(-1))
 
-    grads = jax.grad(loss)(randomize_so(params, 7, 0.3))
+    grads = jax.jit(jax.grad(loss))(randomize_so(params, 7, 0.3))
     flat = jax.tree_util.tree_flatten_with_path(grads)[0]
     for path, g in flat:
         g = np.asarray(g)

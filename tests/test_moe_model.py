@@ -75,12 +75,13 @@ def test_copies_use_their_base_tokens_experts():
     r = np.random.default_rng(0)
     cfg = _cfg("orthros", shared_expert=0)
     p = jax.tree.map(
-        lambda a: a[0], init_params(cfg, jax.random.PRNGKey(2))["moe"]
+        lambda a: a[0], jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(2))["moe"]
     )  # one MoE layer's parameters
     h_base = jnp.asarray(r.normal(size=(2, 7, cfg.d_model)), jnp.float32)
     h_out = jnp.asarray(r.normal(size=(2, 3, cfg.d_model)), jnp.float32)
     idx = jnp.asarray([[0, 4, 6], [2, 2, 5]], jnp.int32)
-    _, y_out, _ = moe.moe_ffn(p, cfg, h_base, h_out, idx)
+    ffn = jax.jit(moe.moe_ffn, static_argnums=1)  # eagerly it dispatches op by op
+    _, y_out, _ = ffn(p, cfg, h_base, h_out, idx)
     probs_b = kmoe.router_probs(h_base @ p["router"])
     _, experts_b = kmoe.top_k_route(probs_b, 2, True, jnp.float32)
     want_experts = np.take_along_axis(np.asarray(experts_b), np.asarray(idx)[..., None], 1)
@@ -98,7 +99,7 @@ def test_copies_use_their_base_tokens_experts():
     np.testing.assert_allclose(np.asarray(y_out).reshape(6, -1), want, atol=1e-5, rtol=0)
     # independent routing picks the copies' own experts: a different output here
     ind = cfg.replace(moe=cfg.moe.replace(routing="independent"))
-    _, y_ind, _ = moe.moe_ffn(p, ind, h_base, h_out, idx)
+    _, y_ind, _ = ffn(p, ind, h_base, h_out, idx)
     assert np.abs(np.asarray(y_ind) - np.asarray(y_out)).max() > 1e-3
 
 
@@ -155,24 +156,32 @@ def test_training_loss_adds_the_auxiliary_terms():
         loss_mask=(seg > 0).astype(np.float32),
     )
     model = OrthrosLM(cfg)
-    loss, aux = losses.mean_loss(model, params, batch)
+
+    # One jitted program for the plain and chunked losses, the routing statistics and the
+    # router's gradient (eagerly, each re-traces and dispatches op by op).
+    @jax.jit
+    def run(p):
+        loss, aux = losses.mean_loss(model, p, batch)
+        chunked = losses.mean_loss(model, p, batch, loss_chunk=4)
+        stats = losses.logits_and_moe_stats(model, p, batch)[1]
+        grads = jax.grad(lambda q: losses.mean_loss(model, q, batch)[0])(p)
+        return loss, aux, chunked, stats, grads["moe"]["router"]
+
+    loss, aux, (chunked, aux_c), stats, router_grad = run(params)
     ce = aux["loss_sum"] / aux["weight"]
     want = ce + 0.01 * aux["moe_balance_loss"] + 0.001 * aux["moe_z_loss"]
     np.testing.assert_allclose(float(loss), float(want), rtol=1e-6)
     # the chunked cross-entropy (train.loss_chunk) adds the same terms: the forward sows them
-    chunked, aux_c = losses.mean_loss(model, params, batch, loss_chunk=4)
     np.testing.assert_allclose(float(chunked), float(loss), rtol=1e-6)
     for k in ("moe_balance_loss", "moe_z_loss", "moe_load"):
         np.testing.assert_allclose(np.asarray(aux_c[k]), np.asarray(aux[k]), rtol=1e-6)
     # statistics: both streams' 17 valid tokens in each MoE layer, k = 2 choices each
-    _, stats = losses.logits_and_moe_stats(model, params, batch)
     routed = cfg.ffn_layers("moe") * 2 * 17
     assert float(stats["tokens"]) == routed
     np.testing.assert_allclose(np.asarray(stats["count"]).sum(), routed * 2)
     count = np.asarray(stats["count"]).sum(0)  # the metric is each expert's share of the pairs
     np.testing.assert_allclose(np.asarray(aux["moe_load"]), count / count.sum(), rtol=1e-6)
-    grads = jax.grad(lambda p: losses.mean_loss(model, p, batch)[0])(params)
-    assert float(jnp.abs(grads["moe"]["router"]).sum()) > 0
+    assert float(jnp.abs(router_grad).sum()) > 0
 
 
 def test_parameter_counts_total_and_active():

@@ -1,6 +1,9 @@
-"""Preemption across processes: two processes (jax.distributed.initialize on localhost, 2 CPU
-devices each) train together; SIGTERM reaches only the second one (the one that writes no
-logs), and both still finish the same update, write one checkpoint together and return."""
+"""Two processes (jax.distributed.initialize on localhost, 2 CPU devices each) train together
+on a fsdp=2 x tensor=2 mesh through training.train(), one named end-to-end scenario (<= 50 s
+idle) in which the same two processes run twice: first a short run that agrees between the
+processes and with the same run on one device; then a long run whose SIGTERM reaches only the
+second process (the one that writes no logs), and both still finish the same update, write one
+checkpoint together and return."""
 
 from __future__ import annotations
 
@@ -8,37 +11,84 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
-STEPS, ROWS = 400, 8  # more updates than the test waits for: the signal must stop the run
+STEPS, ROWS = 3, 8
+# The preempted run: more updates than the test waits for, so the signal must stop it.
+LONG_STEPS = 400
+
+
+def _local_rows(batch: dict, index: int, count: int) -> dict:
+    n = ROWS // count
+    return {k: v[index * n : (index + 1) * n] for k, v in batch.items()}
+
+
+def _config(distributed=None, mesh=None, **loop):
+    from training_helpers import tiny_train_config
+
+    # One layer: the point is the two processes, and it compiles faster.
+    cfg = tiny_train_config(n_layers=1, **({"steps": STEPS, "checkpoint_every": STEPS} | loop))
+    changes = {k: v for k, v in (("distributed", distributed), ("mesh", mesh)) if v is not None}
+    return dataclasses.replace(cfg, **changes)
+
+
+def _train(workdir: str, index: int, count: int, cfg):
+    """train() on this process's rows of the synthetic batches."""
+    from training_helpers import pt_dataset
+
+    from orthros_jax.training import train
+
+    it = iter(pt_dataset(batch=ROWS).map(lambda b: _local_rows(b, index, count)))
+    return train(cfg, workdir, train_iterator=it, eval_batches=[])  # no eval: one compile less
+
+
+def _run(workdir: str, index: int, count: int, cfg) -> dict[str, np.ndarray]:
+    """_train; all params gathered to host."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    state = _train(workdir, index, count, cfg)
+    params = multihost_utils.process_allgather(state.params, tiled=True)
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    return {jax.tree_util.keystr(k): np.asarray(v) for k, v in flat}
 
 
 def _worker(index: int, port: int, out: str) -> None:
-    from test_multiprocess import _local_rows
-    from training_helpers import pt_dataset, tiny_train_config
+    import jax
 
-    from orthros_jax.training import DistributedConfig, MeshConfig, train
+    from orthros_jax.training import DistributedConfig, MeshConfig
 
-    cfg = tiny_train_config(n_layers=1, steps=STEPS, checkpoint_every=0, log_every=1)
-    cfg = dataclasses.replace(
-        cfg,
-        distributed=DistributedConfig(True, f"localhost:{port}", 2, index),
-        mesh=MeshConfig(data=1, fsdp=2, tensor=2),
-    )
-    it = iter(pt_dataset(batch=ROWS).map(lambda b: _local_rows(b, index, 2)))
-    state = train(cfg, os.path.join(out, "workdir"), train_iterator=it, eval_batches=[])
+    dist = DistributedConfig(True, f"localhost:{port}", 2, index)
+    mesh = MeshConfig(data=1, fsdp=2, tensor=2)
+    params = _run(os.path.join(out, "workdir"), index, 2, _config(dist, mesh))
+    assert jax.process_count() == 2 and jax.device_count() == 4
+    np.savez(os.path.join(out, f"process{index}.npz"), **params)
+    # The long run, in the same processes (jax.distributed stays up): the test signals it.
+    cfg = _config(dist, mesh, steps=LONG_STEPS, checkpoint_every=0, log_every=1)
+    state = _train(os.path.join(out, "preempted"), index, 2, cfg)
     with open(os.path.join(out, f"process{index}.json"), "w") as f:
         json.dump({"step": int(state.step)}, f)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _lines(path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().split("\n") if x]
+
+
 @pytest.mark.slow
-def test_sigterm_on_one_process_stops_both_at_the_same_step(tmp_path):
+def test_two_processes_train_together_and_stop_together_on_sigterm(tmp_path):
     from resume_helpers import saved_steps
-    from test_multiprocess import _free_port
     from training_helpers import subprocess_env
 
     port = _free_port()
@@ -52,7 +102,7 @@ def test_sigterm_on_one_process_stops_both_at_the_same_step(tmp_path):
         )
         for i in range(2)
     ]
-    metrics = tmp_path / "workdir" / "metrics.jsonl"
+    metrics = tmp_path / "preempted" / "metrics.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and all(p.poll() is None for p in procs):
         if metrics.is_file() and metrics.read_text().count('"split": "train"') >= 3:
@@ -63,9 +113,30 @@ def test_sigterm_on_one_process_stops_both_at_the_same_step(tmp_path):
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out[-4000:]
+
+    # The short run: the processes agree bit for bit, and with one device (<= 1e-5).
+    p0, p1 = (np.load(tmp_path / f"process{i}.npz") for i in range(2))
+    # The single-device run of the same global batches (this pytest process, 1 device).
+    ref = _run(str(tmp_path / "single"), 0, 1, _config())
+    for key in ref:
+        np.testing.assert_array_equal(p0[key], p1[key], err_msg=key)
+        np.testing.assert_allclose(p0[key], ref[key], atol=1e-5, rtol=0, err_msg=key)
+    lines, ref_lines = (
+        _lines(tmp_path / "workdir" / "metrics.jsonl"),
+        _lines(tmp_path / "single" / "metrics.jsonl"),
+    )
+    assert len(lines) == len(ref_lines) > 0
+    for a, b in zip(lines, ref_lines, strict=True):
+        np.testing.assert_allclose(a["loss"], b["loss"], atol=1e-5, rtol=0)
+    assert sorted(os.listdir(tmp_path / "workdir" / "checkpoints")) == [str(STEPS)]
+
+    # The preempted run: both processes stopped after the same update, its one checkpoint.
     steps = [json.loads((tmp_path / f"process{i}.json").read_text())["step"] for i in range(2)]
-    saved = saved_steps(str(tmp_path / "workdir"))
-    assert steps[0] == steps[1] and saved == [steps[0]] and 3 <= steps[0] < STEPS, (steps, saved)
+    saved = saved_steps(str(tmp_path / "preempted"))
+    assert steps[0] == steps[1] and saved == [steps[0]] and 3 <= steps[0] < LONG_STEPS, (
+        steps,
+        saved,
+    )
     assert f"wrote the checkpoint of step {steps[0]}" in outputs[0], outputs[0][-2000:]
 
 

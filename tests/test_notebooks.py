@@ -17,11 +17,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = sorted(glob.glob(os.path.join(REPO, "notebooks", "*.ipynb")))
 
 
-def _kernel_env(tmp_path) -> dict[str, str]:
+@pytest.fixture(scope="module")
+def kernel_env(tmp_path_factory) -> dict[str, str]:
     """JUPYTER_PATH with a "python3" kernel that runs this interpreter, registered into a temp
-    dir (the installed spec may say plain "python", whatever that is on PATH)."""
+    dir (the installed spec may say plain "python", whatever that is on PATH); registered once
+    for all the notebooks (each `ipykernel install` is a subprocess)."""
     env = {}
-    prefix = tmp_path / "jupyter"
+    prefix = tmp_path_factory.mktemp("jupyter")
     subprocess.run(
         [
             sys.executable,
@@ -119,14 +121,14 @@ def test_notebooks_exist():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
-def test_notebook_runs(path, tmp_path, monkeypatch):
+def test_notebook_runs(path, tmp_path, monkeypatch, kernel_env):
     if "convert_hf" in path:
         pytest.importorskip("transformers")
         pytest.importorskip("torch")
     nb = nbformat.read(path, as_version=4)
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert "\nFULL = False" in "\n" + code and "/work/" not in code  # tiny default, no local paths
-    for key, value in _kernel_env(tmp_path).items():
+    for key, value in kernel_env.items():
         monkeypatch.setenv(key, value)
     # A fresh working directory: the notebooks may not rely on the repository's files.
     client = NotebookClient(

@@ -1,89 +1,19 @@
-"""Preemption: SIGTERM / SIGINT during training finishes the update, writes a checkpoint and
-exits 0 with a line saying so; rerunning resumes to the params, data order and metrics of an
-uninterrupted run (bit for bit). Two processes: tests/test_multiprocess_preemption.py."""
+"""Preemption in process: SIGINT during train() finishes the update, writes a checkpoint and
+returns; rerunning resumes to the params of an uninterrupted run (bit for bit). SIGTERM to
+launch/train.py (exit 0, the line saying so, records and data order resumed):
+tests/test_prepared_resume.py; two processes: tests/test_multiprocess_preemption.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
-from resume_helpers import assert_same_run, run_env, saved_steps
-from training_helpers import REPO, TINY_FLAGS, pt_dataset, run_train, tiny_train_config
+from resume_helpers import saved_steps
+from training_helpers import pt_dataset, tiny_train_config
 
 from orthros_jax.training import train
-
-STEPS = 120
-FLAGS = [
-    *TINY_FLAGS,
-    f"--config.train.steps={STEPS}",
-    "--config.train.checkpoint_every=0",  # only the preemption's and the final checkpoint
-    "--config.train.log_every=5",
-    "--config.train.eval_every=40",
-    "--config.train.data_fingerprints=True",
-]
-TIMING = ("tokens_per_s", "tokens_per_s_per_device", "model_tflops_per_device", "mfu")
-
-
-def _records(workdir: str) -> list[dict]:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [{k: v for k, v in r.items() if k not in TIMING} for r in map(json.loads, f)]
-
-
-def _train_lines(workdir: str) -> int:
-    """How many train records metrics.jsonl holds (of a running process: a line may be
-    half-written, so it is counted, not parsed)."""
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.isfile(path):
-        return 0
-    with open(path) as f:
-        return sum('"split": "train"' in line for line in f)
-
-
-@pytest.mark.slow
-def test_sigterm_checkpoints_exits_0_and_resumes_bit_for_bit(tmp_path):
-    env = run_env(tmp_path)
-    full = str(tmp_path / "full")
-    done = run_train([*FLAGS, f"--workdir={full}"], env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-    cut = str(tmp_path / "cut")
-    proc = subprocess.Popen(
-        [sys.executable, "launch/train.py", *FLAGS, f"--workdir={cut}"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 300
-    while _train_lines(cut) < 2 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.02)  # two log lines: compiled and training
-    assert proc.poll() is None, "the run ended before the signal; raise STEPS"
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
-    saved = saved_steps(cut)
-    assert len(saved) == 1 and 10 <= saved[0] < STEPS, saved
-    assert f"preempted by SIGTERM: wrote the checkpoint of step {saved[0]}" in out, out[-2000:]
-    assert "received SIGTERM: finishing the current update" in err
-
-    resumed = run_train([*FLAGS, f"--workdir={cut}"], env=env, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resumed from {os.path.join(cut, 'checkpoints')} at step {saved[0]}" in resumed.stdout
-
-    assert_same_run(full, cut, STEPS, atol=0.0)  # bit for bit
-    # Every record equal, but the train line of the log window the preemption cut (after the
-    # resume it averages only the steps since).
-    straddling = (saved[0] // 5 + 1) * 5 if saved[0] % 5 else None
-    ra = [r for r in _records(full) if not (r["split"] == "train" and r["step"] == straddling)]
-    rb = [r for r in _records(cut) if not (r["split"] == "train" and r["step"] == straddling)]
-    assert ra == rb and len(ra) >= STEPS // 5
 
 
 def _signal_at(signum: int, index: int, ds):

@@ -27,15 +27,10 @@ ARMS = {"orthros": {}, "transformer": {}, "swa": {}}
 
 
 def _cfg(arch: str, **changes):
-    return tiny_config(
-        architecture=arch,
-        vocab_size=64,
-        d_model=64,
-        head_dim=16,
-        window=16,
-        d_ff=128,
-        **ARMS[arch] | changes,
-    )
+    # One layer: the kernel's forward and backward against XLA's are per layer, and interpret
+    # mode runs each kernel call's grid in Python, so a second layer doubles the cost only.
+    base = dict(n_layers=1, vocab_size=64, d_model=64, head_dim=16, window=16, d_ff=128)
+    return tiny_config(architecture=arch, **base | ARMS[arch] | changes)
 
 
 def _params(cfg):
@@ -124,7 +119,9 @@ def test_sft_output_copies_match_xla():
 def test_chunked_prefill_and_decode_match_xla(arch):
     # Chunks of 32 > FEW_QUERIES go to the kernel with their W-1 previous keys (mask offset);
     # the Transformer arm's global chunk reads the cache (xla); decode is the few-query path.
-    cfg = _cfg(arch, prefill_chunk=32)
+    # Two layers: prefill's last layer reads only each row's last token (the few-query path),
+    # so with one layer no chunk would reach the kernel.
+    cfg = _cfg(arch, prefill_chunk=32, n_layers=2)
     params = _params(cfg)
     rng = np.random.default_rng(5)
     prompts = rng.integers(0, 64, (B, 96)).astype(np.int32)
@@ -178,7 +175,9 @@ from orthros_jax.parallel import sharding
 from orthros_jax.model import OrthrosLM, init_params
 from orthros_jax.training import MeshConfig
 
-cfg = tiny_config(vocab_size=64, d_model=64, head_dim=16, window=16, d_ff=128, prefill_chunk=16)
+cfg = tiny_config(
+    n_layers=1, vocab_size=64, d_model=64, head_dim=16, window=16, d_ff=128, prefill_chunk=16
+)
 params = init_params(cfg, jax.random.PRNGKey(0))
 rng = np.random.default_rng(0)
 out = {}

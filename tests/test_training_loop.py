@@ -32,7 +32,8 @@ def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp_path)
 
 
 def _tiny_pt(steps: int) -> TrainConfig:
-    """configs/tiny_pt.py as shipped, run shorter (and with a smaller batch)."""
+    """configs/tiny_pt.py as shipped, run shorter (smaller batch, rows of 128 bytes: still
+    twice the window, so the base stream stays local)."""
     c = configlib.load_config_file(os.path.join(REPO, "configs", "tiny_pt.py"))
     c.train.steps = steps
     c.train.eval_every = steps // 3
@@ -41,18 +42,20 @@ def _tiny_pt(steps: int) -> TrainConfig:
     c.train.progress_bar = False
     c.optimizer.warmup_steps = 4
     c.data.batch_size = 8
+    c.data.seq_len = 128
     return TrainConfig.from_config(c)
 
 
 @pytest.mark.slow
 def test_tiny_pt_lowers_validation_loss(tmp_path):
-    cfg = _tiny_pt(18)
+    cfg = _tiny_pt(12)
     assert cfg.model.window < cfg.data.seq_len  # a real Orthros: local base stream
     train(cfg, str(tmp_path))
     logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     evals = [x["loss"] for x in logged if x["split"] == "eval"]
     assert len(evals) == 3, logged
+    # Measured: 4.25, 3.52, 3.39 (at steps 4, 8, 12).
     assert evals[-1] < evals[0] - 0.2, evals
     assert evals[-1] < math.log(256) - 1.0, evals  # well below uniform over bytes
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["18"]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["12"]
     assert os.path.isdir(tmp_path / "tensorboard") and os.listdir(tmp_path / "tensorboard")

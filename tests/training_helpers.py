@@ -114,3 +114,88 @@ def subprocess_env(devices: int) -> dict[str, str]:
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(REPO, "tests")])
     return env
+
+
+# The launcher runner of run_launchers: imports the heavy modules once, then forks one child
+# per command line, which runs the script (or `-m` module) as __main__ with that argv, its
+# stdout/stderr in files, and exits as the interpreter would (a SystemExit's string to stderr
+# and status 1; an uncaught exception's traceback and status 1). A child saves its coverage data
+# (where a coverage run measures this process) before it exits.
+_LAUNCHER_RUNNER = r"""
+import importlib, json, os, runpy, sys, traceback
+spec = json.loads(sys.stdin.read())
+for name in spec["preload"]:
+    importlib.import_module(name)
+results = []
+for i, argv in enumerate(spec["runs"]):
+    out, err = (os.path.join(spec["dir"], f"{i}.{s}") for s in ("out", "err"))
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            with open(out, "wb") as o, open(err, "wb") as e:
+                os.dup2(o.fileno(), 1)
+                os.dup2(e.fileno(), 2)
+            if argv[0] == "-m":
+                sys.argv = [argv[1], *argv[2:]]
+                runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = list(argv)
+                sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+                runpy.run_path(argv[0], run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        if isinstance(code, str):
+            print(code, file=sys.stderr)
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:  # os._exit skips atexit: save what a coverage run measured here first
+            from coverage import Coverage
+            cov = Coverage.current()
+        except ImportError:
+            cov = None
+        if cov is not None:
+            cov.stop()
+            cov.save()
+        os._exit(code or 0)
+    _, status = os.waitpid(pid, 0)
+    results.append(os.waitstatus_to_exitcode(status))
+print(json.dumps(results))
+"""
+
+# What the launchers import; a child that imports more pays for it itself.
+PRELOAD = ("jax", "absl.app", "absl.flags", "orthros_jax.configlib", "orthros_jax.training")
+
+
+def run_launchers(
+    runs: list[list[str]], tmp_path, *, env=None, preload=PRELOAD, timeout: int = 300
+) -> list[subprocess.CompletedProcess]:
+    """Each argv of `runs` (a script path and its arguments, or ["-m", module, ...]) as
+    `python ARGV` in the repo root, in one subprocess that imports jax and the package once
+    and forks a child per command line (each imports ~3.5 s otherwise). Returns one
+    CompletedProcess per run: its exit status, stdout and stderr."""
+    import json
+
+    out = os.path.join(str(tmp_path), "launcher_runs")
+    os.makedirs(out, exist_ok=True)
+    spec = {"runs": runs, "dir": out, "preload": list(preload)}
+    done = subprocess.run(
+        [sys.executable, "-c", _LAUNCHER_RUNNER],
+        input=json.dumps(spec),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    codes = json.loads(done.stdout.splitlines()[-1])
+    results = []
+    for i, (argv, code) in enumerate(zip(runs, codes, strict=True)):
+        with open(os.path.join(out, f"{i}.out")) as o, open(os.path.join(out, f"{i}.err")) as e:
+            results.append(subprocess.CompletedProcess(argv, code, o.read(), e.read()))
+    return results

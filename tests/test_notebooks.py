@@ -71,7 +71,9 @@ def test_install_cell_installs_when_the_package_is_missing(tmp_path):
         shutil.copytree(os.path.join(REPO, name), checkout / name, ignore=skip)
     wheels = tmp_path / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(checkout)],
+        # The venv's own setuptools builds it (an isolated build env would be installed first).
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+        + ["-w", str(wheels), str(checkout)],
         check=True,
         capture_output=True,
     )

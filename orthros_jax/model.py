@@ -18,6 +18,7 @@ layers/attn_norm [layers, D], wq [layers, D, N, H], ... (layers/attention.py lis
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -265,8 +266,10 @@ def gather_stream(stream: Stream, index_BT: jax.Array) -> Stream:
     return Stream(take(stream.x, idx), take(stream.positions, idx), take(stream.segment_ids, idx))
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def init_params(cfg: ModelConfig, rng: jax.Array) -> Params:
-    """Unboxed parameters of OrthrosLM(cfg), without running a forward pass."""
+    """Unboxed parameters of OrthrosLM(cfg). Jitted with cfg static: flax's init traces a
+    one-token forward, which run eagerly is one dispatch (and one compile) per op."""
     model = OrthrosLM(cfg)
     tokens = jnp.zeros((1, 1), jnp.int32)
     return nn.unbox(model.init(rng, tokens)["params"])

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import our_logits
 
 from orthros_jax import inference as inf
 from orthros_jax.config import ModelConfig
@@ -204,8 +205,8 @@ def test_layer_types_cycle_equals_uniform_stack():
     params = init_params(cfg, jax.random.PRNGKey(2))
     tokens = jax.random.randint(jax.random.PRNGKey(3), (1, 9), 0, cfg.vocab_size)
     np.testing.assert_allclose(
-        np.asarray(OrthrosLM(cyc).apply({"params": params}, tokens)),
-        np.asarray(OrthrosLM(cfg).apply({"params": params}, tokens)),
+        our_logits(cyc, params, tokens),
+        our_logits(cfg, params, tokens),
         atol=1e-6,
         rtol=0,
     )

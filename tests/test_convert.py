@@ -11,10 +11,10 @@ import os
 import subprocess
 import sys
 
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import our_logits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -30,7 +30,6 @@ from orthros_jax.convert import (  # noqa: E402
     hf_from_params,
     load_hf,
 )
-from orthros_jax.model import OrthrosLM  # noqa: E402
 
 REF: dict[str, np.ndarray] = {}  # variant -> HF fp32 logits of `tokens`, filled by hf_dirs
 T = 24  # tokens per row; windows >= T make Orthros equal the Transformer
@@ -95,7 +94,7 @@ def _hf_logits(hf_dir: str, tokens: np.ndarray) -> np.ndarray:
 
 
 def _logits(cfg: ModelConfig, params, tokens: np.ndarray) -> np.ndarray:
-    return np.asarray(OrthrosLM(cfg).apply({"params": params}, jnp.asarray(tokens)))
+    return our_logits(cfg, params, tokens)
 
 
 @pytest.fixture(scope="module")

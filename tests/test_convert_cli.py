@@ -13,16 +13,15 @@ import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import our_logits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from orthros_jax import checkpoint  # noqa: E402
 from orthros_jax.convert import SafetensorsCheckpoint  # noqa: E402
-from orthros_jax.model import OrthrosLM  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 128
@@ -109,8 +108,8 @@ def test_import_to_orthros_model_dir(qwen3, orthros_dir):
     assert loaded.tokenizer_file == os.path.join(orthros_dir, "tokenizer.json")
     with open(loaded.tokenizer_file) as a, open(os.path.join(hf_dir, "tokenizer.json")) as b:
         assert a.read() == b.read()
-    logits = OrthrosLM(cfg).apply({"params": loaded.params}, jnp.asarray(tokens))
-    np.testing.assert_allclose(np.asarray(logits), ref, atol=ATOL, rtol=0)
+    logits = our_logits(cfg, loaded.params, tokens)
+    np.testing.assert_allclose(logits, ref, atol=ATOL, rtol=0)
 
 
 @pytest.mark.slow
@@ -145,7 +144,7 @@ def test_orthros_exports_as_remote_code_and_imports_back(qwen3, orthros_dir, tmp
     out, back = str(tmp_path / "hf"), str(tmp_path / "back")
     run_cli("convert.py", "--export", f"--model={orthros_dir}", f"--out={out}")
     loaded = checkpoint.load_model(orthros_dir)
-    ours = OrthrosLM(loaded.cfg).apply({"params": loaded.params}, jnp.asarray(tokens))
+    ours = our_logits(loaded.cfg, loaded.params, tokens)
     model = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
     with torch.no_grad():
         logits = model.eval()(torch.from_numpy(tokens), use_cache=False).logits.numpy()

@@ -1,6 +1,6 @@
 """Training the GDN-bearing arms: scan over cycles + remat equal the unrolled step, the PT/SFT
 losses, and the sharding rules of the GDN parameters and cache state (the train CLI's resume of
-a GDN arm is tests/test_training_resume.py)."""
+a GDN arm is tests/test_prepared_resume.py)."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 from training_helpers import REPO, run_train
@@ -66,6 +67,26 @@ def flat_params(workdir: str) -> dict[str, np.ndarray]:
     return flatten(checkpoint.load_model(workdir).params)
 
 
+def start_train(
+    flags: list[str], workdir: str, env: dict, ready: Callable[[], bool], timeout: int
+) -> subprocess.Popen:
+    """launch/train.py on `workdir` in the background (stdout / stderr piped, text), returned
+    once `ready()` holds, for a test to signal; fails if the run ended first."""
+    proc = subprocess.Popen(
+        [sys.executable, "launch/train.py", *flags, f"--workdir={workdir}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + timeout
+    while not ready() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before the signal; raise its steps"
+    return proc
+
+
 def sigkill_and_resume(flags: list[str], tmp_path, steps: int, timeout: int) -> tuple[str, str]:
     """An uninterrupted launch/train.py run, and one killed with SIGKILL after its first
     checkpoint and rerun on its workdir. Returns the two workdirs (full, killed)."""
@@ -75,19 +96,9 @@ def sigkill_and_resume(flags: list[str], tmp_path, steps: int, timeout: int) -> 
     assert done.returncode == 0, done.stderr[-3000:]
 
     killed = str(tmp_path / "killed")
-    proc = subprocess.Popen(
-        [sys.executable, "launch/train.py", *flags, f"--workdir={killed}"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + timeout
-    while not saved_steps(killed) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be killed; raise its steps"
+    proc = start_train(flags, killed, env, lambda: bool(saved_steps(killed)), timeout)
     os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    proc.communicate()  # drains the pipes start_train opened
     at_kill = saved_steps(killed)
     assert at_kill and at_kill[-1] < steps, at_kill
 

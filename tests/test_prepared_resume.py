@@ -12,14 +12,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
-from resume_helpers import assert_same_run, run_env, saved_steps, sigkill_and_resume
+from resume_helpers import (
+    assert_same_run,
+    run_env,
+    saved_steps,
+    sigkill_and_resume,
+    start_train,
+)
 from test_prepared_data import _jsonl, _texts, run_prepare
-from training_helpers import REPO, TINY_FLAGS, run_train
+from training_helpers import TINY_FLAGS, run_train
 
 # Enough updates after the first checkpoint (step 10) and after the signal (sent at step ~10)
 # that the kill and the signal land before the end.
@@ -62,18 +65,8 @@ def _sigterm_and_resume(flags: list[str], cut: str) -> int:
     """A run sent SIGTERM after its second log line, then rerun on its workdir; returns the
     step of the preemption's checkpoint."""
     env = run_env()
-    proc = subprocess.Popen(
-        [sys.executable, "launch/train.py", *flags, f"--workdir={cut}"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 300
-    while _train_lines(cut) < 2 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.02)  # two log lines: compiled and training
-    assert proc.poll() is None, "the run ended before the signal; raise STEPS"
+    # Two log lines: compiled and training.
+    proc = start_train(flags, cut, env, lambda: _train_lines(cut) >= 2, timeout=300)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]

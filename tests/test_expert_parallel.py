@@ -91,32 +91,27 @@ def _infer(cfg, shape, params, batch: int):
     return np.stack(out)
 
 
-# (routing, impl, meshes, meshes with inference) of each part, one subprocess each (so the
-# parts run side by side under xdist, and each stays short): the default arm's train step on
-# every mesh (each part with its own one-device reference), its prefill / decode on the
+# (routing, impl, meshes, meshes with inference), all in one 8-device process: the default arm's
+# train step on every mesh against one single-device reference, its prefill / decode on the
 # expert-split mesh (each mesh's inference programs cost a compile: the train steps already
 # check the other layouts); the others (independent copies, the dense reference's expert
-# slice) on one more mesh's train step.
-PARTS = {
-    "expert_split": (("paired", "grouped", MESHES[:2], ("single", "dp2_ep4")),),
-    "with_fsdp_tensor": (("paired", "grouped", (MESHES[0], *MESHES[2:]), ()),),
-    "independent_dense": (
-        ("independent", "grouped", MESHES[::3], ()),
-        ("paired", "dense", MESHES[:2], ()),
-    ),
-}
+# slice) on one more mesh's train step, each against its own single-device run.
+CASES = (
+    ("paired", "grouped", MESHES, ("single", "dp2_ep4")),
+    ("independent", "grouped", MESHES[::3], ()),
+    ("paired", "dense", MESHES[:2], ()),
+)
 
 
-def _worker(part: str, out: str) -> None:
-    """Runs with 8 CPU devices: the train steps, prefill and decode of one part of PARTS."""
+def _worker(out: str) -> None:
+    """Runs with 8 CPU devices: the train steps, prefill and decode of CASES."""
     from training_helpers import pt_batch
 
     assert jax.device_count() == 8
     batches = [pt_batch(i) for i in range(2)]
     meta: dict = {}
     arrays: dict = {}
-    cases = PARTS[part]
-    for routing, impl, meshes, infer in cases:
+    for routing, impl, meshes, infer in CASES:
         cfg = _cfg(routing, impl)
         trained = None
         for name, shape in meshes:
@@ -133,12 +128,12 @@ def _worker(part: str, out: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("part", list(PARTS))
-def test_expert_parallel_equals_one_device(tmp_path, part):
+def test_expert_parallel_equals_one_device(tmp_path):
+    """A named end-to-end scenario (one 8-device process, about 20 compiles)."""
     from training_helpers import subprocess_env
 
     proc = subprocess.run(
-        [sys.executable, __file__, part, str(tmp_path)],
+        [sys.executable, __file__, str(tmp_path)],
         env=subprocess_env(8),
         capture_output=True,
         text=True,
@@ -173,13 +168,15 @@ def test_expert_parallel_equals_one_device(tmp_path, part):
         # The experts really are split over "expert" (and the tokens gathered / scattered).
         assert rec["specs"]["['moe']['w_gate']"].startswith(str(P(None, "expert"))[:-1])
         assert rec["hlo"] == {"all-gather": True, "reduce-scatter": True}, key
-    if part == "independent_dense":
-        # Paired and independent routing are different models (the test compares like with
-        # like; the dense experts are the grouped ones' model).
-        a, b = meta["paired/dense/single"], meta["independent/grouped/single"]
-        assert abs(a["losses"][-1] - b["losses"][-1]) > 1e-6
-    elif part == "expert_split":  # the default arm's inference ran on the expert-split mesh
-        assert "paired/grouped/dp2_ep4:logits8" in arrays
+    assert sorted(meta) == sorted(
+        f"{routing}/{impl}/{name}" for routing, impl, meshes, _ in CASES for name, _ in meshes
+    )
+    # Paired and independent routing are different models (the test compares like with like;
+    # the dense experts are the grouped ones' model).
+    a, b = meta["paired/dense/single"], meta["independent/grouped/single"]
+    assert abs(a["losses"][-1] - b["losses"][-1]) > 1e-6
+    # The default arm's inference ran on the expert-split mesh.
+    assert "paired/grouped/dp2_ep4:logits8" in arrays
 
 
 def test_experts_must_divide_the_expert_axis():
@@ -192,4 +189,4 @@ def test_experts_must_divide_the_expert_axis():
 
 
 if __name__ == "__main__":
-    _worker(sys.argv[1], sys.argv[2])
+    _worker(sys.argv[1])

@@ -9,8 +9,9 @@
 #
 #     benchmarks/device_check.sh runs/device_check
 #     benchmarks/device_check.sh runs/device_dry --dry-run   # CPU, tiny sizes, xla (the test)
+# Flags after --dry-run go to launch/benchmark.py after the dry run's own (the test adds suites).
 set -euo pipefail
-OUT=${1:?usage: benchmarks/device_check.sh OUT [--dry-run]}
+OUT=${1:?usage: benchmarks/device_check.sh OUT [--dry-run [benchmark flags]]}
 DRY=${2:-}
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -23,7 +24,7 @@ if [[ "$DRY" == "--dry-run" ]]; then
          --config.model.d_ff=128 --config.model.window=16 --config.model.prefill_chunk=64
          --config.model.attention_impl=xla "--config.prefill_lengths=(128,256)"
          "--config.decode_contexts=(128,)" --config.decode_steps=2 --config.train_len=64
-         --config.train_batch=1 --config.repeats=1)
+         --config.train_batch=1 --config.repeats=1 "${@:3}")
 elif [[ -n "$DRY" ]]; then
   echo "device_check.sh: unknown option $DRY (only --dry-run)" >&2; exit 2
 else
@@ -36,7 +37,7 @@ echo "== cuDNN tests" | tee "$OUT/tests.log"
 timeout 200 "$PY" -m pytest -q tests/test_cudnn.py "${TESTS[@]}" --junitxml="$OUT/tests.xml" \
   2>&1 | tee -a "$OUT/tests.log"
 echo "== benchmark"
-timeout 420 "$PY" launch/benchmark.py --config=configs/bench_1b.py "${BENCH[@]}" \
-  --suites=prefill,decode,train --out="$OUT/bench" 2>&1 | tee "$OUT/bench.log"
+timeout 420 "$PY" launch/benchmark.py --config=configs/bench_1b.py --suites=prefill,decode,train \
+  "${BENCH[@]}" --out="$OUT/bench" 2>&1 | tee "$OUT/bench.log"
 "$PY" -m benchmarks.device_report "$OUT/bench/bench.json" > "$OUT/summary.md"
 cat "$OUT/summary.md"

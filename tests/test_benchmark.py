@@ -1,11 +1,10 @@
-"""The benchmark's references compute what they claim, and the benchmark runs end to end."""
+"""The benchmark's references compute what they claim, its flop model and its report (it runs end
+to end, every suite, in tests/test_device_check.py's dry run)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +19,6 @@ from orthros_jax.layers import flops
 from orthros_jax.layers.attention import keys_read
 from orthros_jax.model import init_params
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = tiny_config(vocab_size=64, n_layers=3, window=4, architecture="transformer", prefill_chunk=8)
 
 
@@ -73,73 +71,7 @@ def test_flop_model_hand_values():
     assert flops.floor_prefill_flops(cfg, 1000) < o1
 
 
-@pytest.mark.slow
-def test_benchmark_runs_end_to_end(tmp_path):
-    """launch/benchmark.py at tiny sizes, the suites the device check's dry run does not run
-    (tests/test_device_check.py runs prefill, decode and train through the same script, and
-    checks their numbers, bench.md's prefill table and bench.png)."""
-    out = tmp_path / "bench"
-    cmd = [
-        sys.executable,
-        "launch/benchmark.py",
-        "--config=configs/bench.py",
-        f"--out={out}",
-        "--config.model.d_model=32",
-        "--config.model.n_layers=4",  # one (gdn, gdn, gdn, attention) cycle for table4
-        "--config.model.n_heads=4",
-        "--config.model.n_kv_heads=2",
-        "--config.model.head_dim=8",
-        "--config.model.d_ff=64",
-        "--config.model.window=8",
-        "--config.model.prefill_chunk=16",
-        "--config.prefill_lengths=(32,)",  # the honesty and memory suites' length
-        "--config.dense_max_len=64",
-        "--config.repeats=1",
-        "--config.window_blocks=(4,8)",
-        "--config.inference_len=24",
-        "--config.inference_new_tokens=2",
-        "--config.gdn.num_k_heads=2",
-        "--config.gdn.num_v_heads=4",
-        "--config.gdn.k_head_dim=8",
-        "--config.gdn.v_head_dim=8",
-        "--config.gdn.chunk=8",
-        "--config.gla.k_head_dim=8",
-        "--config.gla.v_head_dim=8",
-        "--config.ret.k_head_dim=8",
-        "--config.ret.v_head_dim=8",
-        "--config.table4_n_layers=4",
-        "--config.table4_lengths=(40,)",
-        "--config.table4_contexts=(32,)",
-        "--suites=honesty,memory,inference,window,table4",
-    ]
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
-    results = json.loads((out / "bench.json").read_text())
-    assert "prefill" not in results and "decode" not in results and "train" not in results
-    assert [r["T"] for r in results["honesty"]] == [32]
-    assert results["honesty"][0]["ours_over_dense"] > 0
-    assert [r["T"] for r in results["memory"]] == [32]
-    assert results["memory"][0]["orthros"]["cache_plus_params_bytes"] > 0
-    assert not (out / "bench.png").exists()  # no prefill times to plot
-    assert [r["block"] for r in results["window"]] == [4, 8]
-    assert all(r["ms_per_chunk_layer"] > 0 for r in results["window"])
-    inf = results["inference"]
-    assert (inf["prompt_len"], inf["new_tokens"], inf["cache_slots"]) == (24, 2, 24 + 2 * 2)
-    for arm in ("orthros", "transformer"):
-        assert inf[arm]["ttft_s"] > 0 and inf[arm]["decode_step_tok_s"] > 0
-        assert sorted(inf[arm]["timing"]) == ["decode_step", "generate_1", "generate_n", "ttft"]
-    assert "| orthros | " in (out / "bench.md").read_text()
-    tab = results["table4"]
-    assert [r["T"] for r in tab["prefill"]] == [40] and [r["context"] for r in tab["decode"]] == [
-        32
-    ]
-    for row in (*tab["prefill"], *tab["decode"]):
-        assert row["hybrid_over_orthros_h"] > 0 and row["transformer_over_orthros"] > 0
-    assert tab["models"]["orthros_h"]["layer_types"] == ["gdn", "gdn", "gdn", "attention"]
-    assert "| 40 |" in (out / "table4.md").read_text()
-    for arm, kind in (("gdn", "gdn"), ("gla", "gla"), ("retnet", "retention")):
-        assert tab["decode"][0][f"{arm}_over_transformer"] > 0
-        assert tab["models"][arm]["layer_types"] == [kind]
-    assert "| decode context | transformer ms | gdn ms |" in (out / "table4.md").read_text()
+# launch/benchmark.py end to end, every suite: tests/test_device_check.py (the dry run).
 
 
 def test_headline_reads_each_target_from_its_suite():

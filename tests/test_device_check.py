@@ -1,7 +1,8 @@
 """benchmarks/device_check.sh --dry-run on CPU at tiny sizes: every step runs and writes its
 files under the one output folder; the summary is built from the benchmark's own numbers. Its
-launch/benchmark.py run is also the end-to-end check of the prefill, decode and train suites
-(tests/test_benchmark.py runs the other suites)."""
+launch/benchmark.py run is also launch/benchmark.py's end-to-end test: the flags after
+--dry-run add every other suite (honesty, memory, inference, window, table4) to the dry run's
+prefill, decode and train, so one process compiles the bench model once for all of them."""
 
 from __future__ import annotations
 
@@ -17,12 +18,35 @@ from benchmarks.device_report import summary
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# The other suites' sizes (the dry run's model: d 64, 2 layers, window 16, prefill chunk 64).
+OTHER_SUITES = [
+    "--suites=prefill,decode,train,honesty,memory,inference,window,table4",
+    "--config.window_blocks=(4,8)",
+    "--config.inference_len=24",
+    "--config.inference_new_tokens=2",
+    "--config.gdn.num_k_heads=2",
+    "--config.gdn.num_v_heads=4",
+    "--config.gdn.k_head_dim=8",
+    "--config.gdn.v_head_dim=8",
+    "--config.gdn.chunk=8",
+    "--config.gla.k_head_dim=8",
+    "--config.gla.v_head_dim=8",
+    "--config.ret.k_head_dim=8",
+    "--config.ret.v_head_dim=8",
+    "--config.table4_n_layers=4",  # one (gdn, gdn, gdn, attention) cycle
+    "--config.table4_lengths=(40,)",
+    "--config.table4_contexts=(32,)",
+]
+
+
 @pytest.mark.slow
-def test_dry_run_writes_every_output(tmp_path):
+def test_dry_run_writes_every_output_and_every_suite_runs(tmp_path):
+    """A named end-to-end scenario: the device check's dry run, whose benchmark runs every
+    suite of launch/benchmark.py (one process, about 25 compiles)."""
     out = tmp_path / "check"
     env = dict(os.environ, PYTHON=sys.executable)
     subprocess.run(
-        ["bash", "benchmarks/device_check.sh", str(out), "--dry-run"],
+        ["bash", "benchmarks/device_check.sh", str(out), "--dry-run", *OTHER_SUITES],
         cwd=ROOT,
         env=env,
         check=True,
@@ -42,7 +66,32 @@ def test_dry_run_writes_every_output(tmp_path):
     assert bench["decode"][0]["orthros_over_transformer"] > 0
     assert bench["train"]["T"] == 64 and bench["train"]["time_ratio_over_flop_ratio"] > 0
     assert (out / "bench" / "bench.png").stat().st_size > 1000
-    assert "| T |" in (out / "bench" / "bench.md").read_text()
+    md = (out / "bench" / "bench.md").read_text()
+    assert "| T |" in md and "| orthros | " in md
+    # The other suites (they were tests/test_benchmark.py's end-to-end run).
+    assert [r["T"] for r in bench["honesty"]] == [128, 256]
+    assert all(r["ours_over_dense"] > 0 for r in bench["honesty"])
+    assert [r["T"] for r in bench["memory"]] == [128, 256]
+    assert all(r["orthros"]["cache_plus_params_bytes"] > 0 for r in bench["memory"])
+    assert [r["block"] for r in bench["window"]] == [4, 8]
+    assert all(r["ms_per_chunk_layer"] > 0 for r in bench["window"])
+    inf = bench["inference"]
+    assert (inf["prompt_len"], inf["new_tokens"], inf["cache_slots"]) == (24, 2, 24 + 2 * 2)
+    for arm in ("orthros", "transformer"):
+        assert inf[arm]["ttft_s"] > 0 and inf[arm]["decode_step_tok_s"] > 0
+        assert sorted(inf[arm]["timing"]) == ["decode_step", "generate_1", "generate_n", "ttft"]
+    tab = bench["table4"]
+    assert [r["T"] for r in tab["prefill"]] == [40]
+    assert [r["context"] for r in tab["decode"]] == [32]
+    for row in (*tab["prefill"], *tab["decode"]):
+        assert row["hybrid_over_orthros_h"] > 0 and row["transformer_over_orthros"] > 0
+    assert tab["models"]["orthros_h"]["layer_types"] == ["gdn", "gdn", "gdn", "attention"]
+    table4_md = (out / "bench" / "table4.md").read_text()
+    assert "| 40 |" in table4_md
+    for arm, kind in (("gdn", "gdn"), ("gla", "gla"), ("retnet", "retention")):
+        assert tab["decode"][0][f"{arm}_over_transformer"] > 0
+        assert tab["models"][arm]["layer_types"] == [kind]
+    assert "| decode context | transformer ms | gdn ms |" in table4_md
 
 
 def test_summary_mfu_from_peak():

@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from benchmarks.hlo_loops import loop_weighted_collective_bytes
 from orthros_jax.config import ModelConfig
-from orthros_jax.configlib import to_plain
+from orthros_jax.config.cli import to_plain
 from orthros_jax.inference import drivers as cached_forward
 from orthros_jax.inference import sequence_parallel
 from orthros_jax.inference.cache import cache_shardings, init_cache
@@ -186,7 +186,7 @@ def inference_program(config: Any, devices: list[Any]) -> Program:
     """The jitted prefill / decode of an inference config over `devices`: the
     sequence-parallel drivers when mesh.sequence > 1, else inference.drivers' (rows over data,
     heads over tensor, a MoE model's experts over expert)."""
-    from orthros_jax.configlib import dataclass_from_dict
+    from orthros_jax.config.cli import dataclass_from_dict
 
     plain = to_plain(config)
     cfg = ModelConfig.from_dict(plain["model"])

@@ -30,7 +30,7 @@ import numpy as np
 
 from orthros_jax import inference
 from orthros_jax.config import ModelConfig
-from orthros_jax.configlib import to_plain
+from orthros_jax.config.cli import to_plain
 from orthros_jax.inference.cache import KVCache, init_cache
 from orthros_jax.inference.drivers import prefill
 from orthros_jax.kernels.attention import local_attention

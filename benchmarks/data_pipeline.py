@@ -220,7 +220,7 @@ def part_step(work: str, rounds: int, steps: int, model_config: str) -> dict:
     """Train steps (model_config's model on tiny_pt.py's run): prepared vs in-memory batches."""
     import jax
 
-    from orthros_jax import configlib
+    from orthros_jax.config import cli
     from orthros_jax.data import DataConfig, make_train_iterator
     from orthros_jax.parallel import mesh as pmesh
     from orthros_jax.parallel import sharding
@@ -235,12 +235,10 @@ def part_step(work: str, rounds: int, steps: int, model_config: str) -> dict:
         if not os.path.isfile(corpus):
             write_corpus(corpus, 20)
         prepare(corpus, data, "", 2, 64)
-    cfg = TrainConfig.from_config(
-        configlib.load_config_file(os.path.join(REPO, "configs/tiny_pt.py"))
-    )
-    model = configlib.load_config_file(os.path.join(REPO, model_config)).model
+    cfg = TrainConfig.from_config(cli.load_config_file(os.path.join(REPO, "configs/tiny_pt.py")))
+    model = cli.load_config_file(os.path.join(REPO, model_config)).model
     data_cfg = DataConfig(prepared=(data,), seq_len=SEQ_LEN, batch_size=BATCH)
-    model_cfg = type(cfg.model).from_dict(configlib.to_plain(model))
+    model_cfg = type(cfg.model).from_dict(cli.to_plain(model))
     cfg = dataclasses.replace(cfg, model=model_cfg, data=data_cfg)
     mesh = pmesh.make_mesh(cfg.mesh)
     tx = make_optimizer(cfg.optimizer, cfg.train.steps, cfg.model)

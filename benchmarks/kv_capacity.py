@@ -37,7 +37,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from orthros_jax.configlib import load_config_file
+from orthros_jax.config.cli import load_config_file
 from orthros_jax.model import init_params
 from orthros_jax.serving import device
 

@@ -34,7 +34,7 @@ from absl import app, flags
 
 from orthros_jax import inference
 from orthros_jax.config import ModelConfig
-from orthros_jax.configlib import load_config_file
+from orthros_jax.config.cli import load_config_file
 from orthros_jax.data.tokenizers import ByteTokenizer
 from orthros_jax.model import init_params
 from orthros_jax.serving.api import create_app

@@ -27,11 +27,11 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.configlib import load_config_file
+from orthros_jax.config.cli import load_config_file
+from orthros_jax.config.moe import ROUTINGS
 from orthros_jax.inference import drivers
 from orthros_jax.inference.cache import cache_shardings, init_cache
 from orthros_jax.model import OrthrosLM, init_params
-from orthros_jax.moe_options import ROUTINGS
 from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel import sharding
 

@@ -40,12 +40,12 @@ from absl import app, flags
 
 from orthros_jax import inference
 from orthros_jax.config import ModelConfig
-from orthros_jax.configlib import load_config_file
+from orthros_jax.config.cli import load_config_file
+from orthros_jax.config.moe import ROUTINGS
 from orthros_jax.inference import drivers
 from orthros_jax.inference.cache import init_cache
 from orthros_jax.kernels import moe as kmoe
 from orthros_jax.model import Params, init_params
-from orthros_jax.moe_options import ROUTINGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)

@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks.run_record import run_record  # noqa: E402
 from orthros_jax import checkpoint  # noqa: E402
-from orthros_jax.configlib import load_config_file  # noqa: E402
+from orthros_jax.config.cli import load_config_file  # noqa: E402
 from orthros_jax.data.tokenizers import load_tokenizer  # noqa: E402
 from orthros_jax.model import OrthrosLM  # noqa: E402
 from orthros_jax.rl import RLConfig, tasks  # noqa: E402

@@ -45,7 +45,7 @@ import numpy as np
 from absl import app, flags
 
 from orthros_jax import inference
-from orthros_jax.configlib import load_config_file
+from orthros_jax.config.cli import load_config_file
 from orthros_jax.model import init_params
 from orthros_jax.serving import device
 

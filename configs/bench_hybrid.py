@@ -10,7 +10,7 @@ import os
 
 import ml_collections
 
-from orthros_jax.configlib import load_config_file
+from orthros_jax.config.cli import load_config_file
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -16,8 +16,8 @@ import os
 
 import ml_collections
 
-from orthros_jax.configlib import load_config_file
-from orthros_jax.moe_options import dense_equivalent_d_expert
+from orthros_jax.config.cli import load_config_file
+from orthros_jax.config.moe import dense_equivalent_d_expert
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -13,7 +13,7 @@ group or tag names, comma-separated). Every field can be overridden with --confi
 
 import ml_collections
 
-from orthros_jax.configlib import section
+from orthros_jax.config.cli import section
 from orthros_jax.evaluation.harness_run import HarnessSpec
 from orthros_jax.evaluation.suite import EvalSpec
 

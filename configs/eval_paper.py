@@ -14,7 +14,7 @@ import os
 
 import ml_collections
 
-from orthros_jax.configlib import load_config_file
+from orthros_jax.config.cli import load_config_file
 
 TABLE1 = (
     "arc_easy",

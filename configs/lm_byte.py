@@ -11,7 +11,7 @@ d_ff / 2 wide, so a token's 2 experts hold the dense FFN's parameters; paired or
 routing of the output copies). All arms share data, optimizer, budget and the block (width,
 layers, FFN active parameters); only the token mixer (model.architecture, scale_offset and the
 mixer's own dims) or the FFN (model.moe) differs. T=128 with window 16, so the base stream
-sees 1/8 of the context. The variants (orthros_noso, the MoE arms) are orthros_jax/arms.py's:
+sees 1/8 of the context. The variants (orthros_noso, the MoE arms) are orthros_jax/config/arms.py's:
 their architecture's fields with the arm's overrides. An override of model.d_ff leaves a MoE
 arm's model.moe.d_expert as it is (set it too to keep the active parameters equal).
 Sized for 2 CPU cores: 12 runs (4 arms x 3 seeds) in ~10-15 minutes.
@@ -19,8 +19,9 @@ Sized for 2 CPU cores: 12 runs (4 arms x 3 seeds) in ~10-15 minutes.
 
 import ml_collections
 
-from orthros_jax import arms
-from orthros_jax.moe_options import dense_equivalent_d_expert
+from orthros_jax.config import arms
+from orthros_jax.config.moe import dense_equivalent_d_expert
+from orthros_jax.evaluation.arms import LM, arms_for
 
 D_FF = 192  # the dense FFN's width; a MoE arm's experts are sized from it
 
@@ -48,13 +49,13 @@ ARMS = {
         kinds=dict(mamba2=dict(heads=2, head_dim=64, state=16)),
     ),
 }
-# The registry's variants that run here (orthros_noso, the MoE arms): their architecture's
+# The presets' variants that run here (orthros_noso, the MoE arms): their architecture's
 # fields with the arm's overrides.
 ARMS.update(
     {
-        name: ARMS[arm.variant_of] | dict(arm.overrides)
+        name: ARMS[arm.architecture] | dict(arm.overrides)
         for name, arm in arms.ARMS.items()
-        if arm.variant_of in ARMS and arms.LM in arm.runs
+        if arm.is_variant and arm.architecture in ARMS and name in arms_for(LM)
     }
 )
 

@@ -20,7 +20,7 @@ import os
 
 import ml_collections
 
-from orthros_jax.configlib import load_config_file
+from orthros_jax.config.cli import load_config_file
 
 STAGES = ("pretrain", "orthros", "orthros_noso", "transformer")
 

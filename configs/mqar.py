@@ -32,10 +32,10 @@ import os
 
 import ml_collections
 
-from orthros_jax.configlib import load_config_file, section
+from orthros_jax.config.cli import load_config_file, section
+from orthros_jax.config.moe import dense_equivalent_d_expert
 from orthros_jax.data.mqar import MQARConfig
 from orthros_jax.evaluation.mqar_report import MQAREval
-from orthros_jax.moe_options import dense_equivalent_d_expert
 
 
 def get_config(arm: str = "orthros") -> ml_collections.ConfigDict:

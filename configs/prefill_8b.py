@@ -16,7 +16,7 @@ import os
 import ml_collections
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.configlib import section
+from orthros_jax.config.cli import section
 
 # length -> (prompt tokens, sequence-parallel chips)
 LENGTHS = {"128k": (131072, 1), "1m": (1048576, 8)}

@@ -21,7 +21,7 @@ params and optimizer state, dots-saveable rematerialisation, the splash attentio
 import ml_collections
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.configlib import section
+from orthros_jax.config.cli import section
 from orthros_jax.data import DataConfig
 from orthros_jax.training import DistributedConfig, LoopConfig, MeshConfig, OptimizerConfig
 

@@ -14,7 +14,7 @@ import os
 
 import ml_collections
 
-from orthros_jax.configlib import load_config_file, section
+from orthros_jax.config.cli import load_config_file, section
 from orthros_jax.convert.fla_config import config_from_fla
 
 # fla's config.json of the 1.3B model (the options we compute; the rest are fla's defaults).

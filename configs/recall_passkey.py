@@ -24,7 +24,7 @@ import os
 
 import ml_collections
 
-from orthros_jax.configlib import load_config_file
+from orthros_jax.config.cli import load_config_file
 
 # GDN arms: the architecture, its 2-layer cycle, and GDN heads at the model's width (d 64).
 GDN_ARMS = {

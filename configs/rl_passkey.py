@@ -18,7 +18,7 @@ import os
 import ml_collections
 
 from orthros_jax import checkpoint
-from orthros_jax.configlib import load_config_file, section
+from orthros_jax.config.cli import load_config_file, section
 from orthros_jax.rl.config import GRPOConfig, RolloutConfig, TaskConfig
 from orthros_jax.training import LoopConfig
 

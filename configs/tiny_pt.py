@@ -11,7 +11,7 @@ values), so any of them can be overridden: --config.model.rope_theta=5e5, ...
 import ml_collections
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.configlib import section
+from orthros_jax.config.cli import section
 from orthros_jax.data import DataConfig
 from orthros_jax.training import DistributedConfig, LoopConfig, MeshConfig, OptimizerConfig
 

@@ -15,7 +15,7 @@ import os
 import ml_collections
 
 from orthros_jax import checkpoint
-from orthros_jax.configlib import load_config_file, section
+from orthros_jax.config.cli import load_config_file, section
 from orthros_jax.data import DataConfig
 
 

@@ -32,8 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from orthros_jax import configlib
-from orthros_jax.config import ModelConfig
+from orthros_jax.config import ModelConfig, cli
 from orthros_jax.inference import decode_step, generate, prefill
 from orthros_jax.inference.cache import init_cache
 from orthros_jax.inference.drivers import prefill_jit
@@ -47,7 +46,7 @@ from benchmarks import table4 as bench_table4  # noqa: E402
 from benchmarks.report import write_report  # noqa: E402
 from orthros_jax.layers import flops  # noqa: E402
 
-_CONFIG = configlib.define_config_flag("configs/bench.py", "Benchmark config.", "benchmark.py")
+_CONFIG = cli.define_config_flag("configs/bench.py", "Benchmark config.", "benchmark.py")
 _OUT = flags.DEFINE_string("out", None, "Directory for bench.json and the reports.")
 _SUITES = flags.DEFINE_list(
     "suites", ["prefill", "honesty", "memory", "decode", "train", "inference"], "Suites to run."
@@ -304,4 +303,4 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
     np.set_printoptions(precision=4)
-    configlib.run(main, "benchmark.py")
+    cli.run(main, "benchmark.py")

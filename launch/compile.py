@@ -35,11 +35,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import app, flags  # noqa: E402
 
-from orthros_jax import configlib  # noqa: E402
+from orthros_jax.config import cli  # noqa: E402
 
-_CONFIG = configlib.define_config_flag(
-    "configs/pt_1p3b.py", "Train or inference config.", "compile.py"
-)
+_CONFIG = cli.define_config_flag("configs/pt_1p3b.py", "Train or inference config.", "compile.py")
 _TARGET = flags.DEFINE_string("target", None, "v5e:4x4 | v5p:2x2x2 | v6e:2x2 | h100x8 | ...")
 _OUT = flags.DEFINE_string("out", None, "Output folder (compile.json, compile.md).")
 flags.mark_flags_as_required(["target", "out"])

@@ -34,8 +34,9 @@ import os
 
 from absl import app, flags, logging
 
-from orthros_jax import checkpoint, configlib
-from orthros_jax.arms import TWO_STREAM_FORM
+from orthros_jax import checkpoint
+from orthros_jax.config import cli
+from orthros_jax.config.architectures import TWO_STREAM_FORM
 from orthros_jax.convert import (
     export_hf,
     from_transformer,
@@ -171,4 +172,4 @@ def run(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    configlib.run(main, "convert.py")
+    cli.run(main, "convert.py")

@@ -23,7 +23,7 @@ import os
 
 from absl import app, flags, logging
 
-from orthros_jax import configlib
+from orthros_jax.config import cli
 from orthros_jax.evaluation import TASKS
 from orthros_jax.evaluation.job import EvalJob, run_job
 
@@ -32,7 +32,7 @@ CONFIG_FILE = os.path.normpath(
 )
 
 
-_CONFIG = configlib.define_config_flag(
+_CONFIG = cli.define_config_flag(
     CONFIG_FILE, "Evaluation config file (get_config()).", "evaluate.py"
 )
 _MODEL = flags.DEFINE_string("model", None, "Model directory or training workdir.")
@@ -62,4 +62,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    configlib.run(main, "evaluate.py")
+    cli.run(main, "evaluate.py")

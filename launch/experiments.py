@@ -37,12 +37,13 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
-from orthros_jax import arms, checkpoint, configlib
+from orthros_jax import checkpoint
+from orthros_jax.config import cli
 from orthros_jax.convert import from_transformer
-from orthros_jax.evaluation import EvalSpec, evaluate, report, write_results
+from orthros_jax.evaluation import EvalSpec, arms, evaluate, report, write_results
 from orthros_jax.training import TrainConfig, train
 
-# The arms each experiment may run and runs by default: orthros_jax/arms.py's registry.
+# The arms each experiment may run and runs by default: orthros_jax/evaluation/arms.py.
 ARMS = arms.arms_for(arms.RECALL)
 DEFAULT_ARMS = arms.arms_for(arms.RECALL, default=True)
 LM_ARMS = arms.arms_for(arms.LM)  # configs/lm_byte.py's
@@ -175,7 +176,7 @@ class Driver:
     # ------------------------------------------------------------ helpers
     def config(self, spec: str, **extra: Any) -> TrainConfig:
         """TrainConfig of configs/<spec> with the driver's overrides and `extra` (dotted keys)."""
-        c = configlib.load_config_file(os.path.join(CONFIG_DIR, spec))
+        c = cli.load_config_file(os.path.join(CONFIG_DIR, spec))
         c.update_from_flattened_dict({**self.overrides, **extra})
         return TrainConfig.from_config(c)
 
@@ -358,4 +359,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    configlib.run(main, "experiments.py")
+    cli.run(main, "experiments.py")

@@ -21,8 +21,8 @@ import jax
 from absl import flags
 from absl import logging as absl_logging
 
-from orthros_jax import configlib
 from orthros_jax.checkpoint import load_model
+from orthros_jax.config import cli
 from orthros_jax.data.tokenizers import load_tokenizer
 from orthros_jax.inference import decode_step, init_cache, prefill
 from orthros_jax.inference.sampling import Sampler, sample
@@ -136,4 +136,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    configlib.run(main, "generate.py")
+    cli.run(main, "generate.py")

@@ -30,13 +30,13 @@ from typing import Any
 import experiments  # launch/experiments.py: flags, TINY_OVERRIDES and the run helpers
 from absl import app, flags, logging
 
-from orthros_jax import arms, configlib
+from orthros_jax.config import cli
 from orthros_jax.data import mqar
-from orthros_jax.evaluation import mqar_report, report
+from orthros_jax.evaluation import arms, mqar_report, report
 from orthros_jax.training import TrainConfig, train
 
 CONFIG = os.path.join(experiments.CONFIG_DIR, "mqar.py")
-DEFAULT_ARMS = arms.arms_for(arms.MQAR, default=True)  # orthros_jax/arms.py
+DEFAULT_ARMS = arms.arms_for(arms.MQAR, default=True)  # orthros_jax/evaluation/arms.py
 FLAGS = flags.FLAGS
 # experiments.py defines the flags; listed in this module's --help as its own.
 for _name in ("out", "arms", "seeds", "tiny", "override", "keep_work", "replot"):
@@ -54,11 +54,11 @@ NOT_HERE = ("experiments", "recall_seeds", "convert_seeds", "convert_arms")
 
 def arm_config(arm: str, overrides: dict[str, Any]) -> tuple[TrainConfig, mqar_report.MQAREval]:
     """The training config (data = MQARConfig) and scoring grid of configs/mqar.py:<arm>."""
-    c = configlib.load_config_file(f"{CONFIG}:{arm}")
+    c = cli.load_config_file(f"{CONFIG}:{arm}")
     c.update_from_flattened_dict(overrides)
-    plain = dict(configlib.to_plain(c))
-    data = configlib.dataclass_from_dict(mqar.MQARConfig, plain.pop("data"), "data")
-    ev = configlib.dataclass_from_dict(mqar_report.MQAREval, plain.pop("eval"), "eval")
+    plain = dict(cli.to_plain(c))
+    data = cli.dataclass_from_dict(mqar.MQARConfig, plain.pop("data"), "data")
+    ev = cli.dataclass_from_dict(mqar_report.MQAREval, plain.pop("eval"), "eval")
     if data.vocab_size > plain["model"]["vocab_size"]:
         raise ValueError(
             f"data.vocab_size={data.vocab_size} is larger than model.vocab_size="
@@ -157,4 +157,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    configlib.run(main, "mqar.py")
+    cli.run(main, "mqar.py")

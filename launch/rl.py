@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from absl import app, flags, logging
 
-from orthros_jax import configlib
+from orthros_jax.config import cli
 from orthros_jax.rl import RewardError, RLConfig, run
 
-_CONFIG = configlib.define_config_flag(
-    "configs/rl_passkey.py", "RL config file (get_config()).", "rl.py"
-)
+_CONFIG = cli.define_config_flag("configs/rl_passkey.py", "RL config file (get_config()).", "rl.py")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed if it exists).")
 flags.mark_flag_as_required("workdir")
 
@@ -34,4 +32,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    configlib.run(main, "rl.py")
+    cli.run(main, "rl.py")

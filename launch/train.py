@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from absl import app, flags, logging
 
-from orthros_jax import configlib
+from orthros_jax.config import cli
 from orthros_jax.training import NonFiniteLossError, TrainConfig, train
 
-_CONFIG = configlib.define_config_flag(
+_CONFIG = cli.define_config_flag(
     "configs/tiny_pt.py", "Training config file (get_config()).", "train.py"
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumed if it exists).")
@@ -39,4 +39,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    configlib.run(main, "train.py")
+    cli.run(main, "train.py")

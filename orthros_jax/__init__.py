@@ -1,7 +1,6 @@
 """orthros-jax: the Orthros dual-stream Transformer and its baselines in JAX/Flax.
 
-Importing the package registers the layer kinds and attention implementations with the config
-(orthros_jax.layers.registry), so `ModelConfig` knows every kind whatever is imported first.
+Importing the package (or orthros_jax.config) registers nothing and imports no model code: a
+ModelConfig is a plain value, checked against the layer registry (layers/registry.validate)
+where a model is built.
 """
-
-from orthros_jax.layers import registry as _registry  # noqa: F401

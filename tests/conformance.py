@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 from helpers import tiny_config
 
-from orthros_jax.arms import ARCHITECTURES
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.architectures import ARCHITECTURES
 from orthros_jax.layers.registry import KINDS
 from orthros_jax.model import OrthrosLM, init_params
 

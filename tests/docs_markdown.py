@@ -183,7 +183,7 @@ def _string_of(node: ast.AST, assigned: dict[str, ast.AST]) -> str | None:
 def script_flags(script: str) -> tuple[frozenset[str], str | None]:
     """(the flags a script defines, its --config default) read from its source: every
     `flags.DEFINE_*("name", ...)`, argparse's `add_argument("--name", ...)`,
-    `configlib.define_config_flag(default, ...)` ("config"),
+    `cli.define_config_flag(default, ...)` ("config"),
     and the flags of the sibling or `benchmarks` modules it imports."""
     path = os.path.join(REPO, script)
     tree = ast.parse(read(script), script)

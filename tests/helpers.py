@@ -15,12 +15,21 @@ from typing import Any
 import jax
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.layers import registry
 
 # 2 layers, d_model 32, 4 query / 2 kv heads of 8 (G = 2), SwiGLU 64, window 8: GQA and two
 # streams at a size that compiles in seconds. Tests override what they are about.
 TINY = dict(
     vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, window=8
 )
+
+
+def validated(**fields: Any) -> ModelConfig:
+    """ModelConfig(**fields) checked against the layer registry too (registry.validate: what a
+    model build checks first)."""
+    cfg = ModelConfig(**fields)
+    registry.validate(cfg)
+    return cfg
 
 
 def tiny_config(**changes: Any) -> ModelConfig:

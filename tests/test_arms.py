@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import tiny_config
+from helpers import tiny_config, validated
 
 from orthros_jax import inference as inf
 from orthros_jax.config import ModelConfig
@@ -28,17 +28,17 @@ def test_arms_and_layer_types_validated():
     oh = ModelConfig(architecture="orthros_h", n_layers=4)
     assert oh.base_window == oh.window and oh.two_streams and oh.scale_offset
     with pytest.raises(ValueError, match="does not fit architecture 'gdn'"):
-        ModelConfig(architecture="gdn", layer_types=("gdn", "attention"))
+        validated(architecture="gdn", layer_types=("gdn", "attention"))
     with pytest.raises(ValueError, match=r"needs \['attention'\] layers and recurrent ones"):
-        ModelConfig(architecture="hybrid", layer_types=("attention",))
+        validated(architecture="hybrid", layer_types=("attention",))
     with pytest.raises(ValueError, match="only 'attention' layers"):
-        ModelConfig(architecture="orthros", layer_types=("gdn",))
+        validated(architecture="orthros", layer_types=("gdn",))
     with pytest.raises(ValueError, match=r"kinds\.gdn\.chunk must be a positive int"):
-        ModelConfig(architecture="gdn", kinds=dict(gdn=dict(chunk=0)))
+        validated(architecture="gdn", kinds=dict(gdn=dict(chunk=0)))
     with pytest.raises(ValueError, match=r"kinds\.gdn\.num_v_heads=3 must be a multiple"):
-        ModelConfig(architecture="gdn", kinds=dict(gdn=dict(num_k_heads=2, num_v_heads=3)))
+        validated(architecture="gdn", kinds=dict(gdn=dict(num_k_heads=2, num_v_heads=3)))
     with pytest.raises(ValueError, match="scale_offset=True needs a two-stream"):
-        ModelConfig(architecture="hybrid", n_layers=4, scale_offset=True)
+        validated(architecture="hybrid", n_layers=4, scale_offset=True)
 
 
 def test_arms_and_fields_validated():
@@ -72,7 +72,7 @@ def test_arms_and_fields_validated():
     ]
     for fields, match in bad:
         with pytest.raises(ValueError, match=match):
-            ModelConfig(n_layers=4, **fields)
+            validated(n_layers=4, **fields)
     hyb = ModelConfig(architecture="orthros_h", layer_types=("retention", "attention"))
     assert hyb.two_streams and hyb.layers_of("retention") == 2
 

@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from benchmarks import moe_routing
-from orthros_jax.configlib import load_config_file
+from orthros_jax.config.cli import load_config_file
 from orthros_jax.model import init_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

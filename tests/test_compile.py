@@ -19,7 +19,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other test processes
 from benchmarks import aot  # noqa: E402
 from benchmarks.hlo_loops import loop_weighted_collective_bytes  # noqa: E402
 from orthros_jax.config import ModelConfig  # noqa: E402
-from orthros_jax.configlib import load_config_file, section  # noqa: E402
+from orthros_jax.config.cli import load_config_file, section  # noqa: E402
 from orthros_jax.layers import flops  # noqa: E402
 from orthros_jax.parallel.device_specs import SPECS, spec_of  # noqa: E402
 

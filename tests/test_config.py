@@ -1,11 +1,18 @@
-"""ModelConfig validation and the paper-size shapes."""
+"""ModelConfig validation (on construction, and layers/registry.validate where a model is
+built), importing the config package changes nothing, and the paper-size shapes."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import pytest
 
 from orthros_jax.config import ARCHITECTURES, TWO_STREAM_ARCHITECTURES, ModelConfig
+from orthros_jax.layers import registry
 from orthros_jax.model import init_params, num_params
 
 BAD = [
@@ -36,10 +43,61 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("changes,field", BAD)
+# What only the registry knows: the kinds, their fit to the architecture, the implementations.
+BAD_FOR_THE_REGISTRY = [
+    ({"layer_types": ("mamba",)}, r"ModelConfig\.layer_types=\('mamba',\)"),
+    ({"layer_types": ("gdn",)}, r"does not fit architecture 'orthros'"),
+    ({"attention_impl": "flash"}, r"ModelConfig\.attention_impl='flash' is unknown"),
+    (
+        {"architecture": "mamba2", "kinds": {"mamba2": {"ffn": False}}, "moe": {}},
+        r"ModelConfig\.moe with layer_types=\('mamba2',\)",
+    ),
+    ({"moe": {"ffn_cycle": ("dense",)}}, r"ModelConfig\.moe\.ffn_cycle=\('dense',\) has no routed"),
+    ({"moe": {"ffn_cycle": ("moe", "sparse")}}, r"ModelConfig\.moe\.ffn_cycle=.*a non-empty cycle"),
+]
+
+
+@pytest.mark.parametrize("changes,field", BAD + BAD_FOR_THE_REGISTRY)
 def test_bad_config_names_the_field(changes, field):
+    with pytest.raises(ValueError, match=field) as e:
+        registry.validate(ModelConfig(**changes))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("changes,field", BAD_FOR_THE_REGISTRY)
+def test_the_registry_checks_what_the_config_cannot(changes, field):
+    cfg = ModelConfig(**changes)  # a value: construction does not read the registry
     with pytest.raises(ValueError, match=field):
-        ModelConfig(**changes)
+        init_params(cfg, jax.random.PRNGKey(0))  # building the model validates it
+
+
+def test_importing_the_config_changes_nothing():
+    """import orthros_jax.config imports no layers/ (nothing registers into the config), and
+    importing the model and the registry afterwards changes none of the config's tables."""
+    code = (
+        "import sys, types\n"
+        "import orthros_jax.config as c\n"
+        "from orthros_jax.config import architectures, arms, kinds, moe, model\n"
+        "mods = (c, architectures, arms, kinds, moe, model)\n"
+        "values = lambda: [(m.__name__, k, v) for m in mods for k, v in sorted(vars(m).items())"
+        " if not k.startswith('__') and not callable(v) and not isinstance(v, types.ModuleType)]\n"
+        "data = lambda: [(m, k, repr(v)) for m, k, v in values()]\n"
+        "before = data()\n"
+        "assert not [m for m in sys.modules if m.startswith('orthros_jax.layers')], 'layers'\n"
+        "import orthros_jax.model, orthros_jax.layers.registry\n"
+        "assert data() == before\n"
+        "tables = [(m, k) for m, k, v in values() if isinstance(v, dict | list | set)]\n"
+        "assert not tables, tables  # the tables are read-only (MappingProxyType, tuples)\n"
+        "print(c.ModelConfig(architecture='hybrid').layer_types)\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "('gdn', 'gdn', 'gdn', 'attention')"
+
+
+def test_every_kinds_options_section_is_declared_once():
+    assert registry.options_disagree() == []
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -121,58 +179,22 @@ def test_partial_rotary_follows_transformers_rule():
     assert ModelConfig(head_dim=32).rotary_dim == 32
 
 
-# A model.json written before the kinds had options sections: their flat, prefixed fields.
-OLD_MODEL_JSON = {
-    "architecture": "orthros_h",
-    "layer_types": ["gla", "attention"],
-    "d_model": 32,
-    "gdn_num_k_heads": 1,
-    "gdn_num_v_heads": 3,
-    "gdn_k_head_dim": 8,
-    "gdn_v_head_dim": 6,
-    "gdn_conv_kernel": 3,
-    "gdn_chunk": 16,
-    "gla_heads": 2,
-    "gla_kv_heads": 1,
-    "gla_k_head_dim": 8,
-    "gla_v_head_dim": 4,
-    "gla_gate_rank": 4,
-    "gla_gate_normalizer": 8.0,
-    "gla_clamp_min": -0.5,
-    "gla_short_conv": True,
-    "gla_conv_kernel": 2,
-    "gla_feature_map": "relu",
-    "gla_output_gate": False,
-    "gla_norm_affine": False,
-    "gla_chunk": 8,
-    "retention_heads": 2,
-    "retention_kv_heads": 2,
-    "retention_k_head_dim": 4,
-    "retention_v_head_dim": 4,
-    "retention_feature_map": None,
-    "retention_output_gate": True,
-    "retention_norm_affine": True,
-    "retention_chunk": 32,
-}
+# A model.json written before the kinds had options sections (their flat, prefixed fields, read
+# by a shim until the config package): refused in one line that names the nested key.
+OLD_MODEL_JSON = {"architecture": "hybrid", "d_model": 32, "gdn_chunk": 16, "gla_gate_rank": 4}
 
 
-def test_old_flat_model_json_loads_into_the_kinds_sections(tmp_path):
-    import json
-
+def test_old_flat_model_json_is_refused_naming_the_section(tmp_path):
     from orthros_jax import checkpoint
 
     path = tmp_path / checkpoint.MODEL_JSON
     path.write_text(json.dumps({"model": OLD_MODEL_JSON, "tokenizer": None}))
-    cfg, _ = checkpoint.read_model_json(str(tmp_path))
-    for key, value in OLD_MODEL_JSON.items():
-        kind, _, name = key.partition("_")
-        if kind in ("gdn", "gla", "retention"):
-            assert getattr(cfg.kinds[kind], name) == value, key
-    assert cfg.layer_types == ("gla", "attention") and cfg.d_model == 32
-    # Written back, the sections are nested, and read again they are the same config.
-    nested = cfg.to_dict()
-    assert nested["kinds"]["gla"]["gate_rank"] == 4 and "gla_gate_rank" not in nested
-    assert ModelConfig.from_dict(json.loads(json.dumps(nested))) == cfg
+    with pytest.raises(ValueError) as e:
+        checkpoint.read_model_json(str(tmp_path))
+    message = str(e.value)
+    assert "\n" not in message
+    assert "'gdn_chunk' (did you mean 'kinds.gdn.chunk'?)" in message
+    assert "'gla_gate_rank' (did you mean 'kinds.gla.gate_rank'?)" in message
 
 
 def test_kinds_sections_replace_merges_and_hash():
@@ -190,7 +212,7 @@ def test_kinds_sections_replace_merges_and_hash():
 def test_kinds_options_override_from_the_command_line():
     """A config section built from a ModelConfig has every kind's options, so the CLI's
     --config.model.kinds.gdn.chunk=32 style overrides reach them."""
-    from orthros_jax.configlib import section, to_plain
+    from orthros_jax.config.cli import section, to_plain
 
     c = section(ModelConfig(architecture="hybrid"))
     c.kinds.gdn.chunk = 32

@@ -139,12 +139,11 @@ def test_1p3b_configs_are_flas_1p3b_models(arm):
 
     import torch
 
-    from orthros_jax import configlib
-    from orthros_jax.config import ModelConfig
+    from orthros_jax.config import ModelConfig, cli
 
     configs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
-    c = configlib.load_config_file(os.path.join(configs, f"pt_1p3b_{arm}.py:100b"))
-    ref = configlib.load_config_file(os.path.join(configs, "pt_1p3b.py:100b"))
+    c = cli.load_config_file(os.path.join(configs, f"pt_1p3b_{arm}.py:100b"))
+    ref = cli.load_config_file(os.path.join(configs, "pt_1p3b.py:100b"))
     cfg = ModelConfig.from_dict(c.model)
     models = fla_reference.fla_models()
     cls, cfg_cls = {
@@ -158,7 +157,7 @@ def test_1p3b_configs_are_flas_1p3b_models(arm):
     tokens = c.data.batch_size * c.data.seq_len * c.optimizer.grad_accum_steps  # per update
     assert (c.train.steps, tokens) == (47_683, 2_097_152)
     for name in ("data", "optimizer", "train", "mesh"):
-        assert configlib.to_plain(c[name]) == configlib.to_plain(ref[name]), name
+        assert cli.to_plain(c[name]) == cli.to_plain(ref[name]), name
 
 
 @pytest.mark.slow

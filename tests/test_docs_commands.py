@@ -25,7 +25,7 @@ from docs_markdown import (
 )
 from training_helpers import run_launchers
 
-from orthros_jax import configlib
+from orthros_jax.config import cli
 from orthros_jax.training import TrainConfig
 
 # launch/compile.py spells --config.mesh.X as --mesh.X (it rewrites argv before absl parses it).
@@ -126,7 +126,7 @@ def test_config_overrides_name_real_keys(case, monkeypatch):
         f"{script}: no --config default found"
     )
     monkeypatch.chdir(REPO)
-    configlib.check_override_keys(argv, default=default)  # a ValueError names the unknown key
+    cli.check_override_keys(argv, default=default)  # a ValueError names the unknown key
 
 
 @pytest.mark.parametrize(
@@ -146,8 +146,8 @@ def test_training_commands_build_valid_configs(case, monkeypatch):
         paths = re.findall(r"[\w./-]+/[\w./-]+", a.split("=", 1)[1])
         if any(not os.path.exists(p) for p in paths):
             pytest.skip(f"{a}: names a path an earlier command makes")
-    config = configlib.load_config_file(spec)
-    configlib.check_override_keys(argv, default=spec)
+    config = cli.load_config_file(spec)
+    cli.check_override_keys(argv, default=spec)
     with config.unlocked():
         for key, value in (
             a[len("--config.") :].split("=", 1) for a in argv if a.startswith("--config.")

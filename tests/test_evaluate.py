@@ -253,7 +253,7 @@ def test_spec_errors_are_value_errors():
 
 def _job(**overrides):
     """EvalJob of configs/eval.py (or `config=`) with dotted overrides, as the CLI builds it."""
-    from orthros_jax.configlib import load_config_file
+    from orthros_jax.config.cli import load_config_file
     from orthros_jax.evaluation.job import EvalJob
 
     c = load_config_file(os.path.join(REPO, "configs", overrides.pop("config", "eval.py")))

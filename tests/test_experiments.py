@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from orthros_jax.configlib import load_config_file
+from orthros_jax.config.cli import load_config_file
 from orthros_jax.evaluation import report
 from orthros_jax.training import TrainConfig
 

@@ -24,17 +24,10 @@ ORDER = (
     "evaluation",
     "serving",
     "rl",  # GRPO: rollouts from serving, updates from training
-    "root",  # orthros_jax/__init__.py: registers the layer kinds on import
+    "root",  # orthros_jax/__init__.py
 )
-LEAVES = {
-    "orthros_jax.config",
-    "orthros_jax.config_registry",
-    "orthros_jax.configlib",
-    "orthros_jax.axes",
-    "orthros_jax.options",
-    "orthros_jax.arms",
-    "orthros_jax.moe_options",
-}
+# The config package (orthros_jax/config/) and these modules.
+LEAVES = {"orthros_jax.axes"}
 # Top-level modules that belong to a package of the order.
 ALIASES = {"orthros_jax": "root"}
 
@@ -98,7 +91,7 @@ def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 
 def _package(module: str) -> str:
-    if module in LEAVES:
+    if module in LEAVES or module.split(".")[:2] == ["orthros_jax", "config"]:
         return "leaves"
     if module in ALIASES:
         return ALIASES[module]
@@ -169,6 +162,15 @@ GENERIC = [
     "orthros_jax/layers/cache_view.py",
     "orthros_jax/layers/flops.py",
 ]
+# The presets: the architectures' default cycles, the kinds' options sections and the arms name
+# kinds (and arms named after them) as data.
+PRESETS = {
+    "orthros_jax/config/architectures.py",
+    "orthros_jax/config/kinds.py",
+    "orthros_jax/config/arms.py",
+    "orthros_jax/evaluation/arms.py",
+}
+GENERIC = [f for f in GENERIC if f not in PRESETS]
 
 
 def _string_literals(path: pathlib.Path) -> set[str]:
@@ -212,17 +214,21 @@ def test_every_kind_satisfies_the_protocol():
 
 
 def test_generic_modules_name_no_ffn_choice():
+    from orthros_jax.config.moe import MOE_IMPLS, ROUTED_CYCLE
     from orthros_jax.layers.ffn import FFNS
-    from orthros_jax.moe_options import MOE_IMPLS
 
     # An FFN choice is found through layers/ffn.FFNS, as a kind through the kind registry.
     # The experts' kernels' names (MOE_IMPLS: "grouped", the all-experts "dense" reference) are
-    # another word in the two modules that name them; ModelConfig's `moe` field is an identifier.
+    # another word in the two modules that name them, and config/moe.py declares the default
+    # ffn_cycle (ROUTED_CYCLE) as data; ModelConfig's `moe` field is an identifier.
     names = set(FFNS) | {f.params_key for f in FFNS.values()}
-    impls = {"orthros_jax/moe_options.py", "orthros_jax/kernels/moe.py"}
+    own = {
+        "orthros_jax/config/moe.py": set(MOE_IMPLS) | set(ROUTED_CYCLE),
+        "orthros_jax/kernels/moe.py": set(MOE_IMPLS),
+    }
     found = {}
     for f in GENERIC:
-        hits = _string_literals(ROOT / f) & (names - set(MOE_IMPLS) if f in impls else names)
+        hits = _string_literals(ROOT / f) & names - own.get(f, set())
         if hits:
             found[f] = sorted(hits)
     assert not found, found

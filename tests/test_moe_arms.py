@@ -1,4 +1,4 @@
-"""The mixture-of-experts arms of the experiments (orthros_jax/arms.py's transformer_moe,
+"""The mixture-of-experts arms of the experiments (orthros_jax/config/arms.py's transformer_moe,
 orthros_moe, orthros_moe_independent): each differs from its dense arm only in model.moe, with
 the dense FFN's active parameters at every experiment's width; and the expert load balance the
 lm / mqar reports read from a run's metrics.jsonl."""
@@ -11,13 +11,13 @@ import os
 import numpy as np
 import pytest
 
-from orthros_jax import arms
-from orthros_jax.config import ModelConfig
-from orthros_jax.configlib import load_config_file, to_plain
+from orthros_jax.config import ModelConfig, arms
+from orthros_jax.config.cli import load_config_file, to_plain
+from orthros_jax.config.moe import dense_equivalent_d_expert
+from orthros_jax.evaluation import arms as experiments
 from orthros_jax.evaluation import report
 from orthros_jax.layers import ffn, flops
 from orthros_jax.model import num_params
-from orthros_jax.moe_options import dense_equivalent_d_expert
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # MoE arm -> (its dense arm, the copies' routing).
@@ -56,11 +56,12 @@ def test_moe_arm_has_the_dense_arms_active_parameters(family, arm):
 
 def test_moe_arms_are_registered_opt_in_variants():
     for arm, (dense_arm, _) in MOE_ARMS.items():
-        a = arms.ARMS[arm]
-        assert a.variant_of == dense_arm and arms.architecture_of(arm) == dense_arm
-        assert arms.LM in a.runs and arms.RECALL in a.runs and not a.default_in
-        assert arm not in arms.arms_for(arms.LM, default=True)
-    labels = [a.label for a in arms.ARMS.values()]
+        a, e = arms.ARMS[arm], experiments.ARMS[arm]
+        assert a.is_variant and arms.architecture_of(arm) == dense_arm
+        assert experiments.LM in e.runs and experiments.RECALL in e.runs and not e.default_in
+        assert arm not in experiments.arms_for(experiments.LM, default=True)
+    assert list(experiments.ARMS) == list(arms.ARMS)  # one arm a row of each table
+    labels = [a.label for a in experiments.ARMS.values()]
     assert len(labels) == len(set(labels))
 
 

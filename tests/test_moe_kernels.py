@@ -7,10 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import validated
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.moe import MOE_IMPLS
 from orthros_jax.kernels import moe as kmoe
-from orthros_jax.moe_options import MOE_IMPLS
 
 N, D, E, K, F = 13, 8, 5, 2, 6  # F: an expert's width (I in kernels/moe.py)
 
@@ -165,7 +166,7 @@ def test_aux_losses_match_transformers_and_float64():
 )
 def test_bad_moe_options_raise_naming_the_field(moe, arch, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")) as err:
-        ModelConfig(architecture=arch, n_layers=4, moe=moe)
+        validated(architecture=arch, n_layers=4, moe=moe)
     assert "\n" not in str(err.value)
 
 

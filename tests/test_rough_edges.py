@@ -14,15 +14,15 @@ import sys
 import pytest
 from training_helpers import REPO, run_launchers
 
-from orthros_jax import checkpoint, configlib
-from orthros_jax.config import ModelConfig
+from orthros_jax import checkpoint
+from orthros_jax.config import ModelConfig, cli
 from orthros_jax.training import TrainConfig, train
 from orthros_jax.training.metrics import drop_replayed
 from orthros_jax.training.start import check_resumed_model, config_warnings
 
 
 def _cfg(**model) -> TrainConfig:
-    c = configlib.load_config_file(os.path.join(REPO, "configs/tiny_pt.py"))
+    c = cli.load_config_file(os.path.join(REPO, "configs/tiny_pt.py"))
     for k, v in model.items():
         c.model[k] = v
     return TrainConfig.from_config(c)
@@ -51,7 +51,7 @@ def test_metrics_of_replayed_steps_are_dropped(tmp_path):
 
 
 def test_warmup_covering_the_run_is_warned():
-    c = configlib.load_config_file(os.path.join(REPO, "configs/tiny_pt.py"))
+    c = cli.load_config_file(os.path.join(REPO, "configs/tiny_pt.py"))
     c.optimizer.warmup_steps, c.train.steps = 50, 40
     (warning,) = config_warnings(TrainConfig.from_config(c))
     assert "warmup_steps=50 >= train.steps=40" in warning
@@ -63,10 +63,10 @@ def test_did_you_mean_names_the_closest_key():
     with pytest.raises(ValueError, match=r"'widow' \(did you mean 'window'\?\)"):
         ModelConfig.from_dict({"widow": 3})
     with pytest.raises(ValueError, match=r"did you mean 'model.widow' -> 'model.window'"):
-        configlib.check_override_keys(
+        cli.check_override_keys(
             ["--config.model.widow=3"], default=os.path.join(REPO, "configs/tiny_pt.py")
         )
-    assert configlib.did_you_mean(["zzzz"], ["window"]) == ""
+    assert cli.did_you_mean(["zzzz"], ["window"]) == ""
 
 
 def test_prompts_beyond_the_known_context_are_flagged():
@@ -230,10 +230,10 @@ def test_a_missing_extra_is_one_line_naming_it(monkeypatch):
     with pytest.raises(
         SystemExit, match=r"evaluate.py: needs the 'lm_eval' package: pip install -e '\.\[eval\]'"
     ):
-        configlib.run(main, "evaluate.py")
+        cli.run(main, "evaluate.py")
 
     def bad(argv):
         raise ModuleNotFoundError("No module named 'not_an_extra'", name="not_an_extra")
 
     with pytest.raises(ModuleNotFoundError):  # not an optional dependency: a real bug
-        configlib.run(bad, "evaluate.py")
+        cli.run(bad, "evaluate.py")

@@ -14,7 +14,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = """
 import os
-from orthros_jax.configlib import load_config_file
+from orthros_jax.config.cli import load_config_file
 
 def get_config():
     c = load_config_file(os.path.join({root!r}, "configs", "bench.py"))

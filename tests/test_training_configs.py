@@ -13,8 +13,8 @@ import pytest
 from helpers import tiny_config
 from training_helpers import REPO, TINY_FLAGS, run_train
 
-from orthros_jax import checkpoint, configlib
-from orthros_jax.config import ModelConfig
+from orthros_jax import checkpoint
+from orthros_jax.config import ModelConfig, cli
 from orthros_jax.data import DataConfig
 from orthros_jax.model import num_params
 from orthros_jax.training import TrainConfig
@@ -22,15 +22,15 @@ from orthros_jax.training.config import LoopConfig, OptimizerConfig
 
 
 def _load(spec: str):
-    return configlib.load_config_file(os.path.join(REPO, "configs", spec))
+    return cli.load_config_file(os.path.join(REPO, "configs", spec))
 
 
 def _sections(c):
     """Builds every section; the data section's files (corpus, tokenizer) may not exist here."""
     model = ModelConfig.from_dict(c.model)
-    opt = configlib.dataclass_from_dict(OptimizerConfig, c.optimizer, "optimizer")
-    loop = configlib.dataclass_from_dict(LoopConfig, c.train, "train")
-    data = DataConfig.from_dict({**configlib.to_plain(c.data), "tokenizer": None})
+    opt = cli.dataclass_from_dict(OptimizerConfig, c.optimizer, "optimizer")
+    loop = cli.dataclass_from_dict(LoopConfig, c.train, "train")
+    data = DataConfig.from_dict({**cli.to_plain(c.data), "tokenizer": None})
     assert set(c.keys()) == {f.name for f in dataclasses.fields(TrainConfig)}
     return model, data, opt, loop
 
@@ -40,7 +40,7 @@ def _sections(c):
 )
 def test_every_config_file_loads(name, tmp_path):
     """Every file in configs/ (the bench configs too) loads as the docs' commands load it:
-    configlib.load_config_file, with get_config's default argument where it has one."""
+    cli.load_config_file, with get_config's default argument where it has one."""
     spec = name
     if name == "convert_tiny.py":  # its argument, a converted model's directory, is required
         checkpoint.write_model_json(str(tmp_path), tiny_config(), None)
@@ -54,7 +54,7 @@ def test_bench_hybrid_is_bench_with_a_cpu_sized_table4_run():
     sized = {"table4_lengths", "table4_contexts", "decode_steps", "repeats"}
     assert set(hybrid) == set(bench)
     for key in set(bench) - sized:
-        assert configlib.to_plain(hybrid[key]) == configlib.to_plain(bench[key]), key
+        assert cli.to_plain(hybrid[key]) == cli.to_plain(bench[key]), key
 
 
 @pytest.mark.parametrize("spec", ["tiny_pt.py", "tiny_sft.py"])
@@ -87,7 +87,7 @@ def test_pt_1p3b_swa_is_table_1_baseline(budget):
     assert model == orthros_model.replace(architecture="swa", window=512, scale_offset=False)
     assert num_params(orthros_model) - num_params(model) == 4 * 24 * 16 * 128  # the SO vectors
     for name in ("data", "optimizer", "train", "mesh", "distributed"):
-        assert configlib.to_plain(swa[name]) == configlib.to_plain(orthros[name]), name
+        assert cli.to_plain(swa[name]) == cli.to_plain(orthros[name]), name
 
 
 @pytest.mark.parametrize(
@@ -111,12 +111,12 @@ def test_unknown_override_fails_listing_valid_keys():
     os.chdir(REPO)
     try:
         with pytest.raises(ValueError, match=r"(?s)optimizer.lrr.*valid keys:.*optimizer\.lr\b"):
-            configlib.check_override_keys(argv)
-        configlib.check_override_keys([*argv[:2], "--config.optimizer.lr=1e-3"])  # known: fine
+            cli.check_override_keys(argv)
+        cli.check_override_keys([*argv[:2], "--config.optimizer.lr=1e-3"])  # known: fine
     finally:
         os.chdir(cwd)
     with pytest.raises(ValueError, match="unknown key.*'optimizer'.*valid keys: lr"):
-        configlib.dataclass_from_dict(OptimizerConfig, {"lrr": 1.0}, "optimizer")
+        cli.dataclass_from_dict(OptimizerConfig, {"lrr": 1.0}, "optimizer")
 
 
 @pytest.mark.slow

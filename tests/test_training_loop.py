@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from training_helpers import REPO, pt_dataset, tiny_train_config
 
-from orthros_jax import checkpoint, configlib
+from orthros_jax import checkpoint
+from orthros_jax.config import cli
 from orthros_jax.training import NonFiniteLossError, TrainConfig, train
 
 
@@ -34,7 +35,7 @@ def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp_path)
 def _tiny_pt(steps: int) -> TrainConfig:
     """configs/tiny_pt.py as shipped, run shorter (smaller batch, rows of 128 bytes: still
     twice the window, so the base stream stays local)."""
-    c = configlib.load_config_file(os.path.join(REPO, "configs", "tiny_pt.py"))
+    c = cli.load_config_file(os.path.join(REPO, "configs", "tiny_pt.py"))
     c.train.steps = steps
     c.train.eval_every = steps // 3
     c.train.checkpoint_every = 0

@@ -168,7 +168,7 @@ print(json.dumps(results))
 """
 
 # What the launchers import; a child that imports more pays for it itself.
-PRELOAD = ("jax", "absl.app", "absl.flags", "orthros_jax.configlib", "orthros_jax.training")
+PRELOAD = ("jax", "absl.app", "absl.flags", "orthros_jax.config.cli", "orthros_jax.training")
 
 
 def run_launchers(

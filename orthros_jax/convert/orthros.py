@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orthros_jax.arms import TWO_STREAM_FORM
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.architectures import TWO_STREAM_FORM
 from orthros_jax.layers.stack import fill_identity_so, kinds_of, so_names
 
 Params = dict[str, Any]

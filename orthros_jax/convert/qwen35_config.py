@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from orthros_jax.arms import TWO_STREAM_FORM
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.architectures import TWO_STREAM_FORM
 from orthros_jax.convert.common import config_with
 from orthros_jax.convert.gdn_hf import GDN_CONFIG_KEYS
 from orthros_jax.convert.hf_config import shape_fields

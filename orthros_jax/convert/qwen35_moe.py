@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.moe import MoEOptions
 from orthros_jax.convert.common import config_with
 from orthros_jax.convert.moe_hf import (
     is_fused,
@@ -41,7 +42,6 @@ from orthros_jax.convert.qwen35_config import (
     qwen35_fields,
     text_config_from,
 )
-from orthros_jax.moe_options import MoEOptions
 
 QWEN35_MOE, QWEN35_MOE_TYPE = "Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"
 # The MoE's sizes are required: transformers' defaults (256 experts, top-8) are a 35B model's.

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.moe import MoEOptions
 from orthros_jax.convert.hf_config import QWEN3, config_from_hf, hf_config_from
 from orthros_jax.convert.hf_weights import _GLOBAL_NAMES, _LAYER_NAMES, _layouts
 from orthros_jax.convert.moe_hf import moe_config_keys, moe_from_hf, moe_options_of, moe_to_hf
-from orthros_jax.moe_options import MoEOptions
 
 QWEN3_MOE = "Qwen3MoeForCausalLM"
 _MOE_KEYS = (

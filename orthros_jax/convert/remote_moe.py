@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.moe import MoEOptions
 from orthros_jax.layers.ffn import FFNS
-from orthros_jax.moe_options import MoEOptions
 
 Params = dict[str, Any]
 # MoEOptions field -> config.json key (impl, the experts' kernel here, is not the model's).

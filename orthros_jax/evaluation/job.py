@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from orthros_jax.configlib import dataclass_from_dict, to_plain
+from orthros_jax.config.cli import dataclass_from_dict, to_plain
 from orthros_jax.evaluation.harness_run import HarnessSpec, split_names
 from orthros_jax.evaluation.suite import EvalSpec, evaluate, write_results
 

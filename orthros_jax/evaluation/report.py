@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from orthros_jax.arms import ARMS
-from orthros_jax.arms import label as arm_label
+from orthros_jax.evaluation.arms import ARMS
+from orthros_jax.evaluation.arms import label as arm_label
 
 EXPERIMENTS = ("recall", "lm", "convert")
-# Each arm's matplotlib colour (orthros_jax/arms.py: labels, colours and order live there).
+# Each arm's matplotlib colour (evaluation/arms.py: labels, colours and order live there).
 COLORS = {name: arm.colour for name, arm in ARMS.items()}
 
 

@@ -32,7 +32,6 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from orthros_jax import config_registry
 from orthros_jax.config import ModelConfig
 from orthros_jax.kernels.attention import (
     few_query_attention,
@@ -195,11 +194,6 @@ IMPLEMENTATIONS: dict[str, AttentionImpl] = {
 def register(name: str, impl: AttentionImpl) -> None:
     """Makes `impl` selectable as ModelConfig.attention_impl=name."""
     IMPLEMENTATIONS[name] = impl
-    config_registry.register_attention_impl(name)
-
-
-for _name in IMPLEMENTATIONS:
-    config_registry.register_attention_impl(_name)
 
 
 def resolve(impl: AttentionImpl | str) -> AttentionImpl:

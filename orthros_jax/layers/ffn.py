@@ -20,7 +20,6 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from orthros_jax import config_registry
 from orthros_jax.config import ModelConfig
 from orthros_jax.layers import moe
 from orthros_jax.layers import primitives as nnl
@@ -67,7 +66,6 @@ FFNS: dict[str, FFN] = {
     "dense": FFN("dense", "ffn", dense_ffn_params, _dense_active, _dense_flops),
     "moe": FFN("moe", "moe", moe.params, moe.active_params, moe.flops_per_token, routed=True),
 }
-config_registry.register_ffns({name: f.routed for name, f in FFNS.items()})
 
 
 def ffns_of(cfg: ModelConfig) -> list[FFN]:

@@ -26,13 +26,13 @@ reads_last_token=False and prefill runs such a last layer in full.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 
 from orthros_jax.axes import BATCH, GDN_K_HEADS, GDN_V_HEADS, HEAD_DIM, LAYERS
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.kinds import GDNOptions
 from orthros_jax.layers import gdn_mixer
 from orthros_jax.layers.kind import (
     Export,
@@ -50,32 +50,8 @@ from orthros_jax.layers.recurrent import (
     cross_so_of,
     stacked_state,
 )
-from orthros_jax.options import Options, check_positive_int, option
 
 SO_NAMES = ("gdn_so_out_scale", "gdn_so_out_offset")
-
-
-@dataclasses.dataclass(frozen=True)
-class GDNOptions(Options):
-    """Gated DeltaNet layers (Qwen3.5's linear_* fields), cfg.kinds.gdn: key / value heads and
-    their head dims, the causal conv kernel, and the chunk of the chunked delta rule."""
-
-    kind: ClassVar[str] = "gdn"
-    legacy_prefix: ClassVar[str | None] = "gdn"
-    num_k_heads: int = option(2, check_positive_int)
-    num_v_heads: int = option(4, check_positive_int)
-    k_head_dim: int = option(32, check_positive_int)
-    v_head_dim: int = option(32, check_positive_int)
-    conv_kernel: int = option(4, check_positive_int)
-    chunk: int = option(64, check_positive_int, runtime=True)
-
-    def validate(self) -> None:
-        if self.num_v_heads % self.num_k_heads:
-            raise ValueError(
-                f"{self.where('num_v_heads')}={self.num_v_heads} must be a multiple of "
-                f"num_k_heads={self.num_k_heads} (each key head serves Hv/Hk consecutive value "
-                "heads)"
-            )
 
 
 def params(cfg: ModelConfig) -> dict[str, ParamDecl]:

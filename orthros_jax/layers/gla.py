@@ -13,41 +13,15 @@ scale_offset: the cross query's SO).
 
 from __future__ import annotations
 
-import dataclasses
-from typing import ClassVar
-
 import jax
 import jax.numpy as jnp
 
 from orthros_jax.axes import EMBED, HEAD_DIM, KV_HEADS
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.kinds import GLAOptions
 from orthros_jax.layers import linear_kind
 from orthros_jax.layers import linear_mixer as lm
 from orthros_jax.layers.kind import Export, ParamDecl, Params, matrix, vector
-from orthros_jax.options import check_positive, check_positive_int, option
-
-
-@dataclasses.dataclass(frozen=True)
-class GLAOptions(lm.LinearOptions):
-    """cfg.kinds.gla: the shared linear-attention options (fla: hidden * expand_k / heads key
-    dims, hidden * expand_v / heads value dims), the low-rank decay gate (rank, logit
-    normalizer, optional clamp_min) and the optional short conv on q/k/v."""
-
-    kind: ClassVar[str] = "gla"
-    legacy_prefix: ClassVar[str | None] = "gla"
-    gate_rank: int = option(16, check_positive_int)
-    gate_normalizer: float = option(16.0, check_positive)
-    clamp_min: float | None = option(None)
-    short_conv: bool = option(False)
-    conv_kernel: int = option(4, check_positive_int)
-
-    def validate(self) -> None:
-        super().validate()
-        if self.clamp_min is not None and not -float("inf") < self.clamp_min <= 0:
-            raise ValueError(
-                f"{self.where('clamp_min')}={self.clamp_min!r} must be None or a finite log "
-                "decay <= 0"
-            )
 
 
 def spec(cfg: ModelConfig) -> lm.Spec:

@@ -32,8 +32,8 @@ import jax.numpy as jnp
 
 from orthros_jax.axes import EMBED, MLP
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.options import Options
 from orthros_jax.layers import primitives as nnl
-from orthros_jax.options import Options
 
 Params = dict[str, Any]
 

@@ -18,6 +18,7 @@ import jax
 
 from orthros_jax.axes import BATCH, HEAD_DIM, HEADS, KV_HEADS, LAYERS
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.options import Options
 from orthros_jax.layers import linear_mixer as lm
 from orthros_jax.layers.kind import (
     Export,
@@ -35,7 +36,6 @@ from orthros_jax.layers.recurrent import (
     cross_so_of,
     stacked_state,
 )
-from orthros_jax.options import Options
 
 Decls = dict[str, ParamDecl]
 

@@ -40,7 +40,6 @@ from orthros_jax.kernels.linear_attention import (
 )
 from orthros_jax.layers.kind import ParamDecl, matrix, residual_std, vector
 from orthros_jax.layers.recurrent import CrossSO, MixArgs
-from orthros_jax.options import Options, check_positive_int, choice, option
 
 Params = dict[str, Any]
 FEATURE_MAP: dict[str | None, Callable[[jax.Array], jax.Array]] = {
@@ -52,29 +51,6 @@ FEATURE_MAP: dict[str | None, Callable[[jax.Array], jax.Array]] = {
 }
 # (p, h_BLD float32-able) -> log decay [B, L, K, H] (per key dim) or [N] (fixed per head)
 DecayFn = Callable[[Params, jax.Array], jax.Array]
-
-
-@dataclasses.dataclass(frozen=True)
-class LinearOptions(Options):
-    """The options every linear-attention kind has (cfg.kinds.<kind>): heads, kv heads
-    (repeated to the heads), key / value head dims, the feature map on q / k, the swish output
-    gate, the norm's weight (fla's elementwise_affine) and the kernel's chunk."""
-
-    heads: int = option(4, check_positive_int)
-    kv_heads: int = option(4, check_positive_int)
-    k_head_dim: int = option(16, check_positive_int)
-    v_head_dim: int = option(32, check_positive_int)
-    feature_map: str | None = option(None, choice(*FEATURE_MAP))
-    output_gate: bool = option(True)
-    norm_affine: bool = option(True)
-    chunk: int = option(64, check_positive_int, runtime=True)
-
-    def validate(self) -> None:
-        if self.heads % self.kv_heads:
-            raise ValueError(
-                f"{self.where('heads')}={self.heads} must be a multiple of "
-                f"kv_heads={self.kv_heads} (each kv head serves heads/kv consecutive heads)"
-            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,9 +31,8 @@ activation dtype) and the SSM state [B, Nh, Ns, P] float32 (transformers' is [B,
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 import flax.linen as nn
 import flax.struct
@@ -41,6 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from orthros_jax.axes import EMBED, HEAD_DIM, HEADS, KV_HEADS
+from orthros_jax.config.kinds import Mamba2Options
 from orthros_jax.kernels.delta_rule import causal_conv, conv_step
 from orthros_jax.kernels.linear_attention import (
     chunked_linear_attention,
@@ -49,62 +49,9 @@ from orthros_jax.kernels.linear_attention import (
 )
 from orthros_jax.layers.kind import Initializer, ParamDecl, matrix, vector
 from orthros_jax.layers.recurrent import CrossSO, MixArgs
-from orthros_jax.options import Options, check_positive, check_positive_int, option
 
 Params = dict[str, Any]
 P = "mamba2_"  # every parameter's prefix
-
-
-@dataclasses.dataclass(frozen=True)
-class Mamba2Options(Options):
-    """cfg.kinds.mamba2 (transformers' Mamba2Config names in brackets).
-
-    heads [num_heads], head_dim [head_dim] (heads * head_dim = HF's expand * hidden_size),
-    state [state_size], groups [n_groups] (B and C per group; divides heads), conv_kernel
-    [conv_kernel], chunk (the kernel's chunk; [chunk_size] changes nothing computed),
-    use_bias [use_bias: in_proj and out_proj], conv_bias [use_conv_bias], ffn (the shared
-    block's SwiGLU FFN; False for a transformers Mamba2: its blocks have none), dt_limit
-    [time_step_limit], dt_min / dt_max / dt_floor [time_step_min / max / floor]: dt_bias init.
-    """
-
-    kind: ClassVar[str] = "mamba2"
-    heads: int = option(4, check_positive_int)
-    head_dim: int = option(32, check_positive_int)
-    state: int = option(16, check_positive_int)
-    groups: int = option(1, check_positive_int)
-    conv_kernel: int = option(4, check_positive_int)
-    chunk: int = option(64, check_positive_int, runtime=True)
-    use_bias: bool = option(False)
-    conv_bias: bool = option(True)
-    ffn: bool = option(True)
-    dt_limit: tuple[float, float] = option((0.0, math.inf))
-    dt_min: float = option(0.001, check_positive, runtime=True)
-    dt_max: float = option(0.1, check_positive, runtime=True)
-    dt_floor: float = option(1e-4, check_positive, runtime=True)
-
-    def __post_init__(self) -> None:
-        # model.json and ml_collections give the limit back as a list
-        object.__setattr__(self, "dt_limit", tuple(float(x) for x in self.dt_limit))
-        super().__post_init__()
-
-    def validate(self) -> None:
-        if self.heads % self.groups:
-            raise ValueError(
-                f"{self.where('heads')}={self.heads} must be a multiple of groups={self.groups} "
-                "(each group's B and C serve heads/groups consecutive heads)"
-            )
-        if len(self.dt_limit) != 2 or not 0.0 <= self.dt_limit[0] < self.dt_limit[1]:
-            raise ValueError(
-                f"{self.where('dt_limit')}={self.dt_limit!r} must be (min, max) with 0 <= min < max"
-            )
-        if self.dt_min > self.dt_max:
-            raise ValueError(
-                f"{self.where('dt_min')}={self.dt_min} must be <= dt_max={self.dt_max}"
-            )
-
-    @property
-    def per_group(self) -> int:
-        return self.heads // self.groups
 
 
 # ------------------------------------------------------------------ parameters

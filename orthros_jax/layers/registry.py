@@ -1,42 +1,102 @@
-"""The layer kinds by name, and the arms made of them. Adding a kind = its module in layers/
-and one line in KINDS (plus a row in the arms' table for a pure stack of it;
-docs/adding_a_layer_kind.md); config validation and options sections, the cache, shardings,
-FLOP and parameter counts, the weight-decay mask, export and scale-offset discovery all read
-these tables."""
+"""The layer kinds by name, and `validate`, the one check of a ModelConfig against them.
+
+Adding a kind = its module in layers/ and one line in KINDS (plus its options section in
+config/kinds.py, and a row of config/architectures.py for a pure stack of it;
+docs/adding_a_layer_kind.md). Config validation, the cache, shardings, FLOP and parameter
+counts, the weight-decay mask, export and scale-offset discovery all read this table.
+"""
 
 from __future__ import annotations
 
-from orthros_jax import config_registry
-from orthros_jax.arms import ATTN_RUNS, CONVERT, CONVERT_RUNS, LM, MQAR, RECALL, Arm
+import functools
+import types
+from collections.abc import Mapping
+
 from orthros_jax.config import ModelConfig
-from orthros_jax.layers import attend, attention, gdn, gla, mamba2, retention
+from orthros_jax.config.kinds import OPTIONS
+from orthros_jax.config.options import check_choice
+from orthros_jax.layers import attend, attention, ffn, gdn, gla, mamba2, retention
 from orthros_jax.layers.cudnn import cudnn_attention
 from orthros_jax.layers.kind import LayerKind
 from orthros_jax.layers.splash import splash
 
-KINDS: dict[str, LayerKind] = {  # each module's KIND (a kind.Kind) is a LayerKind
-    attention.KIND.name: attention.KIND,
-    gdn.KIND.name: gdn.KIND,
-    gla.KIND.name: gla.KIND,
-    retention.KIND.name: retention.KIND,
-    mamba2.KIND.name: mamba2.KIND,
-}
-
-# The accelerator implementations of attention (they import the seam, so they register here).
+KINDS: Mapping[str, LayerKind] = types.MappingProxyType(
+    {  # each module's KIND (a kind.Kind) is a LayerKind
+        attention.KIND.name: attention.KIND,
+        gdn.KIND.name: gdn.KIND,
+        gla.KIND.name: gla.KIND,
+        retention.KIND.name: retention.KIND,
+        mamba2.KIND.name: mamba2.KIND,
+    }
+)
+# The accelerator implementations of attention import the seam, so they are added to its table
+# here (the one table still filled on import: attend.resolve looks names up in it).
 attend.register("splash", splash)
 attend.register("cudnn", cudnn_attention)
+# Every attention implementation a config may name (ModelConfig.attention_impl).
+ATTENTION_IMPLS: Mapping[str, attend.AttentionImpl] = types.MappingProxyType(
+    dict(attend.IMPLEMENTATIONS)
+)
 
-for _kind in KINDS.values():
-    config_registry.register_layer_kind(
-        _kind.name, _kind.validate, recurrent=_kind.recurrent, options=_kind.options
-    )
+
+def validate(cfg: ModelConfig) -> None:
+    """Checks `cfg` against the registry: its layer kinds and FFN choices exist, its cycle fits
+    its architecture, each kind it uses accepts it (and its MoE FFN), its attention
+    implementation exists. A one-line ValueError naming the field; run (once per config) by
+    kinds_of, which everything that builds or runs a model calls before any compile."""
+    unknown = [k for k in cfg.layer_types if k not in KINDS]
+    if unknown:
+        raise ValueError(
+            f"ModelConfig.layer_types={cfg.layer_types!r}: a non-empty cycle of kinds from "
+            f"{', '.join(KINDS)}"
+        )
+    _check_cycle_fits_architecture(cfg)
+    check_choice("ModelConfig.attention_impl", cfg.attention_impl, ATTENTION_IMPLS)
+    if cfg.moe is not None:
+        _check_moe(cfg)
+    for kind in dict.fromkeys(cfg.layer_types):
+        KINDS[kind].validate(cfg)
 
 
-def _check_moe_kinds(cfg: ModelConfig) -> None:
-    """The checks of a MoE config that need its kinds: each must end its block in an FFN for
-    the MoE to replace (its parameters have the FFN's pre-norm mlp_norm; e.g. not
-    kinds.mamba2.ffn=False), and paired routing runs the base stream's last prompt token again
-    in prefill's read pass, beside its copy, which every kind must support (reads_last_token)."""
+def _check_cycle_fits_architecture(cfg: ModelConfig) -> None:
+    """Every cycle of an architecture uses exactly its kinds; a hybrid's recurrent layers may
+    be of any recurrent kind (KINDS[...].recurrent), beside its others."""
+    arch, kinds = cfg.arch, set(cfg.layer_types)
+    recurrent = {k for k, kind in KINDS.items() if kind.recurrent}
+    fixed = arch.kinds - recurrent  # the architecture's non-recurrent kinds (a hybrid's attention)
+    if arch.any_recurrent and fixed <= kinds and kinds - fixed and kinds - fixed <= recurrent:
+        return
+    if kinds != arch.kinds:
+        if arch.any_recurrent:
+            needs = f"needs {sorted(fixed)} layers and recurrent ones (any of {sorted(recurrent)})"
+        elif len(arch.kinds) == 1:
+            needs = f"needs only {next(iter(arch.kinds))!r} layers"
+        else:
+            needs = f"needs exactly the kinds {sorted(arch.kinds)}"
+        raise ValueError(
+            f"ModelConfig.layer_types={cfg.layer_types!r} does not fit architecture "
+            f"{cfg.architecture!r}, which {needs} (e.g. {arch.layer_types!r}, the default)"
+        )
+
+
+def _check_moe(cfg: ModelConfig) -> None:
+    """The checks of a MoE config that need the FFN choices and the kinds: its ffn_cycle names
+    FFN choices (layers/ffn.FFNS), a routed one among them; each kind ends its block in an FFN
+    for the MoE to replace (its parameters have the FFN's pre-norm mlp_norm; e.g. not
+    kinds.mamba2.ffn=False); and paired routing runs the base stream's last prompt token again
+    in prefill's read pass, beside its copy, which every kind must support
+    (reads_last_token)."""
+    assert cfg.moe is not None
+    cycle, routed = cfg.moe.ffn_cycle, [n for n, f in ffn.FFNS.items() if f.routed]
+    if any(f not in ffn.FFNS for f in cycle):
+        raise ValueError(
+            f"ModelConfig.moe.ffn_cycle={cycle!r}: a non-empty cycle of {', '.join(ffn.FFNS)}"
+        )
+    if not set(cycle) & set(routed):
+        raise ValueError(
+            f"ModelConfig.moe.ffn_cycle={cycle!r} has no routed layer ({', '.join(routed)}; set "
+            "ModelConfig.moe=None for a dense model)"
+        )
     kinds = [KINDS[k] for k in dict.fromkeys(cfg.layer_types)]
     bare = [k.name for k in kinds if "mlp_norm" not in k.params(cfg)]
     if bare:
@@ -53,52 +113,18 @@ def _check_moe_kinds(cfg: ModelConfig) -> None:
         )
 
 
-if _check_moe_kinds not in config_registry.MOE_CHECKS:
-    config_registry.MOE_CHECKS.append(_check_moe_kinds)
-
-# The paper's arms (orthros_jax/arms.py), in the order of results' tables, made of the kinds
-# above; a table, one arm a row (hence unformatted).
-_ATTENTION = (attention.KIND.name,)
-# The hybrids use Qwen3.5's cycle of three GDN layers and one attention layer.
-_HYBRID = (gdn.KIND.name,) * 3 + _ATTENTION
-_EVERYWHERE = frozenset({RECALL, LM, CONVERT, MQAR})
-# The MoE arms' FFN (ModelConfig.moe): 8 experts, top-2, transformers' load-balancing loss at
-# 0.01. d_expert is left to each experiment config, which sizes it at its dense width
-# (moe_options.dense_equivalent_d_expert: the k active experts hold the dense FFN's parameters).
-_MOE = dict(n_experts=8, top_k=2, aux_loss_coef=0.01)
-config_registry.register_arms(
-    {
-        "transformer": Arm("Transformer", "C0", _ATTENTION, runs=CONVERT_RUNS,
-                           default_in=_EVERYWHERE, two_stream_form="orthros"),
-        "swa": Arm("SWA", "C7", _ATTENTION, base_window=True, runs=ATTN_RUNS,
-                   default_in=frozenset({RECALL, LM, MQAR})),
-        "orthros": Arm("Orthros", "C3", _ATTENTION, two_streams=True, base_window=True,
-                       runs=CONVERT_RUNS, default_in=_EVERYWHERE),
-        "orthros_noso": Arm("Orthros w/o SO", "C1", variant_of="orthros",
-                            overrides=(("scale_offset", False),), runs=CONVERT_RUNS,
-                            default_in=frozenset({RECALL, LM})),
-        # Mixture-of-experts variants (docs/moe.md): paired (the copies read their base
-        # token's experts) and independent routing of the output copies.
-        "transformer_moe": Arm("Transformer-MoE", "navy", variant_of="transformer",
-                               overrides=(("moe", _MOE),), runs=ATTN_RUNS),
-        "orthros_moe": Arm("Orthros-MoE", "darkred", variant_of="orthros",
-                           overrides=(("moe", _MOE | dict(routing="paired")),), runs=ATTN_RUNS),
-        "orthros_moe_independent": Arm(
-            "Orthros-MoE (indep.)", "lightcoral", variant_of="orthros",
-            overrides=(("moe", _MOE | dict(routing="independent")),), runs=ATTN_RUNS),
-        "gdn": Arm("GDN", "C2", (gdn.KIND.name,)),
-        "hybrid": Arm("Linear Hybrid", "C4", _HYBRID, any_recurrent=True,
-                      two_stream_form="orthros_h"),
-        "orthros_h": Arm("Orthros-H", "C5", _HYBRID, two_streams=True, base_window=True,
-                         any_recurrent=True),
-        # Table 1's other linear baselines (fla's GLA and RetNet) and Mamba-2: pure stacks.
-        "gla": Arm("GLA", "C6", (gla.KIND.name,), runs=ATTN_RUNS),
-        "retnet": Arm("RetNet", "C8", (retention.KIND.name,), runs=ATTN_RUNS),
-        "mamba2": Arm("Mamba-2", "C9", (mamba2.KIND.name,), runs=ATTN_RUNS),
-    }
-)  # fmt: skip
+@functools.lru_cache(maxsize=256)
+def _validated(cfg: ModelConfig) -> tuple[LayerKind, ...]:
+    validate(cfg)
+    return tuple(KINDS[name] for name in dict.fromkeys(cfg.layer_types))
 
 
 def kinds_of(cfg: ModelConfig) -> list[LayerKind]:
-    """The kinds a config uses, in cycle order, each once."""
-    return [KINDS[name] for name in dict.fromkeys(cfg.layer_types)]
+    """The kinds a config uses, in cycle order, each once (the config validated first)."""
+    return list(_validated(cfg))
+
+
+def options_disagree() -> list[str]:
+    """The kinds whose options section differs from config/kinds.OPTIONS' (empty: agree)."""
+    declared = {k: kind.options for k, kind in KINDS.items() if kind.options is not None}
+    return sorted({k for k, _ in set(declared.items()) ^ set(OPTIONS.items())})

@@ -11,34 +11,13 @@ retention_so_out_offset [N, H] (orthros_h with scale_offset).
 
 from __future__ import annotations
 
-import dataclasses
-from typing import ClassVar
-
 import jax.numpy as jnp
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.kinds import RetentionOptions
 from orthros_jax.layers import linear_kind
 from orthros_jax.layers import linear_mixer as lm
 from orthros_jax.layers.kind import Export, ParamDecl
-from orthros_jax.options import check_positive_int, option
-
-
-@dataclasses.dataclass(frozen=True)
-class RetentionOptions(lm.LinearOptions):
-    """cfg.kinds.retention: the shared linear-attention options (no decay gate, no conv; fla's
-    RetNet defaults of 8 heads). Rotary rotates pairs: an even key head dim."""
-
-    kind: ClassVar[str] = "retention"
-    legacy_prefix: ClassVar[str | None] = "retention"
-    heads: int = option(8, check_positive_int)
-    kv_heads: int = option(8, check_positive_int)
-
-    def validate(self) -> None:
-        super().validate()
-        if self.k_head_dim % 2:
-            raise ValueError(
-                f"{self.where('k_head_dim')}={self.k_head_dim} must be even (rotary pairs)"
-            )
 
 
 def spec(cfg: ModelConfig) -> lm.Spec:

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.configlib import dataclass_from_dict, to_plain
-from orthros_jax.options import check_choice, check_positive, check_positive_int
+from orthros_jax.config.cli import dataclass_from_dict, to_plain
+from orthros_jax.config.options import check_choice, check_positive, check_positive_int
 from orthros_jax.training.config import LoopConfig, MeshConfig, OptimizerConfig
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.options import check_positive_int
+from orthros_jax.config.options import check_positive_int
 from orthros_jax.serving import sp_device
 
 

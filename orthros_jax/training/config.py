@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.configlib import dataclass_from_dict, to_plain
+from orthros_jax.config.cli import dataclass_from_dict, to_plain
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import ml_collections
 
 T = TypeVar("T")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Optional dependencies -> the pyproject extra that installs them.
 EXTRAS = {
     "lm_eval": "eval",
@@ -126,7 +126,7 @@ def define_config_flag(default: str, help_text: str, tool: str, *, lock: bool = 
     if not os.path.isfile(default.partition(":")[0]):  # run from outside the repository
         default = os.path.join(REPO, default)
     try:
-        spec = config_spec(sys.argv, default=default)
+        spec = config_spec(sys.argv, default=default) or default
         if not os.path.isfile(spec.partition(":")[0]):
             raise ValueError(f"--config={spec}: no such file (from {os.getcwd()})")
         check_override_keys(sys.argv, default=default)

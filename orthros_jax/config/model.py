@@ -1,8 +1,12 @@
-"""Model configuration: one frozen dataclass, validated on construction.
+"""Model configuration: one frozen dataclass, checked on construction.
 
 `ModelConfig` is the only thing the model, the attention kernels and the inference
 functions read. Launchers build it from an `ml_collections` config with
-`ModelConfig.from_dict`, which rejects unknown keys by name.
+`ModelConfig.from_dict`, which rejects unknown keys by name. Construction checks what the
+config can check alone (types, ranges, relations between its fields) and fills the defaults of
+its architecture (architectures.py); what needs the registry (the kinds and FFN choices exist
+and fit, each used kind's own checks, the attention implementation exists) is
+layers/registry.validate, run where a model is built.
 """
 
 from __future__ import annotations
@@ -13,22 +17,17 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from orthros_jax.arms import ARCHITECTURES as ARMS
-from orthros_jax.config_registry import (
+from orthros_jax.config.architectures import (
     ARCHITECTURES,
-    ATTENTION_IMPLS,
-    DEFAULT_LAYER_TYPES,
-    LAYER_KINDS,
-    MOE_CHECKS,
     TWO_STREAM_ARCHITECTURES,
+    Architecture,
 )
-from orthros_jax.moe_options import MoEOptions
-from orthros_jax.options import (
-    Sections,
+from orthros_jax.config.kinds import Sections
+from orthros_jax.config.moe import MoEOptions
+from orthros_jax.config.options import (
     check_choice,
     check_positive,
     check_positive_int,
-    legacy_key,
     unknown_keys,
 )
 
@@ -71,12 +70,12 @@ class ModelConfig:
     head_dim: int = 32
     d_ff: int = 384
     window: int = 128
-    architecture: str = "orthros"  # an arm of ARCHITECTURES (orthros_jax/arms.py)
-    # Per-stream query scale-offset; None = the arm's default (on for the two-stream arms).
+    architecture: str = "orthros"  # a name of architectures.ARCHITECTURES
+    # Per-stream query scale-offset; None = the architecture's default (on for two streams).
     scale_offset: bool | None = None
-    # The repeating cycle of layer kinds (n_layers must be a multiple of its length); () =
-    # the arm's default (ARMS).
-    layer_types: tuple[str, ...] = ()  # () or None: the arm's default
+    # The repeating cycle of layer kinds (n_layers must be a multiple of its length); () or
+    # None = the architecture's default cycle.
+    layer_types: tuple[str, ...] = ()
     rope_theta: float = 10_000.0
     rope_type: str = "default"
     rope_factor: float = 1.0
@@ -107,10 +106,10 @@ class ModelConfig:
     prefill_chunk: int = 2048
     attention_impl: str = "xla"
     init_std: float = 0.02
-    # Each layer kind's own options, a section per registered kind (options.Sections):
+    # Each layer kind's own options, a section per kind (kinds.Sections):
     # cfg.kinds.gdn.chunk. Built from a mapping kind -> Options or -> dict of options.
     kinds: Sections = dataclasses.field(default_factory=Sections)
-    # The mixture-of-experts FFN (moe_options.MoEOptions, or a dict of its options); None:
+    # The mixture-of-experts FFN (moe.MoEOptions, or a dict of its options); None:
     # every layer's FFN is the dense SwiGLU (d_ff) in its kind's parameters. An option group:
     # a field whose metadata names its options dataclass (from_dict, to_dict, RUNTIME_FIELDS),
     # serialised and flattened as "<field>.<option>" by the generic code below.
@@ -120,10 +119,11 @@ class ModelConfig:
         for name, group in _option_groups():
             if isinstance(getattr(self, name), Mapping):
                 object.__setattr__(self, name, group.from_dict(getattr(self, name)))
+        check_choice("ModelConfig.architecture", self.architecture, ARCHITECTURES)
         if self.scale_offset is None:
-            object.__setattr__(self, "scale_offset", self.architecture in TWO_STREAM_ARCHITECTURES)
-        if not self.layer_types:  # None or (): the arm's default
-            object.__setattr__(self, "layer_types", DEFAULT_LAYER_TYPES.get(self.architecture, ()))
+            object.__setattr__(self, "scale_offset", self.two_streams)
+        if not self.layer_types:  # None or (): the architecture's default
+            object.__setattr__(self, "layer_types", self.arch.layer_types)
         if isinstance(self.layer_types, list):
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
         if not isinstance(self.kinds, Sections):
@@ -144,7 +144,6 @@ class ModelConfig:
         )
         for name in positive:
             check_positive_int(f"ModelConfig.{name}", getattr(self, name))
-        check_choice("ModelConfig.architecture", self.architecture, ARCHITECTURES)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"ModelConfig.n_heads={self.n_heads} must be divisible by "
@@ -156,15 +155,17 @@ class ModelConfig:
             )
         check_choice("ModelConfig.remat", self.remat, REMAT_POLICIES)
         check_choice("ModelConfig.rope_type", self.rope_type, ROPE_TYPES)
-        check_choice("ModelConfig.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        if not isinstance(self.attention_impl, str) or not self.attention_impl:
+            raise ValueError(
+                f"ModelConfig.attention_impl={self.attention_impl!r} must name an implementation"
+            )
         for name in ("dtype", "param_dtype"):
             check_choice(f"ModelConfig.{name}", getattr(self, name), DTYPES)
         for name in ("rope_theta", "norm_eps", "rope_factor", "init_std"):
             check_positive(f"ModelConfig.{name}", getattr(self, name))
-        if not self.layer_types or any(k not in LAYER_KINDS for k in self.layer_types):
+        if not all(isinstance(k, str) for k in self.layer_types):
             raise ValueError(
-                f"ModelConfig.layer_types={self.layer_types!r}: a non-empty cycle of kinds from "
-                f"{', '.join(LAYER_KINDS)}"
+                f"ModelConfig.layer_types={self.layer_types!r}: a non-empty cycle of kind names"
             )
         if self.n_layers % len(self.layer_types):
             raise ValueError(
@@ -180,45 +181,19 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.scale_offset=True needs a two-stream architecture "
                 f"({', '.join(TWO_STREAM_ARCHITECTURES)}), got {self.architecture!r}; the "
-                "single-stream arms have no query scale-offset"
+                "single-stream architectures have no query scale-offset"
             )
-        self._check_layer_types_of_arm()
         if self.moe is not None:
-            self._check_moe()
-        for kind in dict.fromkeys(self.layer_types):
-            LAYER_KINDS[kind].validate(self)
+            # The FFN cycle and the kind cycle repeat together: layer_types is extended to
+            # their least common multiple (the same stack; MoEOptions.layer_cycle).
+            self.moe.resolved_routing(self.two_streams)
+            cycle = self.moe.layer_cycle(self.layer_types, self.n_layers)
+            object.__setattr__(self, "layer_types", cycle)
 
-    def _check_moe(self) -> None:
-        """The FFN cycle and the kind cycle repeat together: layer_types is extended to their
-        least common multiple (the same stack; MoEOptions.layer_cycle)."""
-        assert self.moe is not None
-        self.moe.resolved_routing(self.two_streams)
-        cycle = self.moe.layer_cycle(self.layer_types, self.n_layers)
-        object.__setattr__(self, "layer_types", cycle)
-        for check in MOE_CHECKS:
-            check(self)
-
-    def _check_layer_types_of_arm(self) -> None:
-        """Every cycle of an arm uses exactly the arm's kinds (ARMS); a hybrid's recurrent
-        layers may be of any recurrent kind (LAYER_KINDS[...].recurrent), beside its others."""
-        arm, kinds = ARMS[self.architecture], set(self.layer_types)
-        recurrent = {k for k in LAYER_KINDS if LAYER_KINDS[k].recurrent}
-        fixed = arm.kinds - recurrent  # the arm's non-recurrent kinds (a hybrid's attention)
-        if arm.any_recurrent and fixed <= kinds and kinds - fixed and kinds - fixed <= recurrent:
-            return
-        if kinds != arm.kinds:
-            if arm.any_recurrent:
-                needs = (
-                    f"needs {sorted(fixed)} layers and recurrent ones (any of {sorted(recurrent)})"
-                )
-            elif len(arm.kinds) == 1:
-                needs = f"needs only {next(iter(arm.kinds))!r} layers"
-            else:
-                needs = f"needs exactly the kinds {sorted(arm.kinds)}"
-            raise ValueError(
-                f"ModelConfig.layer_types={self.layer_types!r} does not fit architecture "
-                f"{self.architecture!r}, which {needs} (e.g. {arm.layer_types!r}, the default)"
-            )
+    @property
+    def arch(self) -> Architecture:
+        """The architecture's row of architectures.ARCHITECTURES (its streams, default cycle)."""
+        return ARCHITECTURES[self.architecture]
 
     @property
     def rope_dim(self) -> int:
@@ -236,7 +211,7 @@ class ModelConfig:
     def base_window(self) -> int | None:
         """The base stream's window (None: causal over every key, the Transformer arm and the
         Linear Hybrid's full-attention layers)."""
-        return self.window if ARMS[self.architecture].base_window else None
+        return self.window if self.arch.base_window else None
 
     @property
     def n_cycles(self) -> int:
@@ -290,7 +265,7 @@ class ModelConfig:
 
     @property
     def two_streams(self) -> bool:
-        return ARMS[self.architecture].two_streams
+        return self.arch.two_streams
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with `changes`; kinds= changes only the sections and options it names
@@ -332,20 +307,15 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> ModelConfig:
-        """Builds a config from a mapping (e.g. an ml_collections ConfigDict), naming unknown
-        keys. An old model.json's flat kind fields ({prefix}_{option}, e.g. gdn_chunk, each
-        kind's Options.legacy_prefix) go to their kind's section."""
-        known = {f.name for f in dataclasses.fields(cls)}
+        """Builds a config from a mapping (e.g. an ml_collections ConfigDict, a model.json),
+        naming unknown keys (with the closest field or kind option: an old model.json's flat
+        kind field gdn_chunk is refused with 'did you mean kinds.gdn.chunk')."""
+        known = [f.name for f in dataclasses.fields(cls)]
         values = dict(values)
-        kinds: dict[str, dict[str, Any]] = {}
-        for key in [k for k in values if k not in known]:
-            if (found := legacy_key(key)) is not None:
-                kinds.setdefault(found[0], {})[found[1]] = values.pop(key)
-        unknown = sorted(set(values) - known)
+        unknown = sorted(set(values) - set(known))
         if unknown:
-            raise unknown_keys("ModelConfig field(s)", unknown, sorted(known))
-        for kind, options in dict(values.pop("kinds", None) or {}).items():
-            kinds.setdefault(kind, {}).update(dict(options))
+            raise unknown_keys("ModelConfig field(s)", unknown, known, Sections().flat_keys())
+        kinds = {k: dict(o) for k, o in dict(values.pop("kinds", None) or {}).items()}
         return cls(**values, kinds=Sections(kinds))
 
 

@@ -1,8 +1,8 @@
 """The options of the mixture-of-experts FFN (ModelConfig.moe; None: every FFN is dense SwiGLU).
 
 A frozen dataclass checked on construction; ModelConfig checks what depends on the rest of the
-config (ModelConfig._check_moe, and config_registry.MOE_CHECKS for what needs the layer kinds).
-Every error is a one-line ValueError naming the field.
+config (ModelConfig._check_moe), the registry (layers/registry.validate) what needs the FFN
+choices and the layer kinds. Every error is a one-line ValueError naming the field.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from orthros_jax.config_registry import FFN_CHOICES, ROUTED_FFNS
-from orthros_jax.options import check_choice, check_positive_int, unknown_keys
+from orthros_jax.config.options import check_choice, check_positive_int, unknown_keys
 
 ROUTINGS: tuple[str, ...] = ("paired", "independent")
 MOE_IMPLS: tuple[str, ...] = ("grouped", "dense")  # kernels/moe.py's two implementations
+# The default ffn_cycle: every layer's FFN the routed mixture (a name of layers/ffn.FFNS).
+ROUTED_CYCLE: tuple[str, ...] = ("moe",)
 
 
 def dense_equivalent_d_expert(d_ff: int, top_k: int) -> int:
@@ -51,7 +52,7 @@ class MoEOptions:
     shared_expert: int = 0
     routing: str | None = None
     impl: str = "grouped"
-    ffn_cycle: tuple[str, ...] = dataclasses.field(default_factory=lambda: tuple(ROUTED_FFNS))
+    ffn_cycle: tuple[str, ...] = ROUTED_CYCLE
     aux_loss_coef: float = 0.0
     z_loss_coef: float = 0.0
     # Options that change how the model runs or trains, not what its weights compute (a resumed
@@ -78,15 +79,9 @@ class MoEOptions:
                 f"{', '.join(ROUTINGS)} (or None: the arm's default)"
             )
         check_choice("ModelConfig.moe.impl", self.impl, MOE_IMPLS)
-        if not self.ffn_cycle or any(f not in FFN_CHOICES for f in self.ffn_cycle):
+        if not self.ffn_cycle or not all(isinstance(f, str) for f in self.ffn_cycle):
             raise ValueError(
-                f"ModelConfig.moe.ffn_cycle={self.ffn_cycle!r}: a non-empty cycle of "
-                f"{', '.join(FFN_CHOICES)}"
-            )
-        if not set(self.ffn_cycle) & set(ROUTED_FFNS):
-            raise ValueError(
-                f"ModelConfig.moe.ffn_cycle={self.ffn_cycle!r} has no routed layer "
-                f"({', '.join(ROUTED_FFNS)}; set ModelConfig.moe=None for a dense model)"
+                f"ModelConfig.moe.ffn_cycle={self.ffn_cycle!r}: a non-empty cycle of FFN choices"
             )
         for name in ("aux_loss_coef", "z_loss_coef"):
             value = getattr(self, name)

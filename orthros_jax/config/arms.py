@@ -1,0 +1,67 @@
+"""The arms of the paper's experiments as presets: an arm is an architecture
+(architectures.ARCHITECTURES, run as it is) or a variant of one, that architecture with config
+`overrides` (e.g. Orthros without scale-offsets, the MoE arms).
+
+The configs of the experiments (configs/lm_byte.py, configs/mqar.py, ...) build each arm's
+ModelConfig from its preset; evaluation/arms.py says how results name and draw each arm and
+which experiments run it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Mapping
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """architecture: its ModelConfig.architecture; overrides: (field, value) pairs of the
+    ModelConfig that make the variant (none: the architecture itself)."""
+
+    architecture: str
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def is_variant(self) -> bool:
+        return bool(self.overrides)
+
+    def fields(self) -> dict[str, Any]:
+        """The ModelConfig fields the preset sets: architecture and the overrides."""
+        return {"architecture": self.architecture, **dict(self.overrides)}
+
+
+def _moe(**changes: Any) -> Mapping[str, Any]:
+    """The MoE arms' FFN (ModelConfig.moe, read-only): 8 experts, top-2, transformers'
+    load-balancing loss at 0.01. d_expert is left to each experiment config, which sizes it at
+    its dense width (moe.dense_equivalent_d_expert: the k active experts hold the dense FFN's
+    parameters)."""
+    return types.MappingProxyType(dict(n_experts=8, top_k=2, aux_loss_coef=0.01) | changes)
+
+
+# Every arm, in the order of results' tables.
+ARMS: Mapping[str, Arm] = types.MappingProxyType(
+    {
+        "transformer": Arm("transformer"),
+        "swa": Arm("swa"),
+        "orthros": Arm("orthros"),
+        "orthros_noso": Arm("orthros", (("scale_offset", False),)),
+        # Mixture-of-experts variants (docs/moe.md): paired (the copies read their base
+        # token's experts) and independent routing of the output copies.
+        "transformer_moe": Arm("transformer", (("moe", _moe()),)),
+        "orthros_moe": Arm("orthros", (("moe", _moe(routing="paired")),)),
+        "orthros_moe_independent": Arm("orthros", (("moe", _moe(routing="independent")),)),
+        "gdn": Arm("gdn"),
+        "hybrid": Arm("hybrid"),
+        "orthros_h": Arm("orthros_h"),
+        "gla": Arm("gla"),
+        "retnet": Arm("retnet"),
+        "mamba2": Arm("mamba2"),
+    }
+)
+
+
+def architecture_of(arm: str) -> str:
+    """The ModelConfig.architecture of an arm."""
+    return ARMS[arm].architecture

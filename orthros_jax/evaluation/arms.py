@@ -1,0 +1,62 @@
+"""How the experiments treat each arm (config/arms.py's presets): its name in results' tables,
+its matplotlib colour, the experiments that may run it and those that run it by default.
+launch/experiments.py and launch/mqar.py (the arms they accept and run by default), the
+experiment configs and the evaluation report read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Mapping
+
+# The experiments of launch/experiments.py and launch/mqar.py.
+RECALL, LM, CONVERT, MQAR = "recall", "lm", "convert", "mqar"
+ATTN_RUNS = frozenset({RECALL, LM})  # the recall and byte-LM experiments
+CONVERT_RUNS = frozenset({RECALL, LM, CONVERT})
+EVERYWHERE = frozenset({RECALL, LM, CONVERT, MQAR})
+
+
+@dataclasses.dataclass(frozen=True)
+class ArmEntry:
+    """label / colour: the arm's name in tables and its matplotlib colour. runs: the
+    experiments it may run in (mqar takes any arm configs/mqar.py builds); default_in: those
+    that run it when no arms are named."""
+
+    label: str
+    colour: str
+    runs: frozenset[str] = frozenset({RECALL})
+    default_in: frozenset[str] = frozenset()
+
+
+# In the order of results' tables (config/arms.py's); a table, one arm a row.
+ARMS: Mapping[str, ArmEntry] = types.MappingProxyType(
+    {
+        "transformer": ArmEntry("Transformer", "C0", CONVERT_RUNS, EVERYWHERE),
+        "swa": ArmEntry("SWA", "C7", ATTN_RUNS, frozenset({RECALL, LM, MQAR})),
+        "orthros": ArmEntry("Orthros", "C3", CONVERT_RUNS, EVERYWHERE),
+        "orthros_noso": ArmEntry("Orthros w/o SO", "C1", CONVERT_RUNS, frozenset({RECALL, LM})),
+        "transformer_moe": ArmEntry("Transformer-MoE", "navy", ATTN_RUNS),
+        "orthros_moe": ArmEntry("Orthros-MoE", "darkred", ATTN_RUNS),
+        "orthros_moe_independent": ArmEntry("Orthros-MoE (indep.)", "lightcoral", ATTN_RUNS),
+        "gdn": ArmEntry("GDN", "C2"),
+        "hybrid": ArmEntry("Linear Hybrid", "C4"),
+        "orthros_h": ArmEntry("Orthros-H", "C5"),
+        "gla": ArmEntry("GLA", "C6", ATTN_RUNS),
+        "retnet": ArmEntry("RetNet", "C8", ATTN_RUNS),
+        "mamba2": ArmEntry("Mamba-2", "C9", ATTN_RUNS),
+    }
+)
+
+
+def arms_for(experiment: str, *, default: bool = False) -> tuple[str, ...]:
+    """The arms an experiment may run (default=True: those it runs when none are named)."""
+    return tuple(n for n, a in ARMS.items() if experiment in (a.default_in if default else a.runs))
+
+
+def label(arm: str) -> str:
+    return ARMS[arm].label if arm in ARMS else arm
+
+
+def colour(arm: str) -> str | None:
+    return ARMS[arm].colour if arm in ARMS else None

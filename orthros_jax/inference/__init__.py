@@ -15,11 +15,13 @@ from orthros_jax.inference.api import (
     prefill,
     prompt_bucket,
 )
+from orthros_jax.inference.speculative import Speculative
 
 __all__ = [
     "GenerateOutput",
     "KVCache",
     "Sampler",
+    "Speculative",
     "decode_step",
     "generate",
     "init_cache",

@@ -40,6 +40,9 @@ from orthros_jax.inference import sequence_parallel as sp_forward
 from orthros_jax.inference.cache import KVCache, check_cache, init_cache
 from orthros_jax.inference.decode_loop import decode_loop
 from orthros_jax.inference.sampling import RowSampling, Sampler, row_seeds, sample_rows
+from orthros_jax.inference.speculative import Speculative
+from orthros_jax.inference.speculative import check as check_speculative
+from orthros_jax.inference.speculative import generate_jit as speculative_jit
 from orthros_jax.model import Params
 from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel.sequence import SEQ
@@ -189,12 +192,14 @@ class GenerateOutput(flax.struct.PyTreeNode):
     """tokens [B, M] (the stop token included, -1 after the end), lengths [B] (tokens
     generated per row), hit_capacity [B] (row stopped because its cache was full), logprobs
     [B, M] float32 (each token's log-prob under the distribution the sampler drew it from:
-    0 for greedy, 0 after the end)."""
+    0 for greedy, 0 after the end); speculation: generate(speculative=...)'s per-row
+    speculative.SpecStats (host arrays; None without speculation)."""
 
     tokens: np.ndarray
     lengths: np.ndarray
     hit_capacity: np.ndarray
     logprobs: np.ndarray
+    speculation: Any = None
 
 
 def _generate_loop(
@@ -259,6 +264,7 @@ def generate(
     cache_size: int | None = None,
     mesh: Mesh | None = None,
     kv_cache_dtype: str | None = None,
+    speculative: Speculative | None = None,
 ) -> GenerateOutput:
     """Generates up to max_new_tokens per prompt (a list of B token-id lists, ragged).
 
@@ -270,6 +276,8 @@ def generate(
     there with hit_capacity set; nothing wraps. mesh: split the cache over it (init_cache's
     mesh; a "sequence" axis > 1 runs prefill and the decode loop sequence-parallel).
     kv_cache_dtype: "int8" / "fp8" store the K/V quantized (init_cache's; None: full precision).
+    speculative: a speculative.Speculative(k, draft_window): self-speculative decoding, the
+    same tokens (greedy) or the same distribution (sampling) in fewer passes over the cache.
     """
     if isinstance(prompts, np.ndarray) and prompts.ndim == 2:
         prompts = list(prompts)
@@ -296,9 +304,28 @@ def generate(
         tokens[i, : len(ids)] = ids
     _check_ids(tokens, cfg, "generate: prompts")
     stops = _stop_table(stop_tokens, len(prompts), cfg)
+    if speculative is not None:
+        if not isinstance(speculative, Speculative):
+            raise ValueError(f"generate: speculative must be a Speculative, got {speculative!r}")
+        check_speculative(speculative, cfg, size, sp_forward.sequence_size(mesh) > 1)
     cache = init_cache(cfg, len(prompts), size, mesh=mesh, kv_cache_dtype=kv_cache_dtype)
     logits, cache = prefill(params, cache, tokens, lens, cfg)
     rng = jax.random.PRNGKey(0) if rng is None else rng
+    if speculative is not None:
+        out, num, hit, logprobs, stats, _ = speculative_jit(
+            params,
+            cache,
+            logits,
+            rng,
+            jnp.asarray(stops),
+            cfg=cfg,
+            sampler=sampler or Sampler(),
+            max_new_tokens=max_new_tokens,
+            spec=speculative,
+        )
+        return GenerateOutput(
+            _host(out), _host(num), _host(hit), _host(logprobs), jax.tree.map(_host, stats)
+        )
     out, num, hit, logprobs, _ = _generate_jit(
         params,
         cache,

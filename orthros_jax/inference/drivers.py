@@ -198,6 +198,7 @@ def decode(
     cfg: ModelConfig,
     impl: Impl | None = None,
     slot_offset: jax.Array | None = None,
+    draft_window: int | None = None,
 ) -> tuple[jax.Array, KVCache]:
     """tokens [B] at position cache.lengths -> (logits [B, V] for the next token, cache).
 
@@ -207,6 +208,9 @@ def decode(
     a cache write after the loop made XLA copy the whole cache every step (docs/performance.md).
     slot_offset: sequence parallelism (inside shard_map, impl "sequence"): the cache holds this
     shard's slots, the first at this global slot id; a token lands only on the shard owning it.
+    draft_window: a self-speculative draft step (inference/speculative.py): every global
+    query (the output copy; a single-stream arm's attention) reads only the last draft_window
+    slots, O(draft_window); the base stream's window and its K/V writes are unchanged.
     """
     s = cache.max_len
     pos = cache.lengths  # [B]
@@ -220,6 +224,8 @@ def decode(
         jnp.where(active & (local >= 0) & (local < s), local, s)[:, None],
         slot_offset,
     )
+    if draft_window is not None:
+        view = view.replace(global_slots=_window_ending_at(pos, min(draft_window, s)))
     impl = impl or cfg.attention_impl
     ctx = StepContext(mode=DECODE, impl=impl, view=view, valid=active[:, None])
     x = embed(params, tokens[:, None], cfg)

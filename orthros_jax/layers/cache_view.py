@@ -85,11 +85,14 @@ class SlotView(flax.struct.PyTreeNode):
     window_slots: chunk [B, W-1] (the slots right before the chunk), decode / read [B, W] (the
       window ending at the query, itself last); negative or beyond the end = not visible.
     slot_segments [B, S]: 1 for slots a global query may read, padding otherwise.
+    global_slots [B, Wd]: a self-speculative draft (inference/speculative.py): the global keys
+      are only these slots (the last Wd, read like the window: O(Wd)); None: every slot.
     """
 
     window_slots: jax.Array
     slot_segments: jax.Array
     slots: jax.Array | None = None
+    global_slots: jax.Array | None = None
 
     def write(self, stack: jax.Array, li: Any, x_BLKH: jax.Array) -> jax.Array:
         assert self.slots is not None, "a view without slots is read-only (read mode)"
@@ -107,6 +110,9 @@ class SlotView(flax.struct.PyTreeNode):
             self.slot_segments,
             head_major=True,
         )
+        if self.global_slots is not None:
+            gk, gv, g_seg = read_slots(ck, cv, li, self.global_slots, self.slot_segments)
+            full = Keys(gk, gv, self.global_slots, g_seg, head_major=True)
         win = self.window_slots
         wk, wv, win_seg = read_slots(ck, cv, li, win, self.slot_segments)
         if mode == CHUNK:

@@ -1,0 +1,285 @@
+"""Self-speculative decoding: the model drafts k tokens cheaply, verifies them in one pass, and
+keeps the longest prefix the model itself would have produced (docs/speculative.md).
+
+Shapes: B rows, k drafts per round, L = k + 1, V vocab, M new tokens, N stop ids per row.
+
+A round, for every running row at position pos with its pending token (sampled, not yet fed):
+  draft    drivers.decode with draft_window: Orthros's base stream runs exactly (its window;
+           it alone writes the K/V, so every drafted token's K/V is the true one) and the
+           output copy reads only the last draft_window slots; a single-stream arm reads only
+           those slots in every layer (its K/V are approximate). The pending token and drafts
+           d_1 .. d_k are fed (Orthros: k + 1 steps, the last writes d_k's K/V; single-stream:
+           k steps), each draft drawn from the draft's distribution q_j.
+  verify   spec_passes: the model's distributions p_1 .. p_{k+1} at pos .. pos + k in one pass
+           (Orthros: k + 1 output copies over the whole cache; single-stream: the k + 1 tokens
+           again through every layer, rewriting their K/V).
+  accept   greedy: d_j while it is p_j's argmax; sampling: d_j with probability
+           min(1, p_j(d_j) / q_j(d_j)), the first rejection resampled from norm(max(0, p - q)),
+           after k acceptances a bonus token from p_{k+1}. Every emitted token is then
+           distributed exactly as plain decode's (p: the sampler's filtered distribution).
+  rollback the row's length moves to pos + accepted + 1: the rejected drafts' slots are
+           stale, masked by the length like any slot past it.
+The rounds run in one lax.while_loop on device. A row drafts at most k_b = min(k, free slots
+- 1, budget - 1) tokens, so capacity, max_new_tokens and the stop ids (emitted, then the row
+stops) behave as in plain decode. The token at a row's sampling step t draws with keys folded
+from fold_in(PRNGKey(seed_b), t), as plain decode's do (sampling.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from orthros_jax.config import ModelConfig
+from orthros_jax.inference import drivers as fwd
+from orthros_jax.inference import spec_passes
+from orthros_jax.inference.cache import KVCache
+from orthros_jax.inference.sampling import RowSampling, Sampler, filter_rows, row_seeds, sample_rows
+from orthros_jax.layers.registry import kinds_of
+from orthros_jax.model import Params
+
+# Salts folded into a step's key for the draws a round adds to plain decode's one draw.
+_DRAFT, _ACCEPT = 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Speculative:
+    """k: drafts per round (>= 1); draft_window: the slots a draft's global attention reads
+    (>= 1, at most the cache). Frozen (hashable): a static argument of the jitted loop."""
+
+    k: int = 4
+    draft_window: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("k", "draft_window"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Speculative.{name} must be an int >= 1, got {value!r}")
+
+
+def check(spec: Speculative, cfg: ModelConfig, cache_size: int, sequence_split: bool) -> None:
+    """One-line ValueError (before any compile) for a speculation this model or cache cannot
+    run: a draft window beyond the cache, a recurrent layer (its state would have to roll back
+    with the length), paired MoE routing (the verify copies run without their base tokens), or a
+    sequence-split cache."""
+    if spec.draft_window > cache_size:
+        raise ValueError(
+            f"Speculative.draft_window={spec.draft_window} exceeds the cache ({cache_size} slots)"
+        )
+    recurrent = [k.name for k in kinds_of(cfg) if k.recurrent]
+    if recurrent:
+        raise ValueError(
+            f"speculative decoding cannot roll back the recurrent state of {recurrent} layers"
+        )
+    if cfg.two_streams and cfg.moe_routing == "paired":
+        raise ValueError("speculative decoding does not support moe routing 'paired'")
+    if sequence_split:
+        raise ValueError("speculative decoding does not run on a sequence-split cache (mesh)")
+
+
+class SpecStats(flax.struct.PyTreeNode):
+    """Per row [B]: rounds (verify passes), drafted (draft tokens proposed), accepted (drafts
+    kept). Mean accepted length = (accepted + rounds) / rounds tokens per verify."""
+
+    rounds: jax.Array
+    drafted: jax.Array
+    accepted: jax.Array
+
+
+class _State(flax.struct.PyTreeNode):
+    cache: KVCache
+    tok: jax.Array  # [B] the pending token (sampled, to feed next)
+    left: jax.Array  # [B] tokens the row may still emit (0: it stopped)
+    count: jax.Array  # [B] the row's sampling step (tokens it sampled so far)
+    hit: jax.Array  # [B] bool: stopped for want of a cache slot
+    emitted: jax.Array  # [B] tokens written to the buffers
+    tokens: jax.Array  # [B, M] (-1 past the end)
+    logprobs: jax.Array  # [B, M]
+    stats: SpecStats
+
+
+def _keys(seed_B: jax.Array, step_B: jax.Array, salt: int) -> jax.Array:
+    """[B] keys of each row's step, salted (0: plain decode's key itself)."""
+
+    def one(seed: jax.Array, step: jax.Array) -> jax.Array:
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), step)
+        return key if salt == 0 else jax.random.fold_in(key, salt)
+
+    return jax.vmap(one)(seed_B, step_B)
+
+
+def _categorical(keys_B: jax.Array, logits_BV: jax.Array) -> jax.Array:
+    draw = lambda key, x: jax.random.categorical(key, x[None], axis=-1)[0]
+    return jax.vmap(draw)(keys_B, logits_BV).astype(jnp.int32)
+
+
+def _filtered(logits_BLV: jax.Array, rows: RowSampling) -> jax.Array:
+    """float32 [B, L, V]: filter_rows with each row's settings on each of its L positions."""
+    b, length, v = logits_BLV.shape
+    rep = lambda a: jnp.repeat(a, length)
+    flat = filter_rows(
+        logits_BLV.reshape(b * length, v), rep(rows.temperature), rep(rows.top_k), rep(rows.top_p)
+    )
+    return flat.reshape(b, length, v)
+
+
+def _accept(
+    drafts_Bk: jax.Array,
+    q_BkV: jax.Array,
+    p_logits_BLV: jax.Array,
+    k_B: jax.Array,
+    rows: RowSampling,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(accepted n [B], emitted e [B, L]: d_1 .. d_n then the verifier's token, log-prob of
+    each emitted token under p [B, L]). q: the drafts' filtered logits; rows.step: the step of
+    d_1. Greedy rows compare argmaxes; sampled rows run the speculative-sampling rule."""
+    bsz, k = drafts_Bk.shape
+    p_BLV = _filtered(p_logits_BLV, rows)
+    logp = jax.nn.log_softmax(p_BLV, axis=-1)
+    logq = jax.nn.log_softmax(q_BkV, axis=-1)
+    at = lambda x, ids: jnp.take_along_axis(x, ids[..., None], axis=-1)[..., 0]
+    sampled = rows.temperature > 0
+    steps = rows.step[:, None] + jnp.arange(k)  # [B, k]
+    u = jax.vmap(lambda s: jax.random.uniform(s, ()))(
+        _keys(jnp.repeat(rows.seed, k), steps.reshape(-1), _ACCEPT)
+    ).reshape(bsz, k)
+    lp_d, lq_d = at(logp[:, :k], drafts_Bk), at(logq, drafts_Bk)
+    ok_sampled = jnp.log(u) <= lp_d - lq_d  # u < p/q
+    ok_greedy = drafts_Bk == jnp.argmax(p_logits_BLV[:, :k], axis=-1)
+    ok = jnp.where(sampled[:, None], ok_sampled, ok_greedy) & (jnp.arange(k) < k_B[:, None])
+    n = jnp.cumprod(ok, axis=1).sum(axis=1, dtype=jnp.int32)  # [B] leading acceptances
+    # The token after the accepted drafts: from norm(max(0, p - q)) after a rejection, from p
+    # after all k_B drafts (a bonus token).
+    p_n = jnp.take_along_axis(p_BLV, n[:, None, None], axis=1)[:, 0]
+    q_n = jnp.take_along_axis(q_BkV, jnp.minimum(n, k - 1)[:, None, None], axis=1)[:, 0]
+    residual = jnp.maximum(jax.nn.softmax(p_n, -1) - jax.nn.softmax(q_n, -1), 0.0)
+    rejected = (n < k_B) & (residual.sum(-1) > 0)
+    from_ = jnp.where(rejected[:, None], jnp.log(residual), p_n)
+    drawn = _categorical(_keys(rows.seed, rows.step + n, 0), from_)
+    greedy = jnp.argmax(jnp.take_along_axis(p_logits_BLV, n[:, None, None], 1)[:, 0], -1)
+    nxt = jnp.where(sampled, drawn, greedy.astype(jnp.int32))
+    e = jnp.concatenate([drafts_Bk, nxt[:, None]], axis=1)
+    e = jnp.where(jnp.arange(k + 1) == n[:, None], nxt[:, None], e)
+    lp = jnp.where(sampled[:, None], at(logp, e), 0.0)
+    return n, e, lp
+
+
+def _round(
+    params: Params,
+    st: _State,
+    rows: RowSampling,
+    stops_BN: jax.Array,
+    *,
+    cfg: ModelConfig,
+    spec: Speculative,
+) -> _State:
+    """One draft / verify / accept / rollback round of every running row (module docstring)."""
+    k, cache = spec.k, st.cache
+    s, pos = cache.max_len, cache.lengths
+    full = pos >= s
+    run = (st.left > 0) & ~full
+    k_b = jnp.where(run, jnp.clip(jnp.minimum(s - 1 - pos, st.left - 1), 0, k), 0)
+    draft = functools.partial(fwd.decode, cfg=cfg, draft_window=spec.draft_window)
+    draft_rows = rows.replace(step=st.count)
+
+    def draft_step(carry: Any, j: jax.Array) -> tuple[Any, tuple[jax.Array, jax.Array]]:
+        cache, feed = carry
+        # Orthros feeds d_k too (its K/V for the verify copies); a single-stream arm stops at
+        # d_{k-1} (its verify pass writes every token's K/V again).
+        active = run & ((j <= k_b) if cfg.two_streams else (j < k_b))
+        logits, cache = draft(params, cache, feed, active)
+        q = _filtered(logits[:, None], draft_rows)[:, 0]
+        greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        drawn = _categorical(_keys(rows.seed, st.count + j, _DRAFT), q)
+        d = jnp.where(rows.temperature > 0, drawn, greedy)
+        return (cache, d), (d, q)
+
+    steps = jnp.arange(k + 1 if cfg.two_streams else k, dtype=jnp.int32)
+    (cache, _), (d_kB, q_kBV) = jax.lax.scan(draft_step, (cache, st.tok), steps)
+    drafts = d_kB[:k].T  # [B, k]
+    q = jnp.swapaxes(q_kBV[:k], 0, 1)  # [B, k, V]
+    fed = jnp.concatenate([st.tok[:, None], drafts], axis=1)  # [B, L]
+    if cfg.two_streams:
+        p_logits = spec_passes.verify_copies(params, cache, fed, pos, cfg=cfg)
+    else:
+        valid = run[:, None] & (jnp.arange(k + 1) <= k_b[:, None])
+        p_logits, cache = spec_passes.verify_rewrite(params, cache, fed, pos, valid, cfg=cfg)
+    n, e, lp = _accept(drafts, q, p_logits, k_b, draft_rows)
+    # Emit e_1 .. e_{n+1} up to (and with) the first stop id.
+    num = jnp.where(run, n + 1, 0)
+    live = jnp.arange(k + 1) < num[:, None]
+    is_stop = (e[:, :, None] == stops_BN[:, None, :]).any(-1) & live
+    stopped = is_stop.any(axis=1)
+    num = jnp.where(stopped, jnp.argmax(is_stop, axis=1) + 1, num)
+    live = jnp.arange(k + 1) < num[:, None]
+    m = st.tokens.shape[1]
+    at = jnp.where(live, st.emitted[:, None] + jnp.arange(k + 1), m)  # m: dropped
+    rows_idx = jnp.arange(at.shape[0])[:, None]
+    tokens = st.tokens.at[rows_idx, at].set(e, mode="drop")
+    logprobs = st.logprobs.at[rows_idx, at].set(lp, mode="drop")
+    # Rollback: the row keeps pos .. pos + n (the pending token and the accepted drafts).
+    cache = cache.replace(lengths=jnp.where(run, pos + n + 1, pos))
+    stats = st.stats
+    return _State(
+        cache=cache,
+        tok=jnp.take_along_axis(e, n[:, None], axis=1)[:, 0],
+        left=jnp.where(run & ~stopped, st.left - num, 0),
+        count=st.count + num,
+        hit=st.hit | ((st.left > 0) & full),
+        emitted=st.emitted + num,
+        tokens=tokens,
+        logprobs=logprobs,
+        stats=SpecStats(
+            rounds=stats.rounds + run,
+            drafted=stats.drafted + k_b,
+            accepted=stats.accepted + jnp.where(run, n, 0),
+        ),
+    )
+
+
+def generate_loop(
+    params: Params,
+    cache: KVCache,
+    logits: jax.Array,
+    rng: jax.Array,
+    stops: jax.Array,
+    *,
+    cfg: ModelConfig,
+    sampler: Sampler,
+    max_new_tokens: int,
+    spec: Speculative,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, SpecStats, KVCache]:
+    """api.generate's loop under speculation: the first token from the prefill's logits, then
+    rounds until every row stopped. Returns (tokens [B, M] (-1 past the end), emitted [B],
+    hit_capacity [B], logprobs [B, M], SpecStats, the cache)."""
+    bsz = cache.batch_size
+    rows = RowSampling.uniform(sampler, row_seeds(rng, bsz), jnp.zeros((bsz,), jnp.int32))
+    first = sample_rows(logits, rows, logprobs=False)
+    stopped = (first.tokens[:, None] == stops).any(axis=-1)
+    zeros = jnp.zeros((bsz,), jnp.int32)
+    st = _State(
+        cache=cache,
+        tok=first.tokens,
+        left=jnp.where(stopped, 0, max_new_tokens - 1),
+        count=zeros + 1,
+        hit=jnp.zeros((bsz,), bool),
+        emitted=zeros + 1,
+        tokens=jnp.full((bsz, max_new_tokens), -1, jnp.int32).at[:, 0].set(first.tokens),
+        logprobs=jnp.zeros((bsz, max_new_tokens), jnp.float32).at[:, 0].set(first.sample_logprob),
+        stats=SpecStats(zeros, zeros, zeros),
+    )
+    body = functools.partial(_round, params, rows=rows, stops_BN=stops, cfg=cfg, spec=spec)
+    st = jax.lax.while_loop(lambda st: (st.left > 0).any(), body, st)
+    return st.tokens, st.emitted, st.hit, st.logprobs, st.stats, st.cache
+
+
+generate_jit = jax.jit(
+    generate_loop,
+    static_argnames=("cfg", "sampler", "max_new_tokens", "spec"),
+    donate_argnames=("cache",),
+)

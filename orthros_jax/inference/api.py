@@ -311,22 +311,12 @@ def generate(
     cache = init_cache(cfg, len(prompts), size, mesh=mesh, kv_cache_dtype=kv_cache_dtype)
     logits, cache = prefill(params, cache, tokens, lens, cfg)
     rng = jax.random.PRNGKey(0) if rng is None else rng
-    if speculative is not None:
-        out, num, hit, logprobs, stats, _ = speculative_jit(
-            params,
-            cache,
-            logits,
-            rng,
-            jnp.asarray(stops),
-            cfg=cfg,
-            sampler=sampler or Sampler(),
-            max_new_tokens=max_new_tokens,
-            spec=speculative,
-        )
-        return GenerateOutput(
-            _host(out), _host(num), _host(hit), _host(logprobs), jax.tree.map(_host, stats)
-        )
-    out, num, hit, logprobs, _ = _generate_jit(
+    loop, how = (  # the plain decode loop, or speculation's rounds (+ their statistics)
+        (_generate_jit, dict(mesh=sp_forward.mesh_of(cache)))
+        if speculative is None
+        else (speculative_jit, dict(spec=speculative))
+    )
+    out, num, hit, logprobs, _, *stats = loop(
         params,
         cache,
         logits,
@@ -335,9 +325,10 @@ def generate(
         cfg=cfg,
         sampler=sampler or Sampler(),
         max_new_tokens=max_new_tokens,
-        mesh=sp_forward.mesh_of(cache),
+        **how,
     )
-    return GenerateOutput(_host(out), _host(num), _host(hit), _host(logprobs))
+    speculation = jax.tree.map(_host, stats[0]) if stats else None
+    return GenerateOutput(_host(out), _host(num), _host(hit), _host(logprobs), speculation)
 
 
 def _stop_table(stop_tokens: Any, bsz: int, cfg: ModelConfig) -> np.ndarray:

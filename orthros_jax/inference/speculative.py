@@ -128,6 +128,22 @@ def _filtered(logits_BLV: jax.Array, rows: RowSampling) -> jax.Array:
     return flat.reshape(b, length, v)
 
 
+def _leading(ok_Bk: jax.Array) -> jax.Array:
+    """[B] how many leading entries of each row are True."""
+    return jnp.cumprod(ok_Bk, axis=1).sum(axis=1, dtype=jnp.int32)
+
+
+def _accept_greedy(
+    drafts_Bk: jax.Array, p_logits_BLV: jax.Array, k_B: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """_accept for a greedy batch: the drafts while they are the verifier's argmax; the emitted
+    tokens are the argmaxes themselves (an accepted draft is one)."""
+    k = drafts_Bk.shape[1]
+    best = jnp.argmax(p_logits_BLV, axis=-1).astype(jnp.int32)  # [B, L]
+    n = _leading((drafts_Bk == best[:, :k]) & (jnp.arange(k) < k_B[:, None]))
+    return n, best, jnp.zeros(best.shape, jnp.float32)
+
+
 def _accept(
     drafts_Bk: jax.Array,
     q_BkV: jax.Array,
@@ -152,7 +168,7 @@ def _accept(
     ok_sampled = jnp.log(u) <= lp_d - lq_d  # u < p/q
     ok_greedy = drafts_Bk == jnp.argmax(p_logits_BLV[:, :k], axis=-1)
     ok = jnp.where(sampled[:, None], ok_sampled, ok_greedy) & (jnp.arange(k) < k_B[:, None])
-    n = jnp.cumprod(ok, axis=1).sum(axis=1, dtype=jnp.int32)  # [B] leading acceptances
+    n = _leading(ok)
     # The token after the accepted drafts: from norm(max(0, p - q)) after a rejection, from p
     # after all k_B drafts (a bonus token).
     p_n = jnp.take_along_axis(p_BLV, n[:, None, None], axis=1)[:, 0]
@@ -177,8 +193,10 @@ def _round(
     *,
     cfg: ModelConfig,
     spec: Speculative,
+    greedy: bool,
 ) -> _State:
-    """One draft / verify / accept / rollback round of every running row (module docstring)."""
+    """One draft / verify / accept / rollback round of every running row (module docstring).
+    greedy: every row is greedy (static: no draft distributions, draws or filters)."""
     k, cache = spec.k, st.cache
     s, pos = cache.max_len, cache.lengths
     full = pos >= s
@@ -187,29 +205,34 @@ def _round(
     draft = functools.partial(fwd.decode, cfg=cfg, draft_window=spec.draft_window)
     draft_rows = rows.replace(step=st.count)
 
-    def draft_step(carry: Any, j: jax.Array) -> tuple[Any, tuple[jax.Array, jax.Array]]:
+    def draft_step(carry: Any, j: jax.Array) -> tuple[Any, tuple[jax.Array, Any]]:
         cache, feed = carry
         # Orthros feeds d_k too (its K/V for the verify copies); a single-stream arm stops at
         # d_{k-1} (its verify pass writes every token's K/V again).
         active = run & ((j <= k_b) if cfg.two_streams else (j < k_b))
         logits, cache = draft(params, cache, feed, active)
+        d = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        if greedy:
+            return (cache, d), (d, None)
         q = _filtered(logits[:, None], draft_rows)[:, 0]
-        greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         drawn = _categorical(_keys(rows.seed, st.count + j, _DRAFT), q)
-        d = jnp.where(rows.temperature > 0, drawn, greedy)
+        d = jnp.where(rows.temperature > 0, drawn, d)
         return (cache, d), (d, q)
 
     steps = jnp.arange(k + 1 if cfg.two_streams else k, dtype=jnp.int32)
     (cache, _), (d_kB, q_kBV) = jax.lax.scan(draft_step, (cache, st.tok), steps)
     drafts = d_kB[:k].T  # [B, k]
-    q = jnp.swapaxes(q_kBV[:k], 0, 1)  # [B, k, V]
     fed = jnp.concatenate([st.tok[:, None], drafts], axis=1)  # [B, L]
     if cfg.two_streams:
         p_logits = spec_passes.verify_copies(params, cache, fed, pos, cfg=cfg)
     else:
         valid = run[:, None] & (jnp.arange(k + 1) <= k_b[:, None])
         p_logits, cache = spec_passes.verify_rewrite(params, cache, fed, pos, valid, cfg=cfg)
-    n, e, lp = _accept(drafts, q, p_logits, k_b, draft_rows)
+    if greedy:
+        n, e, lp = _accept_greedy(drafts, p_logits, k_b)
+    else:
+        q = jnp.swapaxes(q_kBV[:k], 0, 1)  # [B, k, V]
+        n, e, lp = _accept(drafts, q, p_logits, k_b, draft_rows)
     # Emit e_1 .. e_{n+1} up to (and with) the first stop id.
     num = jnp.where(run, n + 1, 0)
     live = jnp.arange(k + 1) < num[:, None]
@@ -253,10 +276,10 @@ def generate_loop(
     sampler: Sampler,
     max_new_tokens: int,
     spec: Speculative,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, SpecStats, KVCache]:
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, KVCache, SpecStats]:
     """api.generate's loop under speculation: the first token from the prefill's logits, then
     rounds until every row stopped. Returns (tokens [B, M] (-1 past the end), emitted [B],
-    hit_capacity [B], logprobs [B, M], SpecStats, the cache)."""
+    hit_capacity [B], logprobs [B, M], the cache, SpecStats)."""
     bsz = cache.batch_size
     rows = RowSampling.uniform(sampler, row_seeds(rng, bsz), jnp.zeros((bsz,), jnp.int32))
     first = sample_rows(logits, rows, logprobs=False)
@@ -273,9 +296,11 @@ def generate_loop(
         logprobs=jnp.zeros((bsz, max_new_tokens), jnp.float32).at[:, 0].set(first.sample_logprob),
         stats=SpecStats(zeros, zeros, zeros),
     )
-    body = functools.partial(_round, params, rows=rows, stops_BN=stops, cfg=cfg, spec=spec)
+    body = functools.partial(
+        _round, params, rows=rows, stops_BN=stops, cfg=cfg, spec=spec, greedy=sampler.is_greedy
+    )
     st = jax.lax.while_loop(lambda st: (st.left > 0).any(), body, st)
-    return st.tokens, st.emitted, st.hit, st.logprobs, st.stats, st.cache
+    return st.tokens, st.emitted, st.hit, st.logprobs, st.cache, st.stats
 
 
 generate_jit = jax.jit(

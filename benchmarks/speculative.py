@@ -1,0 +1,234 @@
+r"""Self-speculative decoding (orthros_jax/inference/speculative.py), Orthros against the
+Transformer arm's MagicDec-style self-speculation, side by side in one run.
+
+    python benchmarks/speculative.py --out=runs/speculative --model=/tmp/spec_tiny
+    python benchmarks/speculative.py --out=/tmp/spec_small --suites=speed --contexts=1024,2048
+
+Suites:
+  lossless    greedy speculative == plain greedy, token for token, on --prompts ragged prompts
+              (stop id, max_new_tokens) for both arms at k in --ks (random weights at the
+              default job's shape, the output stream's scale-offsets randomized).
+  acceptance  mean accepted length (tokens per verify) of the trained --model (a training
+              workdir or exported model, e.g. the default job's) on --prompts prompts from the
+              embedded corpus, for k in --ks x draft_window in {w, 2w, 4w}.
+  speed       decode tokens/s, plain and speculative (k = --speed_k, draft window w), at each
+              context in --contexts and batch in --batches, for both arms at the bench shape
+              (configs/bench.py; a cache of random K/V, so no prefill): the measured ratio at the
+              random weights' acceptance, the time of one round against one plain step, and the
+              projected ratio at the trained acceptance a (a * t_step / t_round), labelled.
+Writes --out/speculative.json (every number) and speculative.md (the tables).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from orthros_jax.config import ModelConfig
+from orthros_jax.configlib import load_config_file
+from orthros_jax.inference import Speculative, generate, init_cache
+from orthros_jax.inference import api as inference_api
+from orthros_jax.inference import speculative as spec_lib
+from orthros_jax.inference.sampling import Sampler
+from orthros_jax.model import init_params
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from benchmarks import common as bench  # noqa: E402
+
+_OUT = flags.DEFINE_string("out", None, "Directory for speculative.json / .md.", required=True)
+_SUITES = flags.DEFINE_list("suites", ["lossless", "acceptance", "speed"], "Suites to run.")
+_MODEL = flags.DEFINE_string("model", None, "Trained model for 'acceptance' (load_model).")
+_KS = flags.DEFINE_list("ks", ["2", "4", "8"], "Drafts per round.")
+_PROMPTS = flags.DEFINE_integer("prompts", 64, "Prompts of 'lossless' and 'acceptance'.")
+_NEW = flags.DEFINE_integer("new", 32, "New tokens per prompt.")
+_CONTEXTS = flags.DEFINE_list("contexts", ["1024", "2048", "4096", "8192"], "'speed' contexts.")
+_BATCHES = flags.DEFINE_list("batches", ["1", "8"], "'speed' batch sizes.")
+_SPEED_K = flags.DEFINE_integer("speed_k", 4, "'speed': drafts per round.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "'speed': timed runs (the median is kept).")
+
+STOP = 10  # a byte that ends a line: rows stop at different places
+
+
+def _random_model(cfg: ModelConfig, seed: int = 0) -> Any:
+    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(seed))
+    if cfg.two_streams:  # the output stream differs from the base stream, as after training
+        layers = dict(params["layers"])
+        for i, name in enumerate(sorted(n for n in layers if n.startswith("so_"))):
+            noise = jax.random.normal(jax.random.PRNGKey(seed + i), layers[name].shape)
+            layers[name] = layers[name] + 0.5 * noise
+        params = {**params, "layers": layers}
+    return params
+
+
+def _arms(config: str) -> dict[str, ModelConfig]:
+    """Orthros and the Transformer arm at a config file's model shape."""
+    transformer = dict(architecture="transformer", scale_offset=False)
+    return bench.model_configs(
+        load_config_file(config).model, {"orthros": {}, "transformer": transformer}
+    )
+
+
+def _mean_accepted(stats: Any) -> float:
+    return float((stats.accepted.sum() + stats.rounds.sum()) / max(1, stats.rounds.sum()))
+
+
+def lossless(results: dict) -> None:
+    rs = np.random.RandomState(0)
+    prompts = [list(rs.randint(0, 256, size=rs.randint(1, 64))) for _ in range(_PROMPTS.value)]
+    for arm, cfg in _arms("configs/tiny_pt.py").items():
+        params = _random_model(cfg)
+        kw = dict(max_new_tokens=_NEW.value, stop_tokens=[STOP])
+        plain = generate(params, prompts, cfg, **kw)
+        for k in map(int, _KS.value):
+            out = generate(params, prompts, cfg, speculative=Speculative(k, cfg.window), **kw)
+            same = bool((out.tokens == plain.tokens).all() and (out.lengths == plain.lengths).all())
+            row = dict(arm=arm, k=k, prompts=len(prompts), identical=same)
+            row["mean_accepted"] = _mean_accepted(out.speculation)
+            results["lossless"].append(row)
+            print(row, flush=True)
+            assert same, f"{arm} k={k}: speculative greedy differs from plain greedy"
+
+
+def acceptance(results: dict) -> None:
+    from orthros_jax.checkpoint import load_model
+    from orthros_jax.data.corpus import embedded_documents
+
+    loaded = load_model(_MODEL.value)
+    cfg, params = loaded.cfg, jax.device_put(loaded.params)
+    docs = [d.text.encode() for d in embedded_documents() if d.id.startswith("pydoc/")]
+    rs = np.random.RandomState(1)
+    prompts = []
+    for i in rs.choice(len(docs), _PROMPTS.value, replace=len(docs) < _PROMPTS.value):
+        text = docs[i]
+        start = rs.randint(0, max(1, len(text) - 160))
+        prompts.append(list(text[start : start + 128]) or [32])
+    plain = generate(params, prompts, cfg, max_new_tokens=_NEW.value)
+    for k in map(int, _KS.value):
+        for mult in (1, 2, 4):
+            spec = Speculative(k, mult * cfg.window)
+            out = generate(params, prompts, cfg, max_new_tokens=_NEW.value, speculative=spec)
+            row = dict(k=k, draft_window=spec.draft_window, window_multiple=mult)
+            row["mean_accepted"] = _mean_accepted(out.speculation)
+            row["identical"] = bool((out.tokens == plain.tokens).all())
+            results["acceptance"].append(row)
+            print(row, flush=True)
+
+
+def _random_cache(cfg: ModelConfig, batch: int, context: int, slots: int) -> Any:
+    cache = init_cache(cfg, batch, slots)
+    key = jax.random.PRNGKey(context)
+    states = jax.tree.map(lambda a: jax.random.normal(key, a.shape, a.dtype), cache.states)
+    return cache.replace(states=states, lengths=jnp.full((batch,), context, jnp.int32))
+
+
+def _timed_pair(plain: Any, spec: Any, make: Any) -> tuple[float, float, float, Any]:
+    """plain(*make()) and spec(*make()) alternately, --repeats times after one run that
+    compiles (make's arguments are built untimed: the cache is donated). Returns the median
+    seconds of each, the median of the per-repeat ratios spec / plain (a shared machine's
+    drift hits both) and spec's last result."""
+    times: list[tuple[float, float]] = []
+    for _ in range(_REPEATS.value + 1):
+        pair = []
+        for fn in (plain, spec):
+            args = jax.block_until_ready(make())
+            start = time.perf_counter()
+            out = jax.block_until_ready(fn(*args))
+            pair.append(time.perf_counter() - start)
+        times.append((pair[0], pair[1]))
+    t = np.array(times[1:])
+    return (
+        float(np.median(t[:, 0])),
+        float(np.median(t[:, 1])),
+        float(np.median(t[:, 1] / t[:, 0])),
+        out,
+    )
+
+
+def speed(results: dict) -> None:
+    new, k = _NEW.value, _SPEED_K.value
+    for arm, cfg in _arms("configs/bench.py").items():
+        params = _random_model(cfg)
+        spec = Speculative(k, cfg.window)
+        for context in map(int, _CONTEXTS.value):
+            for batch in map(int, _BATCHES.value):
+                slots = -(-(context + new + k + 1) // 128) * 128
+                logits = jnp.zeros((batch, cfg.vocab_size), jnp.float32)
+                stops = jnp.full((batch, 1), -1, jnp.int32)
+                make = lambda: (  # noqa: E731
+                    params,
+                    _random_cache(cfg, batch, context, slots),
+                    logits,
+                    jax.random.PRNGKey(0),
+                    stops,
+                )
+                common = dict(cfg=cfg, sampler=Sampler(), max_new_tokens=new)
+                plain_loop = functools.partial(inference_api._generate_jit, **common, mesh=None)
+                spec_loop = functools.partial(spec_lib.generate_jit, **common, spec=spec)
+                plain, sp, time_ratio, out = _timed_pair(plain_loop, spec_loop, make)
+                stats = jax.tree.map(np.asarray, out[5])
+                t_step = plain / (new - 1)
+                t_round = sp / max(1, int(stats.rounds.max()))
+                row = dict(
+                    arm=arm, context=context, batch=batch, k=k, draft_window=spec.draft_window
+                )
+                row.update(
+                    plain_tok_s=batch * (new - 1) / plain,
+                    spec_tok_s=batch * (new - 1) / sp,
+                    mean_accepted=_mean_accepted(stats),
+                    round_over_step=t_round / t_step,
+                )
+                row["measured_ratio"] = 1 / time_ratio
+                results["speed"].append(row)
+                print(row, flush=True)
+
+
+def _table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    keys = list(rows[0])
+    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def project(results: dict) -> None:
+    """Adds the projected ratio at the trained model's acceptance (k = speed_k, window w)."""
+    acc = [
+        r["mean_accepted"]
+        for r in results["acceptance"]
+        if r["k"] == _SPEED_K.value and r["window_multiple"] == 1
+    ]
+    for row in results["speed"]:
+        if acc:
+            row["projected_ratio_at_trained_acceptance"] = acc[0] / row["round_over_step"]
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    os.makedirs(_OUT.value, exist_ok=True)
+    results: dict = {"lossless": [], "acceptance": [], "speed": [], "argv": sys.argv}
+    suites = {"lossless": lossless, "acceptance": acceptance, "speed": speed}
+    for name in _SUITES.value:
+        suites[name](results)
+    project(results)
+    with open(os.path.join(_OUT.value, "speculative.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    md = [f"## {name}\n\n{_table(results[name])}\n" for name in suites if results[name]]
+    with open(os.path.join(_OUT.value, "speculative.md"), "w") as f:
+        f.write("\n".join(md))
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    app.run(main)

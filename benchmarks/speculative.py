@@ -51,6 +51,7 @@ _MODEL = flags.DEFINE_string("model", None, "Trained model for 'acceptance' (loa
 _KS = flags.DEFINE_list("ks", ["2", "4", "8"], "Drafts per round.")
 _PROMPTS = flags.DEFINE_integer("prompts", 64, "Prompts of 'lossless' and 'acceptance'.")
 _NEW = flags.DEFINE_integer("new", 32, "New tokens per prompt.")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 160, "'acceptance': prompt bytes.")
 _CONTEXTS = flags.DEFINE_list("contexts", ["1024", "2048", "4096", "8192"], "'speed' contexts.")
 _BATCHES = flags.DEFINE_list("batches", ["1", "8"], "'speed' batch sizes.")
 _SPEED_K = flags.DEFINE_integer("speed_k", 4, "'speed': drafts per round.")
@@ -82,6 +83,15 @@ def _mean_accepted(stats: Any) -> float:
     return float((stats.accepted.sum() + stats.rounds.sum()) / max(1, stats.rounds.sum()))
 
 
+def _acceptance_row(stats: Any, k: int, emitted: np.ndarray) -> dict:
+    """Mean accepted length (tokens per verify), the drafts' acceptance rate, and the ceiling of
+    the former (every draft accepted: the budget's last round is short)."""
+    rounds = -(-(emitted - 1) // (k + 1))
+    ceiling = float((emitted - 1).sum() / max(1, rounds.sum()))
+    rate = float(stats.accepted.sum() / max(1, stats.drafted.sum()))
+    return dict(mean_accepted=_mean_accepted(stats), acceptance_rate=rate, ceiling=ceiling)
+
+
 def lossless(results: dict) -> None:
     rs = np.random.RandomState(0)
     prompts = [list(rs.randint(0, 256, size=rs.randint(1, 64))) for _ in range(_PROMPTS.value)]
@@ -110,15 +120,15 @@ def acceptance(results: dict) -> None:
     prompts = []
     for i in rs.choice(len(docs), _PROMPTS.value, replace=len(docs) < _PROMPTS.value):
         text = docs[i]
-        start = rs.randint(0, max(1, len(text) - 160))
-        prompts.append(list(text[start : start + 128]) or [32])
+        start = rs.randint(0, max(1, len(text) - _PROMPT_LEN.value))
+        prompts.append(list(text[start : start + _PROMPT_LEN.value]) or [32])
     plain = generate(params, prompts, cfg, max_new_tokens=_NEW.value)
     for k in map(int, _KS.value):
         for mult in (1, 2, 4):
             spec = Speculative(k, mult * cfg.window)
             out = generate(params, prompts, cfg, max_new_tokens=_NEW.value, speculative=spec)
             row = dict(k=k, draft_window=spec.draft_window, window_multiple=mult)
-            row["mean_accepted"] = _mean_accepted(out.speculation)
+            row.update(_acceptance_row(out.speculation, k, out.lengths))
             row["identical"] = bool((out.tokens == plain.tokens).all())
             results["acceptance"].append(row)
             print(row, flush=True)

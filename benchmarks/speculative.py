@@ -55,6 +55,7 @@ _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 160, "'acceptance': prompt byte
 _CONTEXTS = flags.DEFINE_list("contexts", ["1024", "2048", "4096", "8192"], "'speed' contexts.")
 _BATCHES = flags.DEFINE_list("batches", ["1", "8"], "'speed' batch sizes.")
 _SPEED_K = flags.DEFINE_integer("speed_k", 4, "'speed': drafts per round.")
+_ARMS = flags.DEFINE_list("arms", ["orthros", "transformer"], "'speed': arms to time.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "'speed': timed runs (the median is kept).")
 
 STOP = 10  # a byte that ends a line: rows stop at different places
@@ -167,6 +168,8 @@ def _timed_pair(plain: Any, spec: Any, make: Any) -> tuple[float, float, float, 
 def speed(results: dict) -> None:
     new, k = _NEW.value, _SPEED_K.value
     for arm, cfg in _arms("configs/bench.py").items():
+        if arm not in _ARMS.value:
+            continue
         params = _random_model(cfg)
         spec = Speculative(k, cfg.window)
         for context in map(int, _CONTEXTS.value):

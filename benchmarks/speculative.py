@@ -33,9 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
+from orthros_jax.configlib import load_config_file
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.configlib import load_config_file
 from orthros_jax.inference import Speculative, generate, init_cache
 from orthros_jax.inference import api as inference_api
 from orthros_jax.inference import speculative as spec_lib

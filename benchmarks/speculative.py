@@ -33,9 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from orthros_jax.configlib import load_config_file
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.cli import load_config_file
 from orthros_jax.inference import Speculative, generate, init_cache
 from orthros_jax.inference import api as inference_api
 from orthros_jax.inference import speculative as spec_lib
@@ -45,18 +45,24 @@ from orthros_jax.model import init_params
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks import common as bench  # noqa: E402
 
-_OUT = flags.DEFINE_string("out", None, "Directory for speculative.json / .md.", required=True)
-_SUITES = flags.DEFINE_list("suites", ["lossless", "acceptance", "speed"], "Suites to run.")
-_MODEL = flags.DEFINE_string("model", None, "Trained model for 'acceptance' (load_model).")
-_KS = flags.DEFINE_list("ks", ["2", "4", "8"], "Drafts per round.")
-_PROMPTS = flags.DEFINE_integer("prompts", 64, "Prompts of 'lossless' and 'acceptance'.")
-_NEW = flags.DEFINE_integer("new", 32, "New tokens per prompt.")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 160, "'acceptance': prompt bytes.")
-_CONTEXTS = flags.DEFINE_list("contexts", ["1024", "2048", "4096", "8192"], "'speed' contexts.")
-_BATCHES = flags.DEFINE_list("batches", ["1", "8"], "'speed' batch sizes.")
-_SPEED_K = flags.DEFINE_integer("speed_k", 4, "'speed': drafts per round.")
-_ARMS = flags.DEFINE_list("arms", ["orthros", "transformer"], "'speed': arms to time.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "'speed': timed runs (the median is kept).")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """Defined only when run: tests import several benchmarks into one process."""
+    flags.DEFINE_string("out", None, "Directory for speculative.json / .md.")
+    flags.DEFINE_list("suites", ["lossless", "acceptance", "speed"], "Suites to run.")
+    flags.DEFINE_string("model", None, "Trained model for 'acceptance' (load_model).")
+    flags.DEFINE_list("ks", ["2", "4", "8"], "Drafts per round.")
+    flags.DEFINE_integer("prompts", 64, "Prompts of 'lossless' and 'acceptance'.")
+    flags.DEFINE_integer("new", 32, "New tokens per prompt.")
+    flags.DEFINE_integer("prompt_len", 160, "'acceptance': prompt bytes.")
+    flags.DEFINE_list("contexts", ["1024", "2048", "4096", "8192"], "'speed' contexts.")
+    flags.DEFINE_list("batches", ["1", "8"], "'speed' batch sizes.")
+    flags.DEFINE_integer("speed_k", 4, "'speed': drafts per round.")
+    flags.DEFINE_list("arms", ["orthros", "transformer"], "'speed': arms to time.")
+    flags.DEFINE_integer("repeats", 3, "'speed': timed runs (the median is kept).")
+
 
 STOP = 10  # a byte that ends a line: rows stop at different places
 
@@ -95,12 +101,12 @@ def _acceptance_row(stats: Any, k: int, emitted: np.ndarray) -> dict:
 
 def lossless(results: dict) -> None:
     rs = np.random.RandomState(0)
-    prompts = [list(rs.randint(0, 256, size=rs.randint(1, 64))) for _ in range(_PROMPTS.value)]
+    prompts = [list(rs.randint(0, 256, size=rs.randint(1, 64))) for _ in range(FLAGS.prompts)]
     for arm, cfg in _arms("configs/tiny_pt.py").items():
         params = _random_model(cfg)
-        kw = dict(max_new_tokens=_NEW.value, stop_tokens=[STOP])
+        kw = dict(max_new_tokens=FLAGS.new, stop_tokens=[STOP])
         plain = generate(params, prompts, cfg, **kw)
-        for k in map(int, _KS.value):
+        for k in map(int, FLAGS.ks):
             out = generate(params, prompts, cfg, speculative=Speculative(k, cfg.window), **kw)
             same = bool((out.tokens == plain.tokens).all() and (out.lengths == plain.lengths).all())
             row = dict(arm=arm, k=k, prompts=len(prompts), identical=same)
@@ -114,20 +120,20 @@ def acceptance(results: dict) -> None:
     from orthros_jax.checkpoint import load_model
     from orthros_jax.data.corpus import embedded_documents
 
-    loaded = load_model(_MODEL.value)
+    loaded = load_model(FLAGS.model)
     cfg, params = loaded.cfg, jax.device_put(loaded.params)
     docs = [d.text.encode() for d in embedded_documents() if d.id.startswith("pydoc/")]
     rs = np.random.RandomState(1)
     prompts = []
-    for i in rs.choice(len(docs), _PROMPTS.value, replace=len(docs) < _PROMPTS.value):
+    for i in rs.choice(len(docs), FLAGS.prompts, replace=len(docs) < FLAGS.prompts):
         text = docs[i]
-        start = rs.randint(0, max(1, len(text) - _PROMPT_LEN.value))
-        prompts.append(list(text[start : start + _PROMPT_LEN.value]) or [32])
-    plain = generate(params, prompts, cfg, max_new_tokens=_NEW.value)
-    for k in map(int, _KS.value):
+        start = rs.randint(0, max(1, len(text) - FLAGS.prompt_len))
+        prompts.append(list(text[start : start + FLAGS.prompt_len]) or [32])
+    plain = generate(params, prompts, cfg, max_new_tokens=FLAGS.new)
+    for k in map(int, FLAGS.ks):
         for mult in (1, 2, 4):
             spec = Speculative(k, mult * cfg.window)
-            out = generate(params, prompts, cfg, max_new_tokens=_NEW.value, speculative=spec)
+            out = generate(params, prompts, cfg, max_new_tokens=FLAGS.new, speculative=spec)
             row = dict(k=k, draft_window=spec.draft_window, window_multiple=mult)
             row.update(_acceptance_row(out.speculation, k, out.lengths))
             row["identical"] = bool((out.tokens == plain.tokens).all())
@@ -148,7 +154,7 @@ def _timed_pair(plain: Any, spec: Any, make: Any) -> tuple[float, float, float, 
     seconds of each, the median of the per-repeat ratios spec / plain (a shared machine's
     drift hits both) and spec's last result."""
     times: list[tuple[float, float]] = []
-    for _ in range(_REPEATS.value + 1):
+    for _ in range(FLAGS.repeats + 1):
         pair = []
         for fn in (plain, spec):
             args = jax.block_until_ready(make())
@@ -166,14 +172,14 @@ def _timed_pair(plain: Any, spec: Any, make: Any) -> tuple[float, float, float, 
 
 
 def speed(results: dict) -> None:
-    new, k = _NEW.value, _SPEED_K.value
+    new, k = FLAGS.new, FLAGS.speed_k
     for arm, cfg in _arms("configs/bench.py").items():
-        if arm not in _ARMS.value:
+        if arm not in FLAGS.arms:
             continue
         params = _random_model(cfg)
         spec = Speculative(k, cfg.window)
-        for context in map(int, _CONTEXTS.value):
-            for batch in map(int, _BATCHES.value):
+        for context in map(int, FLAGS.contexts):
+            for batch in map(int, FLAGS.batches):
                 slots = -(-(context + new + k + 1) // 128) * 128
                 logits = jnp.zeros((batch, cfg.vocab_size), jnp.float32)
                 stops = jnp.full((batch, 1), -1, jnp.int32)
@@ -220,7 +226,7 @@ def project(results: dict) -> None:
     acc = [
         r["mean_accepted"]
         for r in results["acceptance"]
-        if r["k"] == _SPEED_K.value and r["window_multiple"] == 1
+        if r["k"] == FLAGS.speed_k and r["window_multiple"] == 1
     ]
     for row in results["speed"]:
         if acc:
@@ -229,19 +235,21 @@ def project(results: dict) -> None:
 
 def main(argv: list[str]) -> None:
     del argv
-    os.makedirs(_OUT.value, exist_ok=True)
+    os.makedirs(FLAGS.out, exist_ok=True)
     results: dict = {"lossless": [], "acceptance": [], "speed": [], "argv": sys.argv}
     suites = {"lossless": lossless, "acceptance": acceptance, "speed": speed}
-    for name in _SUITES.value:
+    for name in FLAGS.suites:
         suites[name](results)
     project(results)
-    with open(os.path.join(_OUT.value, "speculative.json"), "w") as f:
+    with open(os.path.join(FLAGS.out, "speculative.json"), "w") as f:
         json.dump(results, f, indent=1)
     md = [f"## {name}\n\n{_table(results[name])}\n" for name in suites if results[name]]
-    with open(os.path.join(_OUT.value, "speculative.md"), "w") as f:
+    with open(os.path.join(FLAGS.out, "speculative.md"), "w") as f:
         f.write("\n".join(md))
     print("\n".join(md))
 
 
 if __name__ == "__main__":
+    define_flags()
+    flags.mark_flags_as_required(["out"])
     app.run(main)

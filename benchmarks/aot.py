@@ -123,7 +123,7 @@ def train_program(config: Any, devices: list[Any]) -> Program:
     """The train step launch/train.py would run, over `devices` (one micro-batch)."""
     from orthros_jax.training import TrainConfig
     from orthros_jax.training.optimizer import make_optimizer
-    from orthros_jax.training.start import abstract_state
+    from orthros_jax.training.start import abstract_state, trainable_of
     from orthros_jax.training.steps import make_train_step
 
     plain = to_plain(config)
@@ -145,7 +145,9 @@ def train_program(config: Any, devices: list[Any]) -> Program:
         k: jax.ShapeDtypeStruct(s, jnp.int32, sharding=pmesh.batch_sharding(mesh, 2))
         for k, s in shapes.items()
     }
-    step = make_train_step(cfg.model, cfg.optimizer, tx, cfg.train.steps, cfg.train.loss_chunk)
+    step = make_train_step(
+        cfg.model, cfg.optimizer, tx, cfg.train.steps, cfg.train.loss_chunk, trainable_of(cfg)
+    )
     fn = sharding.jit_train_step(
         step, jax.tree.map(lambda a: a.sharding, state), mesh, dict.fromkeys(shapes, 2)
     )

@@ -45,6 +45,7 @@ from orthros_jax.convert import (
     read_hf_config,
 )
 from orthros_jax.convert.fla_config import is_fla
+from orthros_jax.convert.peft import import_peft
 from orthros_jax.convert.remote import is_remote, load_remote
 from orthros_jax.layers.kind import FLA, FORMATS, HF, REMOTE
 from orthros_jax.layers.registry import kinds_of
@@ -82,6 +83,14 @@ flags.DEFINE_integer("max_shard_mb", 5 * 1024, "Shard exported safetensors above
 flags.DEFINE_bool(
     "remote", False, "Export as trust_remote_code even where transformers has the class."
 )
+flags.DEFINE_bool(
+    "peft_adapter",
+    False,
+    "Export: a LoRA model's base weights plus its adapters in peft's format (default: merged).",
+)
+flags.DEFINE_string(
+    "peft_dir", None, "Import: a peft LoRA adapter directory to load onto the imported model."
+)
 
 
 def import_hf(hf_dir: str, out: str) -> None:
@@ -98,6 +107,8 @@ def import_hf(hf_dir: str, out: str) -> None:
         return
     cfg, params = load_hf(hf_dir, param_dtype=FLAGS.param_dtype, dtype=FLAGS.dtype)
     logging.info("imported %s: %.1fM params", hf_dir, num_params(cfg) / 1e6)
+    if FLAGS.peft_dir:  # the adapters on the plain model, before any Orthros conversion
+        cfg, params = import_peft(FLAGS.peft_dir, cfg, params)
     source = FLA if is_fla(hf) else HF  # the checkpoint's own arm exports back to it
     if FLAGS.architecture in TWO_STREAM:
         if all(k.recurrent for k in kinds_of(cfg)):  # from_transformer adds the output stream
@@ -130,7 +141,7 @@ def import_hf(hf_dir: str, out: str) -> None:
 
 def export(model_dir: str, out: str) -> None:
     """Model directory or workdir (any arm) -> HF directory."""
-    loaded = checkpoint.load_model(model_dir)
+    loaded = checkpoint.load_model(model_dir, merge_lora=not FLAGS.peft_adapter)
     files = export_hf(
         out,
         loaded.cfg,
@@ -142,6 +153,7 @@ def export(model_dir: str, out: str) -> None:
         remote=True if FLAGS.remote else None,
         fmt=FLAGS.export_format,
         source=loaded.source_format,
+        peft_adapter=FLAGS.peft_adapter,
     )
     print(f"wrote Hugging Face directory {os.path.abspath(out)}: {', '.join(files)}")
 

@@ -80,6 +80,11 @@ flags.DEFINE_bool(
     "rest (one device; off with --sequence > 1).",
 )
 flags.DEFINE_bool("warmup", True, "Compile every shape before serving.")
+flags.DEFINE_bool(
+    "unmerged_lora",
+    False,
+    "Serve a LoRA model with its adapters applied in every call (default: merged at load).",
+)
 flags.DEFINE_string("log_level", "warning", "uvicorn log level.")
 flags.mark_flags_as_required(["model"])
 
@@ -90,7 +95,7 @@ def main(argv: list[str]) -> None:
 
     logging.basicConfig(level=logging.WARNING)
     try:
-        loaded = load_model(FLAGS.model)
+        loaded = load_model(FLAGS.model, merge_lora=not FLAGS.unmerged_lora)
         tokenizer = load_tokenizer(FLAGS.tokenizer or loaded.tokenizer_file)
         template = load_chat_template(FLAGS.tokenizer or loaded.tokenizer_file, FLAGS.chat_template)
         lengths = tuple(int(x) for x in FLAGS.prefill_lengths) if FLAGS.prefill_lengths else None

@@ -30,6 +30,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.layers import lora
 
 MODEL_JSON = "model.json"
 PARAMS_DIR = "params"
@@ -114,9 +115,19 @@ def save_model(
         ckptr.save(target, jax.device_get(params))
 
 
-def load_model(directory: str) -> LoadedModel:
+def load_model(directory: str, merge_lora: bool = True) -> LoadedModel:
     """Reads a model directory written by `save_model`, or a training workdir (params only, from
-    its newest readable checkpoint); params come back as host numpy arrays."""
+    its newest readable checkpoint); params come back as host numpy arrays. A model with LoRA
+    adapters (cfg.lora) comes back merged into its base weights (cfg.lora None), unless
+    merge_lora=False (un-merged serving, export of the adapters, continued LoRA training)."""
+    loaded = _load_model(directory)
+    if merge_lora and loaded.cfg.lora is not None:
+        params, cfg = lora.merge(loaded.params, loaded.cfg)
+        loaded = dataclasses.replace(loaded, cfg=cfg, params=jax.tree.map(np.asarray, params))
+    return loaded
+
+
+def _load_model(directory: str) -> LoadedModel:
     directory = os.path.abspath(directory)
     cfg, tok = read_model_json(directory)
     meta = read_model_meta(directory)

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from orthros_jax.axes import EMBED, VOCAB
 from orthros_jax.config import ModelConfig
 from orthros_jax.kernels.attention import check_positions_contract
-from orthros_jax.layers import ffn, stack
+from orthros_jax.layers import ffn, lora, stack
 from orthros_jax.layers import primitives as nnl
 from orthros_jax.layers.kind import (
     SEQUENCE,
@@ -229,7 +229,8 @@ def param_decls(cfg: ModelConfig) -> dict[str, Any]:
     """The declaration (kind.ParamDecl) of every parameter of OrthrosLM(cfg), as its tree:
     top_params and each kind's and FFN choice's per-layer ones under its params_key (without
     the layers axis)."""
-    decls = top_params(cfg) | {k.params_key: k.params(cfg) for k in kinds_of(cfg)}
+    kinds = {k.params_key: lora.with_adapters(k.params(cfg), cfg) for k in kinds_of(cfg)}
+    decls = top_params(cfg) | kinds
     return decls | {f.params_key: f.params(cfg) for f in ffn.ffns_of(cfg)}
 
 

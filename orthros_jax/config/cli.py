@@ -91,6 +91,16 @@ def section(instance: Any) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(values)
 
 
+def with_group(model: ml_collections.ConfigDict, name: str, options: Any) -> Any:
+    """A model section with its option group `name` (lora, moe) set to the `options` mapping.
+    A group that is off is a str placeholder in a `section` (config_flags cannot override a
+    plain None), which a ConfigDict cannot replace by a section in place: the whole model
+    section is rebuilt."""
+    values = model.to_dict()
+    values[name] = dict(options)
+    return ml_collections.ConfigDict(values)
+
+
 def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
     """All leaf keys of a config as dotted paths ("optimizer.lr", ...)."""
     keys = []

@@ -23,6 +23,7 @@ from orthros_jax.config.architectures import (
     Architecture,
 )
 from orthros_jax.config.kinds import Sections
+from orthros_jax.config.lora import LoRAOptions
 from orthros_jax.config.moe import MoEOptions
 from orthros_jax.config.options import (
     check_choice,
@@ -114,6 +115,9 @@ class ModelConfig:
     # a field whose metadata names its options dataclass (from_dict, to_dict, RUNTIME_FIELDS),
     # serialised and flattened as "<field>.<option>" by the generic code below.
     moe: MoEOptions | None = dataclasses.field(default=None, metadata={"options": MoEOptions})
+    # LoRA adapters on the kinds' declared projections (config/lora.LoRAOptions, or a dict of
+    # its options; layers/lora.py); None: no adapters. An option group like moe.
+    lora: LoRAOptions | None = dataclasses.field(default=None, metadata={"options": LoRAOptions})
 
     def __post_init__(self) -> None:
         for name, group in _option_groups():

@@ -40,6 +40,7 @@ from orthros_jax.convert.qwen3_moe import qwen3_moe_config_from, qwen3_moe_from_
 from orthros_jax.convert.qwen35 import qwen35_from_params
 from orthros_jax.convert.qwen35_config import qwen35_config_from
 from orthros_jax.convert.qwen35_moe import qwen35_moe_config_from, qwen35_moe_from_params
+from orthros_jax.layers import lora
 from orthros_jax.layers.kind import FLA, FORMATS, HF, REMOTE
 from orthros_jax.layers.registry import kinds_of
 
@@ -61,6 +62,7 @@ def export_hf(
     remote: bool | None = None,
     fmt: str | None = None,
     source: str | None = None,
+    peft_adapter: bool = False,
 ) -> list[str]:
     """Writes a HF model directory that `transformers` loads; returns the files written.
 
@@ -73,7 +75,24 @@ def export_hf(
     (trust_remote_code; remote=True says the same); None: `default_format(cfg, source)`, source
     being the format the model was imported from (checkpoint.LoadedModel.source_format). A
     format some layer kind has no form in is refused (check_format) before anything is written.
+    A model with LoRA adapters (cfg.lora) is written merged (W + (alpha / r) A @ B); with
+    peft_adapter=True the base weights are written instead, and the adapters next to them in
+    peft's format (convert/peft.py: PeftModel.from_pretrained(base, directory)).
     """
+    if cfg.lora is not None:
+        if peft_adapter:
+            from orthros_jax.convert.peft import export_peft
+
+            base, _ = lora.split(params, cfg)
+            plain = cfg.replace(lora=None)
+            kw = dict(tokenizer_file=tokenizer_file, dtype=dtype, max_shard_bytes=max_shard_bytes)
+            files = export_hf(
+                directory, plain, base, max_position=max_position, fmt=fmt, source=source, **kw
+            )  # first: it clears the directory's safetensors
+            return files + export_peft(directory, cfg, jax.device_get(params))
+        params, cfg = lora.merge(params, cfg)
+    elif peft_adapter:
+        raise ValueError("peft_adapter=True: the model has no LoRA adapters (model.lora is None)")
     if dtype is not None and dtype not in _DTYPE_NAMES:
         raise ValueError(f"export dtype {dtype!r} is unknown; allowed: {', '.join(_DTYPE_NAMES)}")
     if fmt not in (None, *FORMATS):

@@ -52,10 +52,10 @@ def params(cfg: ModelConfig) -> dict[str, ParamDecl]:
     d, n, k, h, std = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.init_std
     decls: dict[str, ParamDecl] = block_params(cfg)
     decls.update(
-        wq=matrix((d, n, h), (EMBED, HEADS, HEAD_DIM), std),
-        wk=matrix((d, k, h), (EMBED, KV_HEADS, HEAD_DIM), std),
-        wv=matrix((d, k, h), (EMBED, KV_HEADS, HEAD_DIM), std),
-        wo=matrix((n, h, d), (HEADS, HEAD_DIM, EMBED), residual_std(cfg)),
+        wq=matrix((d, n, h), (EMBED, HEADS, HEAD_DIM), std, adapter_in=1),
+        wk=matrix((d, k, h), (EMBED, KV_HEADS, HEAD_DIM), std, adapter_in=1),
+        wv=matrix((d, k, h), (EMBED, KV_HEADS, HEAD_DIM), std, adapter_in=1),
+        wo=matrix((n, h, d), (HEADS, HEAD_DIM, EMBED), residual_std(cfg), adapter_in=2),
     )
     if cfg.attn_output_gate:
         decls["wq_gate"] = matrix((d, n, h), (EMBED, HEADS, HEAD_DIM), std)

@@ -68,10 +68,10 @@ def gdn_params(cfg: ModelConfig) -> dict[str, ParamDecl]:
     hk, hv, dk, dv = gdn_dims(cfg)
     ones, conv = jax.nn.initializers.ones, jax.nn.initializers.normal(std)
     return {
-        "gdn_wq": matrix((d, hk, dk), (EMBED, GDN_K_HEADS, HEAD_DIM), std),
-        "gdn_wk": matrix((d, hk, dk), (EMBED, GDN_K_HEADS, HEAD_DIM), std),
-        "gdn_wv": matrix((d, hv, dv), (EMBED, GDN_V_HEADS, HEAD_DIM), std),
-        "gdn_wz": matrix((d, hv, dv), (EMBED, GDN_V_HEADS, HEAD_DIM), std),
+        "gdn_wq": matrix((d, hk, dk), (EMBED, GDN_K_HEADS, HEAD_DIM), std, adapter_in=1),
+        "gdn_wk": matrix((d, hk, dk), (EMBED, GDN_K_HEADS, HEAD_DIM), std, adapter_in=1),
+        "gdn_wv": matrix((d, hv, dv), (EMBED, GDN_V_HEADS, HEAD_DIM), std, adapter_in=1),
+        "gdn_wz": matrix((d, hv, dv), (EMBED, GDN_V_HEADS, HEAD_DIM), std, adapter_in=1),
         "gdn_wb": matrix((d, hv), (EMBED, GDN_V_HEADS), std),
         "gdn_wa": matrix((d, hv), (EMBED, GDN_V_HEADS), std),
         "gdn_conv_q": vector((kc, hk, dk), (CONV_KERNEL, GDN_K_HEADS, HEAD_DIM), conv),
@@ -80,7 +80,9 @@ def gdn_params(cfg: ModelConfig) -> dict[str, ParamDecl]:
         "gdn_dt_bias": vector((hv,), (GDN_V_HEADS,), ones),
         "gdn_a_log": vector((hv,), (GDN_V_HEADS,), init_a_log),
         "gdn_norm": vector((dv,), (HEAD_DIM,), ones),
-        "gdn_out": matrix((hv, dv, d), (GDN_V_HEADS, HEAD_DIM, EMBED), residual_std(cfg)),
+        "gdn_out": matrix(
+            (hv, dv, d), (GDN_V_HEADS, HEAD_DIM, EMBED), residual_std(cfg), adapter_in=2
+        ),
     }
 
 

@@ -94,21 +94,38 @@ class StepContext(flax.struct.PyTreeNode):
 Initializer = Callable[..., jax.Array]
 
 
+class Role(enum.Enum):
+    """What a parameter is to the trainable subsets (training/trainable.py): a scale-offset
+    vector (`train.trainable="scale_offset"` trains these alone), a LoRA adapter factor
+    (layers/lora.py; "lora" trains these and the scale-offsets) or any other weight."""
+
+    WEIGHT = "weight"
+    SCALE_OFFSET = "scale_offset"
+    ADAPTER = "adapter"
+
+
 @dataclasses.dataclass(frozen=True)
 class ParamDecl:
     """One per-layer parameter (without the stack's leading layers axis): its shape, logical
-    axes, whether AdamW decays it (training/optimizer.py's mask reads this) and its
-    initializer (key, shape, dtype) -> array."""
+    axes, whether AdamW decays it (training/optimizer.py's mask reads this), its initializer
+    (key, shape, dtype) -> array, its Role, and adapter_in: > 0 for a projection that may
+    carry a LoRA adapter, the number of its leading axes that are its input side (wq
+    [D, N, H]: 1; wo [N, H, D]: 2), so the adapter is A [*in, r] @ B [r, *out]."""
 
     shape: tuple[int, ...]
     axes: tuple[str | None, ...]
     decay: bool
     init: Initializer
+    role: Role = Role.WEIGHT
+    adapter_in: int = 0
 
 
-def matrix(shape: tuple[int, ...], axes: tuple[str | None, ...], std: float) -> ParamDecl:
-    """A projection: normal(std), weight-decayed."""
-    return ParamDecl(shape, axes, True, nn.initializers.normal(std))
+def matrix(
+    shape: tuple[int, ...], axes: tuple[str | None, ...], std: float, adapter_in: int = 0
+) -> ParamDecl:
+    """A projection: normal(std), weight-decayed; adapter_in > 0: it may carry a LoRA adapter
+    over its first adapter_in axes (ParamDecl.adapter_in)."""
+    return ParamDecl(shape, axes, True, nn.initializers.normal(std), adapter_in=adapter_in)
 
 
 def vector(shape: tuple[int, ...], axes: tuple[str | None, ...], init: Initializer) -> ParamDecl:
@@ -128,10 +145,8 @@ def scale_offsets(
     """A query scale-offset (scale 1, offset 0): per-head affine gains, not decayed (decay
     would pull the scale towards 0, not towards the identity)."""
     scale, offset = names
-    return {
-        scale: vector(shape, axes, nn.initializers.ones),
-        offset: vector(shape, axes, nn.initializers.zeros),
-    }
+    so = lambda init: ParamDecl(shape, axes, False, init, role=Role.SCALE_OFFSET)
+    return {scale: so(nn.initializers.ones), offset: so(nn.initializers.zeros)}
 
 
 # The export formats: transformers' own classes, flash-linear-attention's, trust_remote_code.
@@ -298,9 +313,9 @@ def dense_ffn_params(cfg: ModelConfig) -> dict[str, ParamDecl]:
     """The dense SwiGLU FFN's parameters (d_ff wide; its output depth-scaled, residual_std)."""
     d, f = cfg.d_model, cfg.d_ff
     return {
-        "w_gate": matrix((d, f), (EMBED, MLP), cfg.init_std),
-        "w_up": matrix((d, f), (EMBED, MLP), cfg.init_std),
-        "w_down": matrix((f, d), (MLP, EMBED), residual_std(cfg)),
+        "w_gate": matrix((d, f), (EMBED, MLP), cfg.init_std, adapter_in=1),
+        "w_up": matrix((d, f), (EMBED, MLP), cfg.init_std, adapter_in=1),
+        "w_down": matrix((f, d), (MLP, EMBED), residual_std(cfg), adapter_in=1),
     }
 
 

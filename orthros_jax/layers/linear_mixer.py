@@ -83,10 +83,10 @@ def params(spec: Spec, cfg: ModelConfig) -> dict[str, ParamDecl]:
     n, k, h, e, pre, d = spec.heads, spec.kv_heads, spec.k_dim, spec.v_dim, spec.prefix, cfg.d_model
     std = cfg.init_std
     decls: dict[str, ParamDecl] = {
-        f"{pre}_wq": matrix((d, n, h), (EMBED, HEADS, HEAD_DIM), std),
-        f"{pre}_wk": matrix((d, k, h), (EMBED, KV_HEADS, HEAD_DIM), std),
-        f"{pre}_wv": matrix((d, k, e), (EMBED, KV_HEADS, HEAD_DIM), std),
-        f"{pre}_out": matrix((n, e, d), (HEADS, HEAD_DIM, EMBED), residual_std(cfg)),
+        f"{pre}_wq": matrix((d, n, h), (EMBED, HEADS, HEAD_DIM), std, adapter_in=1),
+        f"{pre}_wk": matrix((d, k, h), (EMBED, KV_HEADS, HEAD_DIM), std, adapter_in=1),
+        f"{pre}_wv": matrix((d, k, e), (EMBED, KV_HEADS, HEAD_DIM), std, adapter_in=1),
+        f"{pre}_out": matrix((n, e, d), (HEADS, HEAD_DIM, EMBED), residual_std(cfg), adapter_in=2),
     }
     if spec.output_gate:
         decls[f"{pre}_wg"] = matrix((d, n, e), (EMBED, HEADS, HEAD_DIM), std)

@@ -56,6 +56,22 @@ def validate(cfg: ModelConfig) -> None:
         _check_moe(cfg)
     for kind in dict.fromkeys(cfg.layer_types):
         KINDS[kind].validate(cfg)
+    if cfg.lora is not None:
+        _check_lora_targets(cfg)
+
+
+def _check_lora_targets(cfg: ModelConfig) -> None:
+    """Every target of cfg.lora is a projection a kind of cfg declares adaptable
+    (kind.ParamDecl.adapter_in > 0)."""
+    assert cfg.lora is not None
+    kinds = [KINDS[k] for k in dict.fromkeys(cfg.layer_types)]
+    declared = {n for k in kinds for n, d in k.params(cfg).items() if d.adapter_in > 0}
+    unknown = [t for t in cfg.lora.targets if t not in declared]
+    if unknown or not declared:
+        raise ValueError(
+            f"ModelConfig.lora.targets: unknown target(s) {unknown}; the layers of "
+            f"layer_types={cfg.layer_types!r} declare adaptable: {sorted(declared)}"
+        )
 
 
 def _check_cycle_fits_architecture(cfg: ModelConfig) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 
 from orthros_jax.axes import LAYERS
 from orthros_jax.config import ModelConfig
+from orthros_jax.layers import lora
 from orthros_jax.layers.ffn import FFNS, ffns_of
 from orthros_jax.layers.kind import LayerKind, ParamDecl, Params
 from orthros_jax.layers.registry import KINDS, kinds_of
@@ -76,7 +77,8 @@ class KindStack(nn.Module):
     @nn.compact
     def __call__(self) -> Params:
         cfg, kind = self.cfg, KINDS[self.kind_name]
-        return _stacked(self, kind.params(cfg), cfg.layers_of(kind.name), cfg)
+        decls = lora.with_adapters(kind.params(cfg), cfg)
+        return _stacked(self, decls, cfg.layers_of(kind.name), cfg)
 
 
 class FFNStack(nn.Module):
@@ -159,6 +161,7 @@ def layer_loop(
             p = layer_at(name, li)
         else:  # this cycle's slice of the stack: entry layer_index(0, j)
             p = jax.tree.map(operator.itemgetter(cfg.layer_index(0, j)), cycle_params[name])
+        p = lora.merged_layer(p, cfg)  # W + (alpha / r) A @ B where the layer has adapters
         if ffns:
             f = ffns[j]
             if cycle_params is None:

@@ -33,15 +33,21 @@ def param_shardings(cfg: ModelConfig, mesh: Mesh) -> Any:
 
 
 def state_shardings(
-    abstract_state: Any, params_sh: Any, tx: optax.GradientTransformation, mesh: Mesh
+    abstract_state: Any,
+    params_sh: Any,
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
+    trained_sh: Any = None,
 ) -> Any:
     """Shardings of a TrainState: params by the rules, optimizer moments like their params
-    (found with optax.tree_map_params), scalars (step, counts, rng) replicated."""
+    (found with optax.tree_map_params), scalars (step, counts, rng) replicated. trained_sh:
+    params_sh with None at the frozen parameters when only a subset trains (the optimizer
+    state's tree; training/trainable.py)."""
     opt_sh = optax.tree_map_params(
         tx,
         lambda _, sh: sh,
         abstract_state.opt_state,
-        params_sh,
+        params_sh if trained_sh is None else trained_sh,
         transform_non_params=lambda _: replicated(mesh),
     )
     return abstract_state.replace(

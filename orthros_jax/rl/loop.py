@@ -25,6 +25,7 @@ import numpy as np
 
 from orthros_jax import checkpoint
 from orthros_jax.data.tokenizers import load_tokenizer
+from orthros_jax.layers import lora
 from orthros_jax.model import OrthrosLM, num_params
 from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel import sharding
@@ -90,7 +91,16 @@ class _Run:
         state_sh = jax.tree.map(lambda a: a.sharding, self.abstract)
         g = cfg.grpo
         batch_sh = {k: pmesh.batch_sharding(self.mesh, 2) for k in batch_lib.RL_KEYS}
-        update = make_update_step(OrthrosLM(cfg.model), g, self.tx, cfg.rollout.temperature)
+        update = make_update_step(
+            OrthrosLM(cfg.model),
+            g,
+            self.tx,
+            cfg.rollout.temperature,
+            train_start.trainable_of(self.tcfg),
+        )
+        # The rollout engine runs the plain model: the adapters merged into the policy's
+        # weights each step (same shapes every step, so nothing recompiles).
+        self.merge = jax.jit(lambda p: lora.merge(p, cfg.model)[0])
         self.update = jax.jit(
             sharding.traced_under(update, self.mesh),
             in_shardings=(state_sh, self.params_sh, batch_sh),
@@ -121,8 +131,10 @@ class _Run:
     def sample(
         self, params: Any, prompts: list[tasks.Prompt], group: int, temperature: float, step: int
     ) -> Rollout:
+        params = self.merge(params) if self.cfg.model.lora is not None else params
         if self.engine is None:  # compiled once, before the first rollout is timed
-            self.engine = Engine(params, self.cfg.model, **self.engine_kw)
+            plain = self.cfg.model.replace(lora=None)
+            self.engine = Engine(params, plain, **self.engine_kw)
             self.engine.warmup()
         else:
             self.engine.set_params(params)
@@ -177,7 +189,7 @@ def run(cfg: RLConfig, workdir: str) -> TrainState:
     returns the final state. workdir is a model directory of the policy (launch/generate.py)."""
     check(cfg)
     workdir = os.path.abspath(workdir)
-    train_start.check_resumed_model(TrainConfig(model=cfg.model, data=None), workdir)
+    train_start.check_resumed_model(TrainConfig(cfg.model, None, train=cfg.train), workdir)
     rr = _Run(cfg, workdir)
     os.makedirs(workdir, exist_ok=True)
     ckpt = checkpoint.TrainCheckpointer(workdir, cfg.train.keep_checkpoints, False)
@@ -190,6 +202,7 @@ def run(cfg: RLConfig, workdir: str) -> TrainState:
         first = int(state.step)
         max_context = cfg.grpo.seq_len
         checkpoint.write_model_json(workdir, cfg.model, cfg.task.tokenizer, max_context)
+        train_start.write_trainable(rr.tcfg, workdir)
         console(
             f"GRPO on {cfg.task.name}: {cfg.model.architecture} ({num_params(cfg.model):,} params)"
             f" in {workdir}, step {first} of {cfg.train.steps}; {cfg.rollout.prompts} prompts x "

@@ -21,9 +21,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from orthros_jax.layers import lora
 from orthros_jax.model import OrthrosLM, Params
 from orthros_jax.rl.config import GRPOConfig, LossNorm, Ratio
 from orthros_jax.training.state import TrainState
+from orthros_jax.training.trainable import ALL, Trainable
 
 Batch = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -92,10 +94,16 @@ def grpo_loss(
 
 
 def make_update_step(
-    model: OrthrosLM, g: GRPOConfig, tx: optax.GradientTransformation, temperature: float
+    model: OrthrosLM,
+    g: GRPOConfig,
+    tx: optax.GradientTransformation,
+    temperature: float,
+    trainable: Trainable | None = None,
 ) -> Any:
     """(state, ref_params, batch) -> (state, metrics): one optimizer update on a rollout
-    batch. ref_params are read only when g.kl_coef > 0 (one forward, no gradient)."""
+    batch of the `trainable` subset (None: every parameter). ref_params are read only when
+    g.kl_coef > 0 (one forward, no gradient)."""
+    subset = trainable or Trainable(model.cfg, ALL)
 
     def update(state: TrainState, ref_params: Params, batch: Batch) -> tuple[TrainState, Metrics]:
         ref = None
@@ -105,9 +113,10 @@ def make_update_step(
         def objective(p: Params) -> tuple[jax.Array, Metrics]:
             return grpo_loss(target_logprobs(model, p, batch, temperature), ref, batch, g)
 
-        (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        key = jax.random.fold_in(state.rng, state.step)
+        dropped = lambda p: objective(lora.rank_dropout(p, model.cfg, key))
+        (loss, metrics), grads = subset.value_and_grad(dropped, state.params)
+        params, opt_state = subset.update(tx, grads, state.opt_state, state.params)
         metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 

@@ -69,6 +69,10 @@ class LoopConfig:
     # Optimizer steps to trace with jax.profiler into workdir/profile/: () none, (n,) step n,
     # (first, last) steps first..last.
     profile_steps: tuple[int, ...] = ()
+    # What trains (training/trainable.py): "all", "scale_offset" (the SO vectors only), "lora"
+    # (model.lora's adapters and the SO vectors) or a regex over parameter paths ("layers/wq").
+    # The frozen rest gets no optimizer state; a resumed run must keep it (start.py).
+    trainable: str = "all"
 
     def __post_init__(self) -> None:
         steps = tuple(self.profile_steps)

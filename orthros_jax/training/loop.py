@@ -41,6 +41,7 @@ from orthros_jax.training.start import (
     config_warnings,
     fresh_state,
     is_checkpointable,
+    trainable_of,
     write_model_json,
 )
 from orthros_jax.training.state import TrainState
@@ -248,7 +249,12 @@ class _Run:
         """The jitted train step for this batch layout (PT or SFT keys)."""
         cfg = self.cfg
         train_step = make_train_step(
-            cfg.model, cfg.optimizer, self.tx, cfg.train.steps, cfg.train.loss_chunk
+            cfg.model,
+            cfg.optimizer,
+            self.tx,
+            cfg.train.steps,
+            cfg.train.loss_chunk,
+            trainable_of(cfg),
         )
         ndims = {k: v.ndim for k, v in global_batch.items()}
         return sharding.jit_train_step(train_step, self.state_sh, self.mesh, ndims)

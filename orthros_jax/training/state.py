@@ -11,6 +11,7 @@ import optax
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.model import Params, init_params
+from orthros_jax.training.trainable import Trainable
 
 
 @flax.struct.dataclass
@@ -26,13 +27,19 @@ class TrainState:
 
 
 def init_train_state(
-    cfg: ModelConfig, tx: optax.GradientTransformation, rng: jax.Array, params: Params | None = None
+    cfg: ModelConfig,
+    tx: optax.GradientTransformation,
+    rng: jax.Array,
+    params: Params | None = None,
+    trainable: Trainable | None = None,
 ) -> TrainState:
-    """A fresh state. With `params` given (init_from), only the optimizer state is created.
-    Pure, so it can be jax.eval_shape'd and jitted with out_shardings."""
+    """A fresh state. With `params` given (init_from), only the optimizer state is created,
+    for the `trainable` subset only (None: every parameter). Pure, so it can be
+    jax.eval_shape'd and jitted with out_shardings."""
     init_rng, state_rng = jax.random.split(rng)
     if params is None:
         params = init_params(cfg, init_rng)
+    opt_state = tx.init(params if trainable is None else trainable.split(params)[0])
     return TrainState(
-        step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=state_rng
+        step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state, rng=state_rng
     )

@@ -9,11 +9,13 @@ import jax.numpy as jnp
 import optax
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.layers import lora
 from orthros_jax.model import OrthrosLM, Params
 from orthros_jax.training import losses
 from orthros_jax.training.config import OptimizerConfig
 from orthros_jax.training.optimizer import accumulated_grads, make_schedule, update_count
 from orthros_jax.training.state import TrainState
+from orthros_jax.training.trainable import ALL, Trainable
 
 Metrics = dict[str, jax.Array]
 TrainStep = Callable[[TrainState, losses.Batch], tuple[TrainState, Metrics]]
@@ -26,6 +28,7 @@ def make_train_step(
     tx: optax.GradientTransformation,
     total_steps: int,
     loss_chunk: int = losses.AUTO,
+    trainable: Trainable | None = None,
 ) -> TrainStep:
     """state, batch -> new state, metrics. One micro-batch per call (PT or SFT batch);
     loss_chunk: train.loss_chunk (losses.chunk_size).
@@ -35,19 +38,23 @@ def make_train_step(
     accumulation mean), param_norm (after the update), lr (of the update this micro-batch
     belongs to); with MoE layers also moe_balance_loss, moe_z_loss and moe_load [E]
     (losses.moe_aux_loss; the loss includes their weighted sum). A non-finite
-    loss/grad_norm/param_norm is the loop's signal to stop.
+    loss/grad_norm/param_norm is the loop's signal to stop. trainable: the subset that trains
+    (training/trainable.py; None: every parameter); grad_norm is over that subset.
     """
     model = OrthrosLM(model_cfg)
     schedule = make_schedule(opt_cfg, total_steps)
+    subset = trainable or Trainable(model_cfg, ALL)
 
     def train_step(state: TrainState, batch: losses.Batch) -> tuple[TrainState, Metrics]:
-        grad_fn = jax.value_and_grad(
-            lambda p: losses.mean_loss(model, p, batch, loss_chunk), has_aux=True
-        )
-        (loss, aux), grads = grad_fn(state.params)
+        key = jax.random.fold_in(state.rng, state.step)
+
+        def loss_of(p: Params) -> tuple[jax.Array, Metrics]:
+            p = lora.rank_dropout(p, model_cfg, key)  # the adapters' dropout (model.lora)
+            return losses.mean_loss(model, p, batch, loss_chunk)
+
+        (loss, aux), grads = subset.value_and_grad(loss_of, state.params)
         grad_norm = optax.tree.norm(accumulated_grads(grads, state.opt_state, opt_cfg))
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        params, opt_state = subset.update(tx, grads, state.opt_state, state.params)
         metrics = {
             "loss": loss,
             "weight": aux["weight"],

@@ -9,14 +9,13 @@ one-line ValueError naming the field.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from orthros_jax.config.options import check_positive_int, unknown_keys
+from orthros_jax.config.options import OptionGroup, check_positive_int
 
 
 @dataclasses.dataclass(frozen=True)
-class LoRAOptions:
+class LoRAOptions(OptionGroup):
     """rank r and alpha (the adapter adds (alpha / r) A @ B to each target projection W),
     dropout (training only: each of the r rank components of a layer's adapter dropped with
     this probability per step, the rest scaled by 1 / (1 - dropout); see docs/lora.md for why
@@ -50,15 +49,3 @@ class LoRAOptions:
     def scale(self) -> float:
         """alpha / rank: the factor of the adapter's product."""
         return self.alpha / self.rank
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> LoRAOptions:
-        """From a mapping (model.json, ml_collections), naming unknown keys."""
-        known = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise unknown_keys("ModelConfig.lora option(s)", unknown, known)
-        return cls(**dict(values))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)

@@ -122,7 +122,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name, group in _option_groups():
             if isinstance(getattr(self, name), Mapping):
-                object.__setattr__(self, name, group.from_dict(getattr(self, name)))
+                object.__setattr__(self, name, group.from_dict(getattr(self, name), name))
         check_choice("ModelConfig.architecture", self.architecture, ARCHITECTURES)
         if self.scale_offset is None:
             object.__setattr__(self, "scale_offset", self.two_streams)

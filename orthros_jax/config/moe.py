@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from orthros_jax.config.options import check_choice, check_positive_int, unknown_keys
+from orthros_jax.config.options import OptionGroup, check_choice, check_positive_int
 
 ROUTINGS: tuple[str, ...] = ("paired", "independent")
 MOE_IMPLS: tuple[str, ...] = ("grouped", "dense")  # kernels/moe.py's two implementations
@@ -33,7 +32,7 @@ def dense_equivalent_d_expert(d_ff: int, top_k: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class MoEOptions:
+class MoEOptions(OptionGroup):
     """n_experts E, top_k K experts per token, d_expert I (each expert's SwiGLU width: HF's
     moe_intermediate_size), norm_topk_prob (renormalise the k gates to sum 1), shared_expert
     (width of an always-on SwiGLU scaled by sigmoid(Linear D -> 1), Qwen3.5-MoE; 0: none),
@@ -111,18 +110,6 @@ class MoEOptions:
     def ffn_types(self, n: int) -> tuple[str, ...]:
         """The FFN choice of each of the n positions of a layer cycle."""
         return tuple(self.ffn_cycle[j % len(self.ffn_cycle)] for j in range(n))
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> MoEOptions:
-        """From a mapping (model.json, ml_collections), naming unknown keys."""
-        known = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise unknown_keys("ModelConfig.moe option(s)", unknown, known)
-        return cls(**dict(values))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
     def replace(self, **changes: Any) -> MoEOptions:
         return dataclasses.replace(self, **changes)

@@ -102,3 +102,21 @@ class Options:
 
     def replace(self, **changes: Any) -> Options:
         return dataclasses.replace(self, **changes)
+
+
+class OptionGroup:
+    """A ModelConfig option group's frozen dataclass (ModelConfig.moe, ModelConfig.lora): built
+    from a mapping (model.json, ml_collections) naming unknown keys, and back."""
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], field: str = "") -> Any:
+        """From a mapping; field: the ModelConfig field it is (named in the errors)."""
+        known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            what = f"ModelConfig.{field}" if field else cls.__name__
+            raise unknown_keys(f"{what} option(s)", unknown, known)
+        return cls(**dict(values))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]

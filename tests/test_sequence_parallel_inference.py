@@ -133,7 +133,7 @@ def _engine_case(arch: str, mesh, decode_steps: int) -> dict[str, np.ndarray]:
     the 21- and 30-token prompts continue over steps; 5 requests reuse slots), requests arriving
     over time as in tests/test_serving_engine.py; and single-device generate's tokens."""
     from orthros_jax.inference import generate, sequence_parallel
-    from orthros_jax.serving import sp_device
+    from orthros_jax.serving import device
     from orthros_jax.serving.engine import Engine
     from orthros_jax.serving.requests import SamplingParams
 
@@ -151,7 +151,7 @@ def _engine_case(arch: str, mesh, decode_steps: int) -> dict[str, np.ndarray]:
         decode_steps=decode_steps,
     )
     engine.warmup()
-    compiled = sp_device.compile_count()
+    compiled = device.compile_count()
     got: list[list[int]] = [[] for _ in prompts]
     submit = lambda k: engine.submit(
         prompts[k],
@@ -168,7 +168,7 @@ def _engine_case(arch: str, mesh, decode_steps: int) -> dict[str, np.ndarray]:
         if engine.busy():
             engine.step()
     want = generate(params, prompts, cfg, max_new_tokens=max(ENGINE_NEW)).tokens
-    out = {"compiled": np.array(sp_device.compile_count() - compiled), "want": want}
+    out = {"compiled": np.array(device.compile_count() - compiled), "want": want}
     out["got"] = np.array([g + [-1] * (max(ENGINE_NEW) - len(g)) for g in got])
     out["split"] = np.array(sequence_parallel.mesh_of(engine.cache) is mesh)
     out["cache_spec"] = np.array(str(engine.cache.states["attention"][0].sharding.spec))
@@ -315,13 +315,13 @@ def test_serving_engine_on_a_sequence_sharded_cache(runs, arch, mesh):
 def test_serving_engine_refuses_what_sequence_parallelism_cannot_serve():
     from jax.sharding import AbstractMesh
 
-    from orthros_jax.serving import device, sp_device
+    from orthros_jax.serving import device
     from orthros_jax.serving.engine import Engine
 
     seq8 = AbstractMesh((1, 8), ("data", "sequence"))
     data2 = AbstractMesh((2, 4), ("data", "sequence"))
     cfg, hybrid = _cfg("orthros"), tiny_config(architecture="hybrid", n_layers=4)
-    compiled = device.compile_count() + sp_device.compile_count()
+    compiled = device.compile_count()
     cases = [
         (cfg, AbstractMesh((8, 1), ("data", "sequence")), 2, 64, r"'sequence' axis > 1"),
         (cfg, seq8, 2, 100, r"cache length \(max_len\) 100 is not divisible"),
@@ -332,7 +332,7 @@ def test_serving_engine_refuses_what_sequence_parallelism_cannot_serve():
     for c, mesh, batch, length, match in cases:
         with pytest.raises(ValueError, match=match):
             Engine(None, c, max_batch=batch, max_len=length, mesh=mesh)
-    assert device.compile_count() + sp_device.compile_count() == compiled
+    assert device.compile_count() == compiled
 
 
 @pytest.mark.slow

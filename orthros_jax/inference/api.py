@@ -22,7 +22,6 @@ split the same way.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -218,16 +217,12 @@ def _generate_loop(
     engine's) for the rest, every row with `sampler` and its own seed from rng.
     mesh: the mesh of a sequence-split cache (None: the single-program decode)."""
     bsz = cache.batch_size
-    if mesh is None:
-        decode = functools.partial(fwd.decode, cfg=cfg)
-    else:
-        decode = functools.partial(sp_forward.decode, cfg=cfg, mesh=mesh)
     rows = RowSampling.uniform(sampler, row_seeds(rng, bsz), jnp.zeros((bsz,), jnp.int32))
     first = sample_rows(logits, rows, logprobs=False)
     stopped = (first.tokens[:, None] == stops).any(axis=-1)
     budget = jnp.where(stopped, 0, max_new_tokens - 1)
     out = decode_loop(
-        decode,
+        sp_forward.decoder(cfg, mesh),
         params,
         cache,
         first.tokens,

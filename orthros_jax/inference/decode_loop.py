@@ -1,5 +1,5 @@
 """The one on-device decode loop, of `generate` (api.py) and of the serving engine's multi-step
-decode (serving/device.py, serving/sp_device.py); traced inside their jits, the cache donated.
+decode (serving/device.py); traced inside their jits, the cache donated.
 
 Shapes: B rows, K steps (static), N stop ids per row, V vocab.
 

@@ -19,6 +19,7 @@ floor). Input validation lives in api.py; these functions assume valid inputs.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -32,7 +33,8 @@ from orthros_jax.layers.attend import AttentionImpl
 from orthros_jax.layers.cache_view import SlotView, slot_segments
 from orthros_jax.layers.kind import CHUNK, DECODE, READ, LayerKind, Params, StepContext, Stream
 from orthros_jax.model import final_logits
-from orthros_jax.parallel.sequence import ShardView
+from orthros_jax.parallel import sequence as pseq
+from orthros_jax.parallel.sequence import SEQ, ShardView
 
 Impl = AttentionImpl | str
 
@@ -52,11 +54,13 @@ def _view(
     segments: jax.Array,
     slots: jax.Array | None,
     slot_offset: jax.Array | None,
+    **remote: Any,
 ) -> Any:
-    """This device's cache view, or a sequence shard's (slot_offset: its first global slot)."""
+    """This device's cache view, or a sequence shard's (slot_offset: its first global slot;
+    remote: the other shards' keys it received, parallel/sequence.ShardView's halo / gathered)."""
     if slot_offset is None:
         return SlotView(window_slots, segments, slots)
-    return ShardView(window_slots, segments, slot_offset, slots)
+    return ShardView(window_slots, segments, slot_offset, slots, **remote)
 
 
 def _window_ending_at(pos_B: jax.Array, w: int) -> jax.Array:
@@ -134,59 +138,148 @@ def prefill(
     *,
     cfg: ModelConfig,
     impl: Impl | None = None,
+    slot_offset: jax.Array | None = None,
 ) -> tuple[jax.Array, KVCache]:
-    """Right-padded prompts tokens [B, T] (T <= C or a multiple of C), lengths [B] >= 1, written
-    after each row's cache.lengths. Returns (logits [B, V] at each prompt's last token, cache).
+    """Prompts of lengths [B] >= 1, written after each row's cache.lengths. Returns (logits
+    [B, V] at each prompt's last token, cache).
 
-    The prompt runs in chunks of C tokens (a lax.scan); each chunk's base stream reads the
-    state the earlier chunks left (attention: its previous W-1 keys), so memory is the cache
-    plus O(C * D) activations. Every arm reads only the last token's output, so the last
-    layer only writes its state for the chunk; the last token then runs a read pass.
+    tokens [B, T]: the right-padded prompts (T <= C or a multiple of C); they run in chunks of
+    C tokens (a lax.scan), each chunk through every layer, its base stream reading the state
+    the earlier chunks left (attention: its previous W-1 keys), so memory is the cache plus
+    O(C * D) activations. Every arm reads only the last token's output, so the last layer only
+    writes its state; the last token then runs a read pass.
+    slot_offset: sequence parallelism (inside shard_map, impl "sequence"; see
+    inference/sequence_parallel.py): the cache holds this shard's S slots, the first at this
+    global slot id, and tokens [B, S] are the tokens at those slots (prompt token i of row b at
+    slot cache.lengths[b] + i). The shard runs its slots layer by layer, each layer over its
+    chunks that hold a prompt token, after receiving the keys of the other shards the layer
+    reads (the W-1 slots before it by halo exchange, or every slot all-gathered when the base
+    stream is global); each row's last token is broadcast from the shard holding it.
     """
     impl = impl or cfg.attention_impl
     bsz, t = tokens.shape
-    chunk = min(cfg.prefill_chunk, t)
+    shard = slot_offset is not None
     s, w = cache.max_len, cfg.window
+    chunk = min(cfg.prefill_chunk, t)
+    n_chunks = -(-t // chunk)
+    # One device: blocks of one chunk. A shard: one block of all its chunks, layer by layer
+    # (its first chunk needs the previous shard's last keys of the same layer).
+    width = n_chunks * chunk if shard else chunk
+    tokens = jnp.pad(tokens, ((0, 0), (0, n_chunks * chunk - t)))
     start = cache.lengths  # rows may already hold a prefix (continued prefill)
     end = start + lengths
-    slot_seg = slot_segments(jnp.arange(s)[None] < end[:, None])
+    slot_ids, _ = _slots_and_window(cache, cfg, slot_offset)
+    slot_seg = slot_segments(slot_ids[None] < end[:, None])
+    first_slot = 0 if slot_offset is None else slot_offset
+    # tokens[b, i] is the token at position origin[b] + i.
+    origin = start if slot_offset is None else jnp.broadcast_to(slot_offset, (bsz,))
     last_kind = stack.KINDS[cfg.layer_types[-1]]
     # A single-stream arm whose last layer cannot run its last token alone runs it in full.
     last_in_chunks = not cfg.two_streams and not last_kind.reads_last_token
 
-    def run_chunk(carry: Any, c: jax.Array) -> tuple[Any, None]:
+    def grid(idx: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Positions [B, L] of token columns idx [L] and which hold a prompt token."""
+        pos = origin[:, None] + idx
+        return pos, (pos >= start[:, None]) & (pos < end[:, None]) & (idx < t)
+
+    def run_block(carry: Any, b0: jax.Array) -> tuple[Any, None]:
+        """Columns [b0, b0 + width) of tokens through every layer."""
         states, last_x = carry
-        off = c * chunk + jnp.arange(chunk, dtype=jnp.int32)  # [C] offsets into the prompt
-        pos = start[:, None] + off  # [B, C] positions = slots
-        valid = off < lengths[:, None]
-        slots = jnp.where(valid, pos, s)  # padding -> slot S: dropped
-        view = SlotView(window_before(pos[:, 0], w), slot_seg, slots)
-        ctx = StepContext(mode=CHUNK, impl=impl, view=view, valid=valid)
-        x = embed(params, jax.lax.dynamic_slice_in_dim(tokens, c * chunk, chunk, 1), cfg)
-        base = Stream(x, pos, jnp.ones_like(pos))
-        body = _stepper(cfg, ctx)
-        last = _stepper(cfg, ctx, compute_base=last_in_chunks)
-        base, _, states = stack.layer_loop(
-            params, cfg, (base, None, states), body, by_index=True, last=last
-        )
+        x = embed(params, jax.lax.dynamic_slice_in_dim(tokens, b0, width, 1), cfg)
+
+        def run(
+            carry: Any,
+            kind: LayerKind,
+            p: Params,
+            li: Any,
+            first: Any,
+            size: int,
+            compute_base: bool,
+            **remote: Any,
+        ) -> tuple[jax.Array, Any]:
+            """(x, states) after the step over columns [first, first + size) of the block."""
+            x, states = carry
+            whole = size == width
+            pos, valid = grid(b0 + first + jnp.arange(size, dtype=jnp.int32))
+            slots = jnp.where(valid, pos - first_slot, s)  # padding, other shards' -> S: dropped
+            view = _view(window_before(pos[:, 0], w), slot_seg, slots, slot_offset, **remote)
+            ctx = StepContext(mode=CHUNK, impl=impl, view=view, valid=valid)
+            xc = x if whole else jax.lax.dynamic_slice_in_dim(x, first, size, 1)
+            base = Stream(xc, pos, jnp.ones_like(pos))
+            new, _, st = kind.step(p, cfg, base, None, states[kind.name], li, ctx, compute_base)
+            if compute_base:
+                assert new is not None
+                x = new.x if whole else jax.lax.dynamic_update_slice_in_dim(x, new.x, first, 1)
+            return x, {**states, kind.name: st}
+
+        def chunks(
+            carry: Any, kind: LayerKind, p: Params, li: Any, compute_base: bool, **remote: Any
+        ) -> Any:
+            if width == chunk:
+                return run(carry, kind, p, li, 0, chunk, compute_base, **remote)
+            # Only chunks holding a prompt token of some row run (a short prompt in a long cache).
+            has = grid(b0 + jnp.arange(width, dtype=jnp.int32))[1]
+            has = has.reshape(bsz, -1, chunk).any(axis=(0, 2))
+            lo = jnp.where(has.any(), jnp.argmax(has), 0)
+            hi = jnp.where(has.any(), has.size - jnp.argmax(has[::-1]), 0)
+            body = lambda c, xs: run(xs, kind, p, li, c * chunk, chunk, compute_base, **remote)
+            return jax.lax.fori_loop(lo, hi, body, carry)
+
+        def layer(carry: Any, kind: LayerKind, p: Params, li: Any) -> Any:
+            # A shard first writes what other shards read of this layer, then receives theirs.
+            remote: dict[str, Any] = {}
+            if slot_offset is None:
+                pass
+            elif cfg.base_window is None:  # global: every slot, all-gathered
+                carry = chunks(carry, kind, p, li, False)
+                remote["gathered"] = pseq.gathered_keys(carry[1][kind.name], li, end)
+            elif w > 1:  # the window: the W-1 slots before the shard, by halo exchange
+                tail = min(w - 1, s)
+                carry = run(carry, kind, p, li, s - tail, tail, False)
+                remote["halo"] = pseq.halo_keys(carry[1][kind.name], li, slot_offset, w - 1, end)
+            return chunks(carry, kind, p, li, True, **remote)
+
+        def last(carry: Any, kind: LayerKind, p: Params, li: Any) -> Any:
+            if last_in_chunks:
+                return layer(carry, kind, p, li)
+            return chunks(carry, kind, p, li, False)  # base output dead: the state only
+
+        x, states = stack.layer_loop(params, cfg, (x, states), layer, by_index=True, last=last)
         if not cfg.two_streams:  # each row's last prompt token at the last layer's input/output
-            idx = lengths - 1 - c * chunk
-            here = (idx >= 0) & (idx < chunk)
-            got = jnp.take_along_axis(base.x, jnp.clip(idx, 0, chunk - 1)[:, None, None], axis=1)
+            idx = end - 1 - origin - b0
+            here = (idx >= 0) & (idx < width) & (idx + b0 < t)
+            got = jnp.take_along_axis(x, jnp.clip(idx, 0, width - 1)[:, None, None], axis=1)
             last_x = jnp.where(here[:, None], got[:, 0], last_x)
         return (states, last_x), None
 
     last_x = jnp.zeros((bsz, cfg.d_model), cfg.jnp_dtype)
-    chunks = jnp.arange(t // chunk, dtype=jnp.int32)
-    (states, last_x), _ = jax.lax.scan(run_chunk, (cache.states, last_x), chunks)
+    blocks = jnp.arange(0, n_chunks * chunk, width, dtype=jnp.int32)
+    if blocks.size == 1:
+        (states, last_x), _ = run_block((cache.states, last_x), blocks[0])
+    else:
+        (states, last_x), _ = jax.lax.scan(run_block, (cache.states, last_x), blocks)
     cache = cache.with_states(states, end)
+    # Each row's last prompt token: its column, on the sequence shard holding it.
+    idx = end - 1 - origin
+    mine = (idx >= 0) & (idx < t)
+    read = functools.partial(read_pass, params, cfg, cache, impl=impl, slot_offset=slot_offset)
     if cfg.two_streams:  # the output stream runs once, after every layer's cache is filled
-        last_tok = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
-        x0 = embed(params, last_tok[:, None], cfg)[:, 0]
-        last_x = read_pass(params, cfg, cache, x0, impl=impl, base=False, last_only=False)
-    elif not last_in_chunks:
-        last_x = read_pass(params, cfg, cache, last_x, impl=impl, base=True, last_only=True)
+        last_tok = jnp.take_along_axis(tokens, jnp.clip(idx, 0, t - 1)[:, None], axis=1)[:, 0]
+        x0 = embed(params, _from_owner(last_tok, mine, shard)[:, None], cfg)[:, 0]
+        last_x = read(x0, base=False, last_only=False)
+    else:
+        last_x = _from_owner(last_x, mine, shard)
+        if not last_in_chunks:
+            last_x = read(last_x, base=True, last_only=True)
     return logits_of(params, last_x, cfg), cache
+
+
+def _from_owner(x: jax.Array, mine_B: jax.Array, shard: bool) -> jax.Array:
+    """x [B, ...] of each row from the sequence shard where mine is set (one device: x)."""
+    if not shard:
+        return x
+    mine = mine_B.reshape(mine_B.shape + (1,) * (x.ndim - 1))
+    return jax.lax.psum(jnp.where(mine, x, 0), SEQ)
 
 
 def decode(

@@ -1,6 +1,7 @@
 """Sequence parallelism as a cache view: a cache whose slots are split over the "sequence" mesh
 axis, seen from one shard (inside `jax.shard_map`), and the attention implementation that
-merges shards' partial results. The drivers are inference/sequence_parallel.py.
+merges shards' partial results. inference/drivers.py's drivers run on each shard with it
+(inference/sequence_parallel.py).
 
 Shard i of P holds global slots [i * Ls, (i + 1) * Ls) of every row (slot_offset = i * Ls);
 positions, window slots and masks stay global slot ids. A shard writes only its own slots

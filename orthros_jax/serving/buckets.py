@@ -8,7 +8,8 @@ from typing import Any
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.config.options import check_positive_int
-from orthros_jax.serving import sp_device
+from orthros_jax.parallel.sequence import check_mesh as check_sequence_mesh
+from orthros_jax.parallel.sequence import sequence_size
 
 
 def pow2_upto(lo: int, hi: int) -> tuple[int, ...]:
@@ -47,6 +48,22 @@ def fit(buckets: tuple[int, ...], n: int) -> int:
     return next(b for b in buckets if b >= n)
 
 
+def check_mesh(cfg: ModelConfig, mesh: object, max_batch: int, max_len: int) -> None:
+    """Nothing for mesh=None (one device); else ValueError (before any array or compile) unless the
+    engine can serve on this mesh: a "sequence" axis > 1 and what init_cache(..., mesh=) accepts
+    (max_len a multiple of the sequence size, max_batch of the batch axes, layer kinds whose cache
+    grows with slots, no tensor axis). A mesh of shapes (jax.sharding.AbstractMesh) is enough."""
+    if mesh is None:
+        return
+    shape = getattr(mesh, "shape", None)
+    if not hasattr(shape, "get") or sequence_size(mesh) < 2:  # type: ignore[arg-type]
+        raise ValueError(
+            f"Engine: mesh must have a 'sequence' axis > 1 (got {shape}); use mesh=None to "
+            "serve on one device"
+        )
+    check_sequence_mesh(cfg, max_batch, max_len, mesh)  # type: ignore[arg-type]
+
+
 def check_engine(
     cfg: ModelConfig,
     mesh: Any,
@@ -56,11 +73,11 @@ def check_engine(
     **sizes: int,
 ) -> None:
     """ValueError naming the Engine argument that does not fit: sizes (max_batch, max_len,
-    chunk_budget, max_queue, decode_steps) positive ints, the mesh (sp_device.check),
+    chunk_budget, max_queue, decode_steps) positive ints, the mesh (check_mesh),
     batch_wait_s in [0, 1] seconds, prefix caching on one device only."""
     for name, v in sizes.items():
         check_positive_int(f"Engine: {name}", v)
-    sp_device.check(cfg, mesh, sizes["max_batch"], sizes["max_len"])
+    check_mesh(cfg, mesh, sizes["max_batch"], sizes["max_len"])
     if prefix_caching and mesh is not None:
         raise ValueError("Engine: prefix_caching is for one device (mesh=None)")
     number = isinstance(batch_wait_s, int | float) and not isinstance(batch_wait_s, bool)

@@ -3,9 +3,9 @@
 Shapes: B slots (cache rows), P rows prefilled in one call (a bucket <= B), T prompt tokens
 of each of them this call (a bucket), S cache slots per row, V vocab.
 
-    prefill_rows(params, cache, hist, rows, reset, tokens, lengths, sampling, pen)
+    prefill_rows(params, cache, hist, rows, reset, tokens, lengths, sampling, pen, cfg=, mesh=)
         -> (Sampled, cache, hist)
-    decode_rows(params, cache, hist, tokens, budget, stops, sampling, pen, steps=K)
+    decode_rows(params, cache, hist, tokens, budget, stops, sampling, pen, cfg=, steps=K, mesh=)
         -> (Sampled [K, B], fed [K, B], cache, hist)
 
 
@@ -24,25 +24,40 @@ each row's logits (hist / pen: penalties, logit bias, min_tokens; inference/logi
 sample per row (inference/sampling.sample_rows; the key of a draw is the row's seed and its token
 count, so K does not change what is drawn; Sampled.sample_logprob is each token's log-prob
 under the distribution it was drawn from) and donate the cache and the history.
+
+mesh: None for a cache on one device; else the mesh of init_cache(cfg, B, S, mesh=mesh), whose
+"sequence" axis (> 1; buckets.check_mesh) splits every row's slots: the drivers run
+sequence-parallel (inference/sequence_parallel.py; prefill_rows lays each row's T tokens on the
+sub-cache's slot grid [P, S] from the row's length after the reset on), and the cache in and out
+keeps init_cache's sharding (a changed sharding would recompile the next call).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from orthros_jax.axes import BATCH
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import drivers as fwd
 from orthros_jax.inference import logit_processing as lp
-from orthros_jax.inference.cache import KVCache, kind_states, kv_cache_dtype, leaf_axes
+from orthros_jax.inference import sequence_parallel
+from orthros_jax.inference.cache import (
+    KVCache,
+    cache_shardings,
+    kind_states,
+    kv_cache_dtype,
+    leaf_axes,
+)
 from orthros_jax.inference.decode_loop import decode_loop
 from orthros_jax.inference.sampling import RowSampling, Sampled, sample_rows
 from orthros_jax.layers.kind import Params
 from orthros_jax.layers.registry import KINDS
+from orthros_jax.parallel.sequence import SEQ
 
 
 def _is_axes(x: Any) -> bool:
@@ -110,6 +125,43 @@ def sample_prefilled(
     return out, lp.scatter(hist, rows_P, sub)
 
 
+def replicated(mesh: Mesh | None) -> NamedSharding | None:
+    """Where the engine puts the params and the history: every device of the mesh (None: the
+    default device)."""
+    return None if mesh is None else NamedSharding(mesh, P())
+
+
+def _placed(cfg: ModelConfig, cache: KVCache, mesh: Mesh | None) -> KVCache:
+    """cache constrained to init_cache's sharding on mesh (a changed sharding would recompile
+    the next call); as it is on one device."""
+    if mesh is None:
+        return cache
+    sh = cache_shardings(cfg, cache.batch_size, cache.max_len, mesh, kv_cache_dtype(cache))
+    return cache.replace(
+        states=jax.lax.with_sharding_constraint(cache.states, sh.states),
+        lengths=jax.lax.with_sharding_constraint(cache.lengths, sh.lengths),
+    )
+
+
+def _placed_hist(hist: lp.History, mesh: Mesh | None) -> lp.History:
+    return hist if mesh is None else jax.lax.with_sharding_constraint(hist, replicated(mesh))
+
+
+def _slot_grid(
+    cfg: ModelConfig, mesh: Mesh, sub: KVCache, tokens_PT: jax.Array, lengths_P: jax.Array
+) -> jax.Array:
+    """[P, S] tokens on the sub-cache's slot grid, split like its slots: row j's token i at
+    slot sub.lengths[j] + i (sequence_parallel.slot_tokens on device: T ids in, not S); tokens
+    past lengths_P[j] go to slot S, dropped."""
+    p, t = tokens_PT.shape
+    col = sub.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+    col = jnp.where(jnp.arange(t)[None] < lengths_P[:, None], col, sub.max_len)
+    grid = jnp.zeros((p, sub.max_len), jnp.int32)
+    grid = grid.at[jnp.arange(p)[:, None], col].set(tokens_PT.astype(jnp.int32), mode="drop")
+    _, rows = sequence_parallel.specs(cfg, mesh, p, sub.max_len)
+    return jax.lax.with_sharding_constraint(grid, NamedSharding(mesh, P(rows, SEQ)))
+
+
 def _prefill_rows(
     params: Params,
     cache: KVCache,
@@ -122,11 +174,17 @@ def _prefill_rows(
     pen: lp.Penalties,
     *,
     cfg: ModelConfig,
+    mesh: Mesh | None = None,
 ) -> tuple[Sampled, KVCache, lp.History]:
-    sub = reset_rows(cfg, gather_rows(cfg, cache, rows_P), reset_P)
-    logits, sub = fwd.prefill(params, sub, tokens_PT, lengths_P, cfg=cfg)
+    sub = _placed(cfg, reset_rows(cfg, gather_rows(cfg, cache, rows_P), reset_P), mesh)
+    if mesh is None:
+        logits, sub = fwd.prefill(params, sub, tokens_PT, lengths_P, cfg=cfg)
+    else:  # padding rows (id >= B) have 0 tokens: they write nothing, and are never scattered
+        grid = _slot_grid(cfg, mesh, sub, tokens_PT, lengths_P)
+        logits, sub = sequence_parallel.prefill(params, sub, grid, lengths_P, cfg=cfg, mesh=mesh)
+    cache = _placed(cfg, scatter_rows(cfg, cache, rows_P, sub), mesh)
     out, hist = sample_prefilled(logits, hist, rows_P, reset_P, tokens_PT, lengths_P, sampling, pen)
-    return out, scatter_rows(cfg, cache, rows_P, sub), hist
+    return out, cache, _placed_hist(hist, mesh)
 
 
 def _decode_rows(
@@ -141,10 +199,10 @@ def _decode_rows(
     *,
     cfg: ModelConfig,
     steps: int,
+    mesh: Mesh | None = None,
 ) -> tuple[Sampled, jax.Array, KVCache, lp.History]:
-    decode = functools.partial(fwd.decode, cfg=cfg)
     out = decode_loop(
-        decode,
+        sequence_parallel.decoder(cfg, mesh),
         params,
         cache,
         tokens_B,
@@ -156,12 +214,13 @@ def _decode_rows(
         hist=hist,
         pen=pen,
     )
-    return out.sampled, out.fed, out.cache, out.hist
+    return out.sampled, out.fed, _placed(cfg, out.cache, mesh), _placed_hist(out.hist, mesh)
 
 
-prefill_rows = jax.jit(_prefill_rows, static_argnames=("cfg",), donate_argnames=("cache", "hist"))
+DONATED = ("cache", "hist")
+prefill_rows = jax.jit(_prefill_rows, static_argnames=("cfg", "mesh"), donate_argnames=DONATED)
 decode_rows = jax.jit(
-    _decode_rows, static_argnames=("cfg", "steps"), donate_argnames=("cache", "hist")
+    _decode_rows, static_argnames=("cfg", "steps", "mesh"), donate_argnames=DONATED
 )
 
 

@@ -12,7 +12,7 @@ One engine step (Engine.step):
 Shapes are bucketed: the prefill takes [P, T] for P in `prefill_batches` and T in
 `prefill_lengths`, the decode [B]; `warmup()` compiles every bucket once, so the steady state
 never compiles (tests/test_serving_engine.py counts it). The cache is donated to every call.
-With mesh= (a sequence-split cache) the two calls are sp_device.py's. A failure in one request
+With mesh= (a sequence-split cache) the two calls run sequence-parallel. A failure in one request
 fails it alone; a failed device call fails the requests in it and restarts the cache.
 `start()` runs the loop on a thread; `shutdown(drain=True)` finishes the running ones and stops.
 """
@@ -35,7 +35,7 @@ from orthros_jax.config import ModelConfig
 from orthros_jax.inference import init_cache
 from orthros_jax.inference import logit_processing as lp
 from orthros_jax.inference.sampling import Sampled
-from orthros_jax.serving import buckets, device, row_inputs, sp_device
+from orthros_jax.serving import buckets, device, row_inputs
 from orthros_jax.serving.events import Event, Request, Slot
 from orthros_jax.serving.metrics import Metrics
 from orthros_jax.serving.prefix import PrefixIndex
@@ -53,8 +53,8 @@ class Engine:
     eos_id: the end-of-text id (stops a request unless ignore_eos). batch_wait_s: how long an
     idle engine lets a burst of arrivals gather before its first step (until every slot has a
     request or the time is up), so requests sent together prefill in one call. mesh: a mesh with
-    a "sequence" axis > 1 (parallel.mesh.sequence_mesh) splits every row's slots over it, its
-    calls are sp_device.py's (sp_device.check says what it refuses); None: one device.
+    a "sequence" axis > 1 (parallel.mesh.sequence_mesh) splits every row's slots over it and its
+    calls run sequence-parallel (buckets.check_mesh says what it refuses); None: one device.
     kv_cache_dtype: "int8" / "fp8" keep the cache's K/V quantized (init_cache's).
     prefix_caching: admit a request with the longest prompt prefix a row holds (prefix.py)."""
 
@@ -95,7 +95,7 @@ class Engine:
             prefix_caching=prefix_caching,
         )  # first: a refusal compiles nothing
         self.cfg, self.max_batch, self.max_len, self.mesh = cfg, max_batch, max_len, mesh
-        self._dev: Any = device if mesh is None else sp_device.SequenceParallel(mesh)
+        self._dev: Any = device  # the device calls (a test may wrap them)
         self.decode_steps = decode_steps
         self.batch_wait_s = float(batch_wait_s)
         self.chunk_budget, self.max_queue = chunk_budget, max_queue
@@ -106,7 +106,7 @@ class Engine:
         self.decode_text = decode_text or (lambda ids: "")
         self.eos_id = eos_id
         self.metrics = metrics or Metrics()
-        self.params = jax.device_put(params, sp_device.replicated(mesh))
+        self.params = jax.device_put(params, device.replicated(mesh))
         self.kv_cache_dtype = kv_cache_dtype
         self._fresh()
         self.prefix = PrefixIndex(cfg, max_batch) if prefix_caching else None
@@ -152,7 +152,7 @@ class Engine:
         new = jax.tree.map(lambda a: (a.shape, a.dtype), params)
         if old != new:
             raise ValueError("Engine.set_params: new params differ in structure, shape or dtype")
-        self.params = jax.device_put(params, sp_device.replicated(self.mesh))
+        self.params = jax.device_put(params, device.replicated(self.mesh))
         if self.prefix is not None:  # the rows' K/V and states are the old parameters'
             self.prefix.clear()
 
@@ -214,14 +214,8 @@ class Engine:
         rows padding / inactive), so serving never compiles."""
         for p in self.prefill_batches:
             for t in self.prefill_lengths:
-                args = row_inputs.prefill_args(p, t, self.max_batch, [])
-                _, self.cache, self.hist = self._dev.prefill_rows(
-                    self.params, self.cache, self.hist, *args, cfg=self.cfg
-                )
-        args = row_inputs.decode_args(self.max_batch, [])
-        _, _, self.cache, self.hist = self._dev.decode_rows(
-            self.params, self.cache, self.hist, *args, cfg=self.cfg, steps=self.decode_steps
-        )
+                self._prefill_call(row_inputs.prefill_args(p, t, self.max_batch, []))
+        self._decode_call(row_inputs.decode_args(self.max_batch, []))
         jax.block_until_ready((self.cache, self.hist))
 
     def step(self) -> None:
@@ -308,7 +302,7 @@ class Engine:
             kv_cache_dtype=self.kv_cache_dtype,
         )
         hist = lp.init_history(self.max_batch, self.cfg.vocab_size)
-        self.hist = jax.device_put(hist, sp_device.replicated(self.mesh))
+        self.hist = jax.device_put(hist, device.replicated(self.mesh))
 
     def _run_prefill(self, chunks: list[tuple[int, int]]) -> Sampled:
         p = buckets.fit(self.prefill_batches, len(chunks))
@@ -316,10 +310,7 @@ class Engine:
         args = row_inputs.prefill_args(
             p, t, self.max_batch, [(i, self._held(i), n) for i, n in chunks]
         )
-        sampled, self.cache, self.hist = self._dev.prefill_rows(
-            self.params, self.cache, self.hist, *args, cfg=self.cfg
-        )
-        return sampled
+        return self._prefill_call(args)
 
     def _run_decode(self, decoding: list[int]) -> tuple[Sampled, jax.Array]:
         """decode_steps steps for the decoding slots: each runs while it has max_tokens and
@@ -330,13 +321,25 @@ class Engine:
             in_cache = len(s.req.ids) + s.generated - 1  # s.last is not fed yet
             left = min(s.req.params.max_tokens - s.generated, self.max_len - in_cache)
             rows.append((i, s, min(self.decode_steps, left)))
+        return self._decode_call(row_inputs.decode_args(self.max_batch, rows))
+
+    def _prefill_call(self, args: tuple) -> Sampled:
+        """device.prefill_rows on the live cache and history (row_inputs.prefill_args)."""
+        sampled, self.cache, self.hist = self._dev.prefill_rows(
+            self.params, self.cache, self.hist, *args, cfg=self.cfg, mesh=self.mesh
+        )
+        return sampled
+
+    def _decode_call(self, args: tuple) -> tuple[Sampled, jax.Array]:
+        """device.decode_rows on the live cache and history (row_inputs.decode_args)."""
         sampled, fed, self.cache, self.hist = self._dev.decode_rows(
             self.params,
             self.cache,
             self.hist,
-            *row_inputs.decode_args(self.max_batch, rows),
+            *args,
             cfg=self.cfg,
             steps=self.decode_steps,
+            mesh=self.mesh,
         )
         return sampled, fed
 

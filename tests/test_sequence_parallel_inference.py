@@ -1,10 +1,10 @@
 """Sequence-parallel prefill, decode and generate through the public API (init_cache(mesh=),
 prefill, decode_step, generate) on 8 simulated CPU devices, against the single-device run.
 
-The 8-device part runs once, in a subprocess started with
+The 8-device part runs once, in one subprocess started with
 XLA_FLAGS=--xla_force_host_platform_device_count=8 (set before it imports jax); two more
 processes with 4 devices each run the same prefill and decode through jax.distributed on
-localhost. The tests compare what they saved. The children compile with
+localhost, beside it. The tests compare what they saved. The children compile with
 --xla_backend_optimization_level=0: these programs are tiny, and it halves their compile time.
 
 Every case: window 12, prefill chunk 6, a 64-slot cache. On sequence = 8 a shard holds 8 slots,
@@ -175,9 +175,9 @@ def _engine_case(arch: str, mesh, decode_steps: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _worker(part: str, out_dir: str) -> None:
-    """8 devices. Part "a": orthros and swa on one device and both meshes, generate. Part "b":
-    the transformer likewise, the HLO collective bytes, a too-long prompt."""
+def _worker(out_dir: str) -> None:
+    """8 devices: every arm on one device and on both meshes, generate, the serving engine,
+    the HLO collective bytes and a too-long prompt."""
     import jax
 
     from orthros_jax.inference import generate
@@ -185,30 +185,28 @@ def _worker(part: str, out_dir: str) -> None:
 
     assert jax.device_count() == 8, jax.devices()
     res, stats = {}, {}
-    for arch in ("orthros", "swa") if part == "a" else ("transformer",):
+    for arch in ARMS:
         for key, v in _serve(arch, None).items():
             res[f"{arch}/single/{key}"] = v
         for name, (seq, data) in MESHES.items():
             for key, v in _serve(arch, pmesh.sequence_mesh(seq, data=data)).items():
                 res[f"{arch}/{name}/{key}"] = v
     seq8 = pmesh.sequence_mesh(8)
-    if part == "a":
-        x, cfg, params = _inputs(), _cfg("orthros"), _params("orthros")
-        prompts = [list(x["tokens"][0, :37]), list(x["tokens"][1, :21])]
-        out = generate(params, prompts, cfg, max_new_tokens=9, cache_size=SLOTS, mesh=seq8)
-        res["generate/seq8"] = out.tokens
-        res["generate/single_steps"] = _greedy(params, cfg, None, 9)
-        for key, v in _engine_case("orthros", seq8, 2).items():
-            res[f"engine/orthros/seq8/{key}"] = v
-    else:
-        for arch in ("orthros", "transformer"):
-            for slots in (SLOTS, 2 * SLOTS):
-                stats[f"{arch}/{slots}"] = _collective_bytes(arch, seq8, slots)
-        stats["too_long"] = _too_long_prompt(seq8)
-        for key, v in _engine_case("transformer", pmesh.sequence_mesh(4, data=2), 1).items():
-            res[f"engine/transformer/data2_seq4/{key}"] = v
-    np.savez(os.path.join(out_dir, f"res_{part}.npz"), **res)
-    with open(os.path.join(out_dir, f"stats_{part}.json"), "w") as fh:
+    x, cfg, params = _inputs(), _cfg("orthros"), _params("orthros")
+    prompts = [list(x["tokens"][0, :37]), list(x["tokens"][1, :21])]
+    out = generate(params, prompts, cfg, max_new_tokens=9, cache_size=SLOTS, mesh=seq8)
+    res["generate/seq8"] = out.tokens
+    res["generate/single_steps"] = _greedy(params, cfg, None, 9)
+    for key, v in _engine_case("orthros", seq8, 2).items():
+        res[f"engine/orthros/seq8/{key}"] = v
+    for arch in ("orthros", "transformer"):
+        for slots in (SLOTS, 2 * SLOTS):
+            stats[f"{arch}/{slots}"] = _collective_bytes(arch, seq8, slots)
+    stats["too_long"] = _too_long_prompt(seq8)
+    for key, v in _engine_case("transformer", pmesh.sequence_mesh(4, data=2), 1).items():
+        res[f"engine/transformer/data2_seq4/{key}"] = v
+    np.savez(os.path.join(out_dir, "res.npz"), **res)
+    with open(os.path.join(out_dir, "stats.json"), "w") as fh:
         json.dump(stats, fh)
 
 
@@ -237,12 +235,12 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Starts the two 8-device workers and the two processes together; returns what they saved."""
+    """Starts the 8-device worker and the two processes together; returns what they saved."""
     from training_helpers import subprocess_env
 
     out = tmp_path_factory.mktemp("sp_inference")
     port = _free_port()
-    jobs = (("worker", "a"), 8), (("worker", "b"), 8), (("0", str(port)), 4), (("1", str(port)), 4)
+    jobs = (("worker",), 8), (("0", str(port)), 4), (("1", str(port)), 4)
     procs = []
     for args, devices in jobs:
         env = subprocess_env(devices)
@@ -259,8 +257,8 @@ def runs(tmp_path_factory):
     logs = [p.communicate(timeout=600)[0] for p in procs]
     for p, log in zip(procs, logs, strict=True):
         assert p.returncode == 0, log[-4000:]
-    res = {**np.load(out / "res_a.npz"), **np.load(out / "res_b.npz")}
-    stats = json.loads((out / "stats_b.json").read_text())
+    res = dict(np.load(out / "res.npz"))
+    stats = json.loads((out / "stats.json").read_text())
     return res, stats, [dict(np.load(out / f"process{i}.npz")) for i in range(2)]
 
 
@@ -393,6 +391,6 @@ def test_bad_input_raises_before_compiling(runs):
 
 if __name__ == "__main__":
     if sys.argv[1] == "worker":
-        _worker(sys.argv[2], sys.argv[3])
+        _worker(sys.argv[2])
     else:
         _process(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

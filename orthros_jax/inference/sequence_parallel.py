@@ -29,7 +29,7 @@ straddle shards) and the global read are split-K partials merged across shards b
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -40,6 +40,7 @@ from orthros_jax.config import ModelConfig
 from orthros_jax.inference import drivers as fwd
 from orthros_jax.inference.cache import KVCache, cache_shardings, kv_cache_dtype
 from orthros_jax.inference.decode_loop import Decode
+from orthros_jax.inference.drivers import Impl
 from orthros_jax.layers.kind import Params
 from orthros_jax.parallel.sequence import SEQ, SequenceAttention, sequence_size
 
@@ -91,8 +92,26 @@ def slot_tokens(
     return out
 
 
+class ShardDriver(Protocol):
+    """drivers.prefill or drivers.decode: (params, cache, tokens, per-row arg) -> (logits, cache)
+    with slot_offset (this shard's first global slot) and the attention implementation."""
+
+    def __call__(
+        self,
+        params: Params,
+        cache: KVCache,
+        tokens: jax.Array,
+        per_row: jax.Array,
+        /,
+        *,
+        cfg: ModelConfig,
+        impl: Impl | None,
+        slot_offset: jax.Array | None,
+    ) -> tuple[jax.Array, KVCache]: ...
+
+
 def _on_shards(
-    driver: Any, cfg: ModelConfig, mesh: Mesh, cache: KVCache, tokens_spec: P, **kw: Any
+    driver: ShardDriver, cfg: ModelConfig, mesh: Mesh, cache: KVCache, tokens_spec: P, **kw: Any
 ) -> Any:
     """driver (drivers.prefill or drivers.decode) on each shard of `mesh`: fn(params, cache,
     tokens, per-row arg) -> (logits [B, V], cache split the same way). Each shard runs it on its

@@ -11,9 +11,9 @@ their segment (KEY_PAD_SEGMENT), never by array index.
   sharded_global_attention_partial, merge_partials
                                 split-K attention for a few replicated queries per row over
                                 sharded keys, merged across shards by log-sum-exp
-The prefill driver (inference/sequence_parallel.py) builds the base stream's window from `halo` and
-the Transformer arm's keys by all-gathering each layer's K/V; bytes per collective from compiled
-HLO in hlo_stats.py.
+The sequence-parallel prefill (inference/drivers.prefill on each shard) builds the base stream's
+window from `halo` and the Transformer arm's keys by all-gathering each layer's K/V; bytes per
+collective from compiled HLO in hlo_stats.py.
 """
 
 from __future__ import annotations

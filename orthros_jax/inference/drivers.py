@@ -12,7 +12,8 @@ Both are drivers over the layer kinds' `step` (layers/kind.py) and the one layer
   swa          one stream, sliding window; logits at each row's last token.
 Positions are cache slots (cache.py), so masks compare slot indices; attention-like kinds find
 their keys through the cache view in the step context (layers/cache_view.SlotView here, the
-shard view of parallel/sequence.py when a sequence-parallel driver passes slot_offset).
+shard view of parallel/sequence.py when sequence_parallel.py runs these drivers on each shard of
+a slot-split cache with slot_offset).
 `impl` overrides cfg.attention_impl (a name or an attend.AttentionImpl, e.g. the benchmark's
 floor). Input validation lives in api.py; these functions assume valid inputs.
 """

@@ -30,15 +30,25 @@ import numpy as np
 
 from orthros_jax import inference
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.architectures import TWO_STREAM_FORM
 from orthros_jax.config.cli import to_plain
+from orthros_jax.convert.common import own_arm
 from orthros_jax.inference.cache import KVCache, init_cache
 from orthros_jax.inference.drivers import prefill
 from orthros_jax.kernels.attention import local_attention
-from orthros_jax.layers import flops
+from orthros_jax.layers import attention, flops, gdn
 from orthros_jax.layers.attend import AttentionImpl, Keys
 from orthros_jax.layers.registry import kinds_of
 from orthros_jax.layers.stack import so_names
 from orthros_jax.model import OrthrosLM, Params
+
+# The arms the benchmarks compare, found in the arms table by their kinds: the single-stream
+# attention-only arm (the Transformer) and its two-stream conversion (Orthros); the GDN and
+# attention hybrid and its two-stream conversion (Orthros-H).
+TRANSFORMER = own_arm(attention.KIND.name)
+ORTHROS = TWO_STREAM_FORM[TRANSFORMER]
+HYBRID = own_arm(gdn.KIND.name, attention.KIND.name)
+ORTHROS_H = TWO_STREAM_FORM[HYBRID]
 
 
 def model_configs(model: Any, arms: dict[str, dict[str, Any]]) -> dict[str, ModelConfig]:

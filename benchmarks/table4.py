@@ -25,24 +25,26 @@ import jax
 
 from benchmarks import common as bench
 from benchmarks import report as bench_report
+from benchmarks.common import HYBRID, ORTHROS, ORTHROS_H, TRANSFORMER
 from orthros_jax.config import ModelConfig
-from orthros_jax.layers import flops
+from orthros_jax.config.architectures import ARCHITECTURES
+from orthros_jax.layers import flops, gdn, gla, retention
 from orthros_jax.model import init_params
 
-PAIRS = (("hybrid", "orthros_h"), ("transformer", "orthros"))
+PAIRS = ((HYBRID, ORTHROS_H), (TRANSFORMER, ORTHROS))
 
 
 def table4_arms(c: Any) -> dict[str, ModelConfig]:
     """The four arms from the bench config (bf16 on accelerators)."""
     model = dict(c.model) | {"scale_offset": None, "n_layers": c.table4_n_layers}
-    gdn = {"kinds": {"gdn": dict(c.gdn)}}
+    dims = {"kinds": {gdn.KIND.name: dict(c.gdn)}}
     return bench.model_configs(
         model,
         {
-            "transformer": {"architecture": "transformer"},
-            "orthros": {"architecture": "orthros"},
-            "hybrid": gdn | {"architecture": "hybrid"},
-            "orthros_h": gdn | {"architecture": "orthros_h"},
+            TRANSFORMER: {"architecture": TRANSFORMER},
+            ORTHROS: {"architecture": ORTHROS},
+            HYBRID: dims | {"architecture": HYBRID},
+            ORTHROS_H: dims | {"architecture": ORTHROS_H},
         },
     )
 
@@ -52,12 +54,12 @@ def layer_arms(c: Any) -> dict[str, ModelConfig]:
     shape with every layer of the arm's kind: a decode step ratio to the Transformer is one
     layer's."""
     model = dict(c.model) | {"scale_offset": None, "n_layers": c.table4_n_layers}
-    dims = {
-        "gdn": {"kinds": {"gdn": dict(c.gdn)}},
-        "gla": {"kinds": {"gla": dict(c.gla)}},
-        "retnet": {"kinds": {"retention": dict(c.ret)}},
-    }
-    arms = {a: dims[a] | {"architecture": a, "layer_types": None} for a in c.table4_layer_arms}
+    # The config's section of each kind's options (c.gdn / c.gla / c.ret).
+    section = {gdn.KIND.name: c.gdn, gla.KIND.name: c.gla, retention.KIND.name: c.ret}
+    arms = {}
+    for a in c.table4_layer_arms:
+        (kind,) = ARCHITECTURES[a].kinds
+        arms[a] = {"architecture": a, "layer_types": None, "kinds": {kind: dict(section[kind])}}
     return bench.model_configs(model, arms)
 
 
@@ -101,7 +103,7 @@ def table4_suite(c: Any, cfgs: Any, params: Any, results: dict[str, Any]) -> Non
         for single, two in PAIRS:
             row[f"{single}_over_{two}"] = bench.ratio(row[single], row[two])
         for name in layers:  # > 1: the recurrent layer's decode step is slower
-            row[f"{name}_over_transformer"] = bench.ratio(row[name], row["transformer"])
+            row[f"{name}_over_{TRANSFORMER}"] = bench.ratio(row[name], row[TRANSFORMER])
         dec.append(row)
         print(f"table4 decode ctx={ctx}: " + json.dumps(_brief(row)), flush=True)
     results["table4"] = {
@@ -129,56 +131,52 @@ def markdown(results: dict[str, Any]) -> str:
         f"Command: `{results['command']}`; batch {results['batch_size']}, median of "
         f"{results['repeats']} interleaved rounds.",
         "",
-        "| prefill T | hybrid s | orthros_h s | hybrid/orthros_h | transformer s | orthros s "
-        "| transformer/orthros |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        _header("prefill T", "s"),
     ]
-    for r in tab["prefill"]:
-        s = {n: r[n]["median_s"] for n in ("hybrid", "orthros_h", "transformer", "orthros")}
-        lines.append(
-            f"| {r['T']} | {s['hybrid']:.3f} | {s['orthros_h']:.3f} | "
-            f"{r['hybrid_over_orthros_h']:.2f} | {s['transformer']:.3f} | {s['orthros']:.3f} | "
-            f"{r['transformer_over_orthros']:.2f} |"
-        )
-    lines += [
-        "",
-        "| decode context | hybrid ms | orthros_h ms | hybrid/orthros_h | transformer ms "
-        "| orthros ms | transformer/orthros |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in tab["decode"]:
-        ms = {n: 1e3 * r[n]["step_s"] for n in ("hybrid", "orthros_h", "transformer", "orthros")}
-        lines.append(
-            f"| {r['context']} | {ms['hybrid']:.2f} | {ms['orthros_h']:.2f} | "
-            f"{r['hybrid_over_orthros_h']:.2f} | {ms['transformer']:.2f} | {ms['orthros']:.2f} | "
-            f"{r['transformer_over_orthros']:.2f} |"
-        )
-    names = [n for n in ("gdn", "gla", "retnet") if f"{n}_over_transformer" in tab["decode"][0]]
+    lines += [_cells(r["T"], r, "median_s", 1, ".3f") for r in tab["prefill"]]
+    lines += ["", _header("decode context", "ms")]
+    lines += [_cells(r["context"], r, "step_s", 1e3, ".2f") for r in tab["decode"]]
+    over = f"_over_{TRANSFORMER}"  # the layer arms' keys (table4_suite)
+    names = [k.removesuffix(over) for k in tab["decode"][0] if k.endswith(over)]
     if names:
         lines += [
             "",
             "Decode step per layer: pure stacks of each kind vs the Transformer (same layers).",
             "",
-            "| decode context | transformer ms | "
-            + " | ".join(f"{n} ms | {n}/transformer" for n in names)
+            f"| decode context | {TRANSFORMER} ms | "
+            + " | ".join(f"{n} ms | {n}/{TRANSFORMER}" for n in names)
             + " |",
             "|---:|---:|" + "---:|---:|" * len(names),
         ]
         for r in tab["decode"]:
-            cells = [
-                f"{1e3 * r[n]['step_s']:.2f} | {r[f'{n}_over_transformer']:.2f}" for n in names
-            ]
+            cells = [f"{1e3 * r[n]['step_s']:.2f} | {r[n + over]:.2f}" for n in names]
             lines.append(
-                f"| {r['context']} | {1e3 * r['transformer']['step_s']:.2f} | "
+                f"| {r['context']} | {1e3 * r[TRANSFORMER]['step_s']:.2f} | "
                 + " | ".join(cells)
                 + " |"
             )
     return "\n".join(lines) + "\n"
 
 
+def _header(first: str, unit: str) -> str:
+    """The header and alignment rows of a table of the pairs (PAIRS): each arm's time in `unit`
+    and the pair's ratio."""
+    cols = " | ".join(f"{a} {unit} | {b} {unit} | {a}/{b}" for a, b in PAIRS)
+    return f"| {first} | {cols} |\n|---:|" + "---:|---:|---:|" * len(PAIRS)
+
+
+def _cells(first: Any, r: dict[str, Any], key: str, scale: float, spec: str) -> str:
+    """A row of the pairs' table: each arm's r[arm][key] * scale and the pair's ratio."""
+    cells = " | ".join(
+        f"{scale * r[a][key]:{spec}} | {scale * r[b][key]:{spec}} | {r[f'{a}_over_{b}']:.2f}"
+        for a, b in PAIRS
+    )
+    return f"| {first} | {cells} |"
+
+
 def plot(results: dict[str, Any], path: str) -> None:
     """Log-log prefill time against T for the four arms."""
-    styles = {"hybrid": "s-", "orthros_h": "o-", "transformer": "s--", "orthros": "o--"}
+    styles = {HYBRID: "s-", ORTHROS_H: "o-", TRANSFORMER: "s--", ORTHROS: "o--"}
     rows = results["table4"]["prefill"]
     bench_report.plot(results, path, rows=rows, styles=styles, title="Table 4 pairs, prefill")
 

@@ -43,6 +43,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks import common as bench  # noqa: E402
 from benchmarks import sequence as bench_sequence  # noqa: E402
 from benchmarks import table4 as bench_table4  # noqa: E402
+from benchmarks.common import ORTHROS, TRANSFORMER  # noqa: E402
 from benchmarks.report import write_report  # noqa: E402
 from orthros_jax.layers import flops  # noqa: E402
 
@@ -58,33 +59,31 @@ def arms(c) -> dict[str, ModelConfig]:
     return bench.model_configs(
         c.model,
         {
-            "orthros": {"architecture": "orthros"},
-            "transformer": {"architecture": "transformer", "scale_offset": False},
+            ORTHROS: {"architecture": ORTHROS},
+            TRANSFORMER: {"architecture": TRANSFORMER, "scale_offset": False},
         },
     )
 
 
 def prefill_suite(c, cfgs, params, results) -> None:
-    floor = bench.floor_prefill(cfgs["transformer"])
+    floor = bench.floor_prefill(cfgs[TRANSFORMER])
     rows = []
     for t in c.prefill_lengths:
         calls = {
             name: bench.prefill_call(cfg, params[name], t, c)
             for name, cfg in cfgs.items()
-            if name != "transformer" or t <= c.transformer_max_len
+            if name != TRANSFORMER or t <= c.transformer_max_len
         }
-        calls["floor"] = bench.prefill_call(
-            cfgs["transformer"], params["transformer"], t, c, fn=floor
-        )
+        calls["floor"] = bench.prefill_call(cfgs[TRANSFORMER], params[TRANSFORMER], t, c, fn=floor)
         row = {"T": t, **bench.time_interleaved(calls, c.repeats)}
         for name, cfg in cfgs.items():
             if name in calls:
                 row[f"{name}_gflop"] = flops.prefill_flops(cfg, t) / 1e9
-        row["floor_gflop"] = flops.floor_prefill_flops(cfgs["orthros"], t) / 1e9
-        row["orthros_over_floor"] = bench.ratio(row["orthros"], row["floor"])
-        if "transformer" in row:
-            row["speedup"] = bench.ratio(row["transformer"], row["orthros"])
-            row["flop_ideal_speedup"] = row["transformer_gflop"] / row["orthros_gflop"]
+        row["floor_gflop"] = flops.floor_prefill_flops(cfgs[ORTHROS], t) / 1e9
+        row["orthros_over_floor"] = bench.ratio(row[ORTHROS], row["floor"])
+        if TRANSFORMER in row:
+            row["speedup"] = bench.ratio(row[TRANSFORMER], row[ORTHROS])
+            row["flop_ideal_speedup"] = row[f"{TRANSFORMER}_gflop"] / row[f"{ORTHROS}_gflop"]
             row["speedup_fraction_of_ideal"] = row["speedup"] / row["flop_ideal_speedup"]
         rows.append(row)
         print(
@@ -96,18 +95,18 @@ def prefill_suite(c, cfgs, params, results) -> None:
 
 
 def honesty_suite(c, cfgs, params, results) -> None:
-    cfg = cfgs["transformer"]
+    cfg = cfgs[TRANSFORMER]
     dense = bench.dense_prefill(cfg)
     rows = []
     for t in [t for t in c.prefill_lengths if t <= c.dense_max_len]:
         calls = {
-            "transformer": bench.prefill_call(cfg, params["transformer"], t, c),
+            TRANSFORMER: bench.prefill_call(cfg, params[TRANSFORMER], t, c),
             "dense_dot_product_attention": bench.prefill_call(
-                cfg, params["transformer"], t, c, fn=dense
+                cfg, params[TRANSFORMER], t, c, fn=dense
             ),
         }
         row = {"T": t, **bench.time_interleaved(calls, c.repeats)}
-        row["ours_over_dense"] = bench.ratio(row["transformer"], row["dense_dot_product_attention"])
+        row["ours_over_dense"] = bench.ratio(row[TRANSFORMER], row["dense_dot_product_attention"])
         rows.append(row)
         print(f"honesty T={t}: ours/dense = {row['ours_over_dense']:.3f}", flush=True)
     results["honesty"] = rows
@@ -117,7 +116,7 @@ def memory_suite(c, cfgs, params, results) -> None:
     rows = []
     for t in c.prefill_lengths:
         row = {"T": t}
-        for name in ("orthros", "transformer"):
+        for name in (ORTHROS, TRANSFORMER):
             cfg = cfgs[name]
             cache = jax.eval_shape(lambda cfg=cfg: init_cache(cfg, c.batch_size, t))
             tokens = jax.ShapeDtypeStruct((c.batch_size, t), jnp.int32)
@@ -140,7 +139,7 @@ def decode_suite(c, cfgs, params, results) -> None:
     rows = []
     for ctx in c.decode_contexts:
         row = bench.decode_row(cfgs, params, ctx, c)
-        row["orthros_over_transformer"] = bench.ratio(row["orthros"], row["transformer"])
+        row["orthros_over_transformer"] = bench.ratio(row[ORTHROS], row[TRANSFORMER])
         rows.append(row)
         print(f"decode ctx={ctx}: " + json.dumps(row), flush=True)
     results["decode"] = rows
@@ -153,8 +152,8 @@ def train_suite(c, cfgs, params, results) -> None:
     row = {"T": t, **bench.time_interleaved(calls, c.repeats)}
     for name, cfg in cfgs.items():
         row[name]["gflop"] = 3 * flops.pt_forward_flops(cfg, t) * c.train_batch / 1e9
-    row["time_ratio"] = bench.ratio(row["orthros"], row["transformer"])
-    row["flop_ratio"] = row["orthros"]["gflop"] / row["transformer"]["gflop"]
+    row["time_ratio"] = bench.ratio(row[ORTHROS], row[TRANSFORMER])
+    row["flop_ratio"] = row[ORTHROS]["gflop"] / row[TRANSFORMER]["gflop"]
     row["time_ratio_over_flop_ratio"] = row["time_ratio"] / row["flop_ratio"]
     print("train: " + json.dumps(row), flush=True)
     results["train"] = row
@@ -174,7 +173,7 @@ def inference_suite(c, cfgs, params, results) -> None:
     slot (masked), so its cost is set by S, not by how many slots are filled."""
     t, n, bsz = c.inference_len, c.inference_new_tokens, c.batch_size
     slots = t + n * (c.repeats + 1)
-    prompts, lengths = (np.asarray(x) for x in bench.prompt(cfgs["orthros"], t, c))
+    prompts, lengths = (np.asarray(x) for x in bench.prompt(cfgs[ORTHROS], t, c))
     first_token = jax.jit(lambda logits: jnp.argmax(logits, -1))
     calls = {}
     for name, cfg in cfgs.items():
@@ -235,7 +234,7 @@ def window_suite(c, cfgs, params, results) -> None:
     suites: a diagnosis of the Orthros / floor gap; run it pinned to one core with taskset to
     see whether the kernel uses more than one)."""
     del params
-    cfg = cfgs["orthros"]
+    cfg = cfgs[ORTHROS]
     calls = {
         f"block_{b}": bench.window_attention_layers(cfg, b, c.batch_size) for b in c.window_blocks
     }
@@ -273,8 +272,8 @@ def main(argv) -> None:
         raise ValueError("--out is required (a directory for bench.json and the reports)")
     os.makedirs(_OUT.value, exist_ok=True)
     cfgs = arms(c)
-    p = init_params(cfgs["orthros"], jax.random.PRNGKey(c.seed))
-    params = {"orthros": p, "transformer": bench.drop_so(p, cfgs["orthros"])}
+    p = init_params(cfgs[ORTHROS], jax.random.PRNGKey(c.seed))
+    params = {ORTHROS: p, TRANSFORMER: bench.drop_so(p, cfgs[ORTHROS])}
     results = {
         "date": time.strftime("%Y-%m-%d"),
         "device": str(jax.devices()[0].device_kind),
@@ -282,7 +281,7 @@ def main(argv) -> None:
         "host": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "jax": jax.__version__,
-        "model": cfgs["orthros"].to_dict(),
+        "model": cfgs[ORTHROS].to_dict(),
         "command": " ".join(["python"] + sys.argv),
         "repeats": c.repeats,
         "batch_size": c.batch_size,

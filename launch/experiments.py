@@ -273,11 +273,12 @@ class Driver:
         pre_cfg = self.config("lm_convert.py:pretrain")
         spec = spec.replace(lm_seq_len=pre_cfg.data.seq_len)
         pre_dir = self.train(pre_cfg, "convert/pretrain")
-        before = {"transformer": self.evaluate(pre_dir, spec, "convert/pretrain")["lm"]}
-        init = {"transformer": pre_dir}
+        base = pre_cfg.model.architecture  # the single-stream arm the others convert from
+        before = {base: self.evaluate(pre_dir, spec, "convert/pretrain")["lm"]}
+        init = {base: pre_dir}
         loaded = checkpoint.load_model(pre_dir)
         for stage in stages:
-            if stage == "transformer":
+            if stage == base:
                 continue
             target = self.config(f"lm_convert.py:{stage}").model
             cfg, params = from_transformer(
@@ -308,7 +309,7 @@ class Driver:
             }
         self.results["convert"] = {
             "arms": out,
-            "pretrain": before["transformer"],
+            "pretrain": before[base],
             "setup": setup_record(pre_cfg, seeds)
             | {
                 "pretrain_steps": pre_cfg.train.steps,

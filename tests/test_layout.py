@@ -142,12 +142,8 @@ def test_cycle_finder_finds_a_cycle():
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-# Modules that drive or hold every kind: none may name one (a kind is found through the
-# registry). arms.py's table, the kinds' own modules and the checkpoint-format converters of
-# one kind's format (convert/ but remote.py) name kinds as data.
-# Every module outside layers/ and convert/ (kinds and their conversions live there), and the
-# generic modules inside them: none names a kind (the kind and arm tables of layers/registry.py
-# give every name).
+# Modules that drive or hold every kind: none may name an FFN choice (layers/ffn.FFNS gives
+# every name).
 GENERIC = [
     *(
         str(p.relative_to(ROOT))
@@ -172,6 +168,47 @@ PRESETS = {
 }
 GENERIC = [f for f in GENERIC if f not in PRESETS]
 
+# Every module of the library, launch/ and benchmarks/ is checked for kind and arm names. A
+# kind's name and params key are written only in its own modules (the one defining its KIND and
+# its options class) and the presets below; every other module asks the registry
+# (registry.KINDS, a kind module's KIND, the architectures and arms tables,
+# convert.common.own_arm). EXTERNAL: other projects' names that equal ours, per file.
+PRESETS = {
+    "orthros_jax/config/architectures.py",  # each architecture's cycle of kinds
+    "orthros_jax/config/arms.py",  # the arms: presets of an architecture
+    "orthros_jax/config/kinds.py",  # each kind's options section
+    "orthros_jax/evaluation/arms.py",  # each arm's label, colour and experiments
+}
+EXTERNAL = {
+    "orthros_jax/convert/fla_config.py": {"gla", "retnet"},  # fla's model_types
+    "orthros_jax/layers/retention.py": {"retnet"},  # fla's model_type of the kind's export
+    "orthros_jax/convert/mamba2_hf.py": {"mamba2"},  # transformers' model_type
+    "orthros_jax/convert/remote.py": {"orthros"},  # the trust_remote_code model_type
+    "orthros_jax/serving/metrics.py": {"orthros"},  # the Prometheus metrics' namespace
+}
+# Files that may name anything: the trust_remote_code config copied next to exported weights
+# imports nothing of ours, so it carries its own list of the arms it reads.
+STANDALONE = {"orthros_jax/convert/hf_remote/configuration_orthros.py"}
+# Not yet through the registry (issue 34): ModelConfig's default arm (the config package's
+# presets) and the benchmarks' results keys (benchmarks/common.py names the pair they compare;
+# table4.py and launch/benchmark.py use it).
+PENDING = {
+    "orthros_jax/config/model.py": {"orthros"},
+    **{
+        f"benchmarks/{name}.py": {"orthros", "transformer"}
+        for name in (
+            "device_report",
+            "kv_prefix",
+            "moe_routing",
+            "report",
+            "rl_reward",
+            "rl_scaling",
+            "sequence",
+            "serve_load",
+        )
+    },
+}
+
 
 def _string_literals(path: pathlib.Path) -> set[str]:
     return {
@@ -181,18 +218,49 @@ def _string_literals(path: pathlib.Path) -> set[str]:
     }
 
 
-def test_generic_modules_name_no_kind():
+def _kind_modules() -> dict[str, set[str]]:
+    """{file: the names of the kind it defines}: the module of each kind's KIND and of its
+    options class."""
+    import sys
+
+    from orthros_jax.layers.registry import KINDS
+
+    out: dict[str, set[str]] = {}
+    for kind in KINDS.values():
+        own = {kind.name, kind.params_key}
+        homes = [m for m, mod in sys.modules.items() if getattr(mod, "KIND", None) is kind]
+        if kind.options is not None:
+            homes.append(kind.options.__module__)
+        for module in homes:
+            path = pathlib.Path(sys.modules[module].__file__ or "")
+            out.setdefault(str(path.relative_to(ROOT)), set()).update(own)
+    return out
+
+
+def test_only_the_registry_names_kinds_and_arms():
+    from orthros_jax.config.arms import ARMS
     from orthros_jax.layers.registry import KINDS
 
     # "layers": attention's params key is the model's stack of layers (the original layout),
     # also the logical axis over them: a generic word, not a kind's name.
-    names = set(KINDS) | {k.params_key for k in KINDS.values()} - {"layers"}
-    found = {
-        f: sorted(_string_literals(ROOT / f) & names)
-        for f in GENERIC
-        if _string_literals(ROOT / f) & names
-    }
-    assert not found, found
+    names = (set(KINDS) | {k.params_key for k in KINDS.values()} | set(ARMS)) - {"layers"}
+    files = [
+        *PKG.rglob("*.py"),
+        *(ROOT / "launch").glob("*.py"),
+        *(ROOT / "benchmarks").glob("*.py"),
+    ]
+    literals = {str(p.relative_to(ROOT)): _string_literals(p) for p in files}
+    assert PRESETS <= set(literals), sorted(PRESETS - set(literals))
+    kind_modules = _kind_modules()
+    assert len(kind_modules) >= len(KINDS), kind_modules
+    found = {}
+    for f, lits in literals.items():
+        if f in PRESETS | STANDALONE:
+            continue
+        allowed = EXTERNAL.get(f, set()) | PENDING.get(f, set()) | kind_modules.get(f, set())
+        if hits := (lits & names) - allowed:
+            found[f] = sorted(hits)
+    assert not found, f"kind or arm names outside the registry: {found}"
 
 
 def test_kinds_have_no_sequence_parallel_code():

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.convert.common import own_arms
 from orthros_jax.convert.export import check_params, expected_param_shapes, export_hf
 from orthros_jax.convert.fla import params_from_fla
 from orthros_jax.convert.fla_config import config_from_fla, is_fla
@@ -80,8 +81,7 @@ def load_hf(hf_dir: str, **overrides: Any) -> tuple[ModelConfig, dict[str, Any]]
     the architecture stays the checkpoint's — convert with `from_transformer`. Config and
     tensor names/shapes are validated before any weight is read.
     """
-    own = (None, "transformer", "hybrid", "gdn", "gla", "retnet", "mamba2")
-    if overrides.pop("architecture", None) not in own:
+    if overrides.pop("architecture", None) not in (None, *own_arms().values()):
         raise ValueError("load_hf returns the checkpoint's arm; use from_transformer for Orthros")
     hf = read_hf_config(hf_dir)
     if is_fla(hf):

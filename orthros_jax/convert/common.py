@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.architectures import ARCHITECTURES, TWO_STREAM_FORM
 from orthros_jax.layers.kind import FLA, HF, REMOTE
 from orthros_jax.layers.registry import kinds_of
 
@@ -24,6 +25,26 @@ def config_with(fields: dict[str, Any], overrides: dict[str, Any]) -> ModelConfi
     """ModelConfig(**fields) with `overrides` (ModelConfig fields; kinds= changes only the
     options it names, e.g. kinds={"gdn": {"chunk": 16}})."""
     return ModelConfig(**fields).replace(**overrides)
+
+
+def own_arms() -> dict[frozenset[str], str]:
+    """The arm a checkpoint of one stream and no window imports as, by the set of kinds of its
+    layers: the architectures of the arms table with one stream and no base window (one per
+    kind set: attention alone, GDN with attention, each pure stack)."""
+    return {
+        a.kinds: name for name, a in ARCHITECTURES.items() if not (a.two_streams or a.base_window)
+    }
+
+
+def own_arm(*kinds: str) -> str:
+    """The arm of own_arms() made of exactly `kinds` (layer kind names)."""
+    return own_arms()[frozenset(kinds)]
+
+
+def single_stream_of(arm: str) -> str:
+    """The single-stream architecture whose two-stream conversion is `arm` (a two-stream arm's
+    source in convert.from_transformer)."""
+    return next(one for one, two in TWO_STREAM_FORM.items() if two == arm)
 
 
 def expected_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.convert.fla_config import MODEL_TYPE_OF, check_exportable
+from orthros_jax.convert.fla_config import MODEL_TYPE_OF, check_exportable, fla_kind
+from orthros_jax.layers import gdn, gla
+from orthros_jax.layers.registry import KINDS
 
 Params = dict[str, Any]
 
@@ -46,7 +48,8 @@ def _layer_map(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], tuple[
     arm's mixer; ours = fla's transposed ([out, in] -> [in, out]) then reshaped (conv weights
     [C, 1, Kc] -> [Kc, C] then reshaped; 1-D ones only reshaped)."""
     d = cfg.d_model
-    if cfg.architecture == "gdn":
+    p = _kind(cfg)
+    if p == gdn.KIND.name:
         g = cfg.kinds.gdn
         hk, hv, dk, dv, kc = g.num_k_heads, g.num_v_heads, g.k_head_dim, g.v_head_dim, g.conv_kernel
         return {
@@ -64,7 +67,6 @@ def _layer_map(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], tuple[
             "gdn_norm": ("attn.o_norm.weight", (dv,), (dv,)),
             "gdn_out": ("attn.o_proj.weight", (d, hv * dv), (hv, dv, d)),
         }
-    p = "gla" if cfg.architecture == "gla" else "retention"
     o = cfg.kinds[p]
     n, kv, h, e = o.heads, o.kv_heads, o.k_head_dim, o.v_head_dim
     out = {
@@ -78,7 +80,7 @@ def _layer_map(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], tuple[
     norm = _norm_name(cfg, p)
     if norm:
         out[f"{p}_norm"] = (f"attn.{norm}.weight", (e,), (e,))
-    if p == "gla":
+    if p == gla.KIND.name:
         r = o.gate_rank
         out.update(
             {
@@ -105,7 +107,17 @@ _BLOCK = {
     "w_up": "mlp.up_proj.weight",
     "w_down": "mlp.down_proj.weight",
 }
-PARAMS_KEY = {"gdn": "gdn_layers", "gla": "gla_layers", "retnet": "retention_layers"}
+
+
+def _kind(cfg: ModelConfig) -> str:
+    """The layer kind of cfg's fla arm (a pure stack)."""
+    kind = fla_kind(cfg)
+    assert kind is not None, cfg.architecture  # check_exportable / config_from_fla
+    return kind
+
+
+def _params_key(cfg: ModelConfig) -> str:
+    return KINDS[_kind(cfg)].params_key
 
 
 def _to_ours(a: np.ndarray, ours: tuple[int, ...]) -> np.ndarray:
@@ -165,7 +177,7 @@ def params_from_fla(tensors: Mapping[str, Any], cfg: ModelConfig, dtype: Any = N
     extra = sorted(set(tensors) - used - ({"lm_head.weight"} if cfg.tie_embeddings else set()))
     if missing or extra:
         raise ValueError(
-            f"fla {MODEL_TYPE_OF[cfg.architecture]} checkpoint of {cfg.n_layers} "
+            f"fla {MODEL_TYPE_OF[_kind(cfg)]} checkpoint of {cfg.n_layers} "
             f"layers: missing {missing[:8]}, unexpected {extra[:8]}"
         )
     for name, shape in want.items():
@@ -187,7 +199,7 @@ def params_from_fla(tensors: Mapping[str, Any], cfg: ModelConfig, dtype: Any = N
     params: Params = {
         "embedding": get("model.embeddings.weight").astype(dtype),
         "final_norm": get("model.norm.weight").astype(dtype),
-        PARAMS_KEY[cfg.architecture]: {k: np.stack(a).astype(dtype) for k, a in stack.items()},
+        _params_key(cfg): {k: np.stack(a).astype(dtype) for k, a in stack.items()},
     }
     if not cfg.tie_embeddings:
         params["lm_head"] = get("lm_head.weight").T.astype(dtype)
@@ -198,7 +210,7 @@ def fla_from_params(params: Params, cfg: ModelConfig, dtype: Any = None) -> dict
     """fla-named tensors (numpy) of a gla / retnet / gdn model; inverse of params_from_fla."""
     check_exportable(cfg)
     cast = lambda a: np.ascontiguousarray(a if dtype is None else a.astype(np.dtype(dtype)))
-    stack = {k: np.asarray(a) for k, a in params[PARAMS_KEY[cfg.architecture]].items()}
+    stack = {k: np.asarray(a) for k, a in params[_params_key(cfg)].items()}
     out = {"model.embeddings.weight": cast(np.asarray(params["embedding"]))}
     for i in range(cfg.n_layers):
         pre = f"model.layers.{i}."

@@ -19,10 +19,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.convert.common import config_with
+from orthros_jax.convert.common import config_with, own_arm
+from orthros_jax.layers import gdn, gla, retention
 
-ARM_OF = {"gla": "gla", "retnet": "retnet", "gated_deltanet": "gdn"}
-MODEL_TYPE_OF = {"gla": "gla", "retnet": "retnet", "gdn": "gated_deltanet"}
+# fla's model_type -> the layer kind of its pure stack (the checkpoint imports as that kind's
+# own arm, common.own_arm), and back.
+KIND_OF = {"gla": gla.KIND.name, "retnet": retention.KIND.name, "gated_deltanet": gdn.KIND.name}
+MODEL_TYPE_OF = {kind: mt for mt, kind in KIND_OF.items()}
 CLASS_OF = {
     "gla": "GLAForCausalLM",
     "retnet": "RetNetForCausalLM",
@@ -122,7 +125,7 @@ _MUST = {
 
 def is_fla(hf: Mapping[str, Any]) -> bool:
     """Whether a config.json dict is one of fla's three supported model types."""
-    return str(hf.get("model_type") or "") in ARM_OF
+    return str(hf.get("model_type") or "") in KIND_OF
 
 
 def d_ff_of(hf: Mapping[str, Any]) -> int:
@@ -135,8 +138,8 @@ def d_ff_of(hf: Mapping[str, Any]) -> int:
 
 def _check(hf: Mapping[str, Any]) -> str:
     mt = str(hf.get("model_type") or "")
-    if mt not in ARM_OF:
-        raise ValueError(f"fla model_type {mt!r} is unsupported; supported: {sorted(ARM_OF)}")
+    if mt not in KIND_OF:
+        raise ValueError(f"fla model_type {mt!r} is unsupported; supported: {sorted(KIND_OF)}")
     unknown = sorted(set(hf) - _NEUTRAL - _SHAPES - _KEYS[mt])
     if unknown:
         raise ValueError(f"unsupported fla {mt} config option(s) {unknown}")
@@ -168,7 +171,7 @@ def config_from_fla(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
     mt = _check(hf)
     d = int(hf.get("hidden_size", 2048))
     fields: dict[str, Any] = dict(
-        architecture=ARM_OF[mt],
+        architecture=own_arm(KIND_OF[mt]),
         vocab_size=int(hf.get("vocab_size", 32000)),
         d_model=d,
         n_layers=int(hf.get("num_hidden_layers", 24)),
@@ -187,7 +190,7 @@ def config_from_fla(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
                 f"and num_v_heads={hv} a multiple of num_heads={hk}"
             )
         fields["kinds"] = {
-            "gdn": dict(
+            gdn.KIND.name: dict(
                 num_k_heads=hk,
                 num_v_heads=hv,
                 k_head_dim=dk,
@@ -196,11 +199,12 @@ def config_from_fla(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
             )
         }
     else:
-        gla = mt == "gla"
-        p = "gla" if gla else "retention"
-        n = int(hf.get("num_heads", 4 if gla else 8))
+        p = KIND_OF[mt]
+        is_gla = p == gla.KIND.name
+        n = int(hf.get("num_heads", 4 if is_gla else 8))
         kv = int(hf.get("num_kv_heads") or n)
-        ek, ev = hf.get("expand_k", 0.5 if gla else 1.0), hf.get("expand_v", 1.0 if gla else 2.0)
+        ek = hf.get("expand_k", 0.5 if is_gla else 1.0)
+        ev = hf.get("expand_v", 1.0 if is_gla else 2.0)
         options: dict[str, Any] = {
             "heads": n,
             "kv_heads": kv,
@@ -210,7 +214,7 @@ def config_from_fla(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
             "output_gate": bool(hf.get("use_output_gate", True)),
             "norm_affine": bool(hf.get("elementwise_affine", True)),
         }
-        if gla:
+        if is_gla:
             cm = hf.get("clamp_min")
             options.update(
                 short_conv=bool(hf.get("use_short_conv", False)),
@@ -224,7 +228,9 @@ def config_from_fla(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
 def fla_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict[str, Any]:
     """fla's config.json for a gla / retnet / gdn model (fla's defaults for the neutral keys)."""
     check_exportable(cfg)
-    mt = MODEL_TYPE_OF[cfg.architecture]
+    p = fla_kind(cfg)
+    assert p is not None  # check_exportable
+    mt = MODEL_TYPE_OF[p]
     out: dict[str, Any] = {
         "architectures": [CLASS_OF[mt]],
         "model_type": mt,
@@ -252,7 +258,7 @@ def fla_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict
         "use_l2warp": False,
         "vocab_size": cfg.vocab_size,
     }
-    if mt == "gated_deltanet":
+    if p == gdn.KIND.name:
         g = cfg.kinds.gdn
         out.update(
             num_heads=g.num_k_heads,
@@ -266,7 +272,6 @@ def fla_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict
             output_gate_activation="swish",
         )
         return out
-    p = "gla" if mt == "gla" else "retention"
     o = cfg.kinds[p]
     out.update(
         num_heads=o.heads,
@@ -277,7 +282,7 @@ def fla_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict
         use_output_gate=o.output_gate,
         elementwise_affine=o.norm_affine,
     )
-    if mt == "gla":
+    if p == gla.KIND.name:
         out.update(
             use_short_conv=o.short_conv,
             conv_size=o.conv_kernel,
@@ -290,17 +295,22 @@ def fla_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict
     return out
 
 
+def fla_kind(cfg: ModelConfig) -> str | None:
+    """The layer kind of cfg's arm when fla has the arm (the own arm of one of KIND_OF's kinds:
+    a single-stream pure stack), else None."""
+    return next((k for k in MODEL_TYPE_OF if cfg.architecture == own_arm(k)), None)
+
+
 def check_exportable(cfg: ModelConfig) -> None:
     """ValueError unless fla's model of cfg's arm computes exactly cfg's function."""
-    if cfg.architecture not in MODEL_TYPE_OF:
-        raise ValueError(
-            f"only the gla, retnet and gdn arms export to fla (got {cfg.architecture!r})"
-        )
+    if fla_kind(cfg) is None:
+        names = ", ".join(own_arm(k) for k in MODEL_TYPE_OF)
+        raise ValueError(f"only the {names} arms export to fla (got {cfg.architecture!r})")
     need = {"norm_zero_centered": False, "scale_offset": False}
     wrong = {k: getattr(cfg, k) for k, v in need.items() if getattr(cfg, k) != v}
-    gla = cfg.kinds.gla
-    if cfg.architecture == "gla" and (gla.gate_rank, gla.gate_normalizer) != (16, 16):
-        wrong["kinds.gla.gate_rank/gate_normalizer"] = (gla.gate_rank, gla.gate_normalizer)
+    g = cfg.kinds.gla
+    if fla_kind(cfg) == gla.KIND.name and (g.gate_rank, g.gate_normalizer) != (16, 16):
+        wrong["kinds.gla.gate_rank/gate_normalizer"] = (g.gate_rank, g.gate_normalizer)
     if wrong:
         raise ValueError(
             f"an fla export needs {need} and fla's fixed GLA gate (rank 16, "

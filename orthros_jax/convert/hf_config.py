@@ -17,6 +17,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.architectures import TWO_STREAM_FORM
+from orthros_jax.convert.common import own_arm
+from orthros_jax.layers import attention
 
 CONFIG_JSON = "config.json"
 LLAMA, QWEN3 = "LlamaForCausalLM", "Qwen3ForCausalLM"
@@ -143,16 +146,19 @@ def _check_supported(hf: Mapping[str, Any], arch: str) -> None:
 def config_from_hf(
     hf: Mapping[str, Any],
     *,
-    architecture: str = "transformer",
+    architecture: str | None = None,
     window: int = 128,
     **overrides: Any,
 ) -> ModelConfig:
     """ModelConfig for a Hugging Face Llama/Qwen3 config.json dict.
 
-    architecture 'transformer' reproduces the checkpoint; 'orthros' gives the config of the
-    converted model (identity SO, see convert.orthros.from_transformer). overrides set other
-    ModelConfig fields (dtype, param_dtype, prefill_chunk, ...).
+    architecture None (the attention-only own arm, 'transformer') reproduces the checkpoint;
+    its two-stream form ('orthros') gives the config of the converted model (identity SO, see
+    convert.orthros.from_transformer). overrides set other ModelConfig fields (dtype,
+    param_dtype, prefill_chunk, ...).
     """
+    own = own_arm(attention.KIND.name)
+    architecture = architecture or own
     arch = hf_architecture(hf)
     _check_supported(hf, arch)
     n_heads = int(hf["num_attention_heads"])
@@ -172,7 +178,7 @@ def config_from_hf(
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),  # both classes default False
         window=window,
         architecture=architecture,
-        scale_offset=architecture == "orthros",
+        scale_offset=architecture == TWO_STREAM_FORM[own],
         **_rope(hf),
     )
     fields.update(overrides)
@@ -200,9 +206,10 @@ def hf_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict[
 
     torch_dtype: the dtype the tensors are written in (default: cfg.param_dtype).
     """
-    if cfg.architecture != "transformer":
+    own = own_arm(attention.KIND.name)
+    if cfg.architecture != own:
         raise ValueError(
-            f"only architecture='transformer' exports to Hugging Face (got {cfg.architecture!r}): "
+            f"only architecture={own!r} exports to Hugging Face (got {cfg.architecture!r}): "
             "transformers has no Orthros/sliding-window-only Llama, so the exported model would "
             "compute a different function"
         )

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.convert.common import config_with
+from orthros_jax.convert.common import config_with, own_arm
 from orthros_jax.layers import mamba2
 from orthros_jax.layers.mamba2_mixer import Mamba2Options
 
@@ -119,9 +119,9 @@ def config_from_mamba2(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
         dt_floor=float(hf.get("time_step_floor", 1e-4)),
     )
     fields: dict[str, Any] = dict(
-        architecture="mamba2",
-        layer_types=("mamba2",),
-        kinds={"mamba2": options},
+        architecture=own_arm(mamba2.KIND.name),
+        layer_types=(mamba2.KIND.name,),
+        kinds={mamba2.KIND.name: options},
         vocab_size=int(hf.get("vocab_size", 32768)),
         d_model=d,
         n_layers=int(hf.get("num_hidden_layers", 64)),

@@ -22,7 +22,8 @@ from orthros_jax.config import ModelConfig
 from orthros_jax.convert.gdn_hf import HF_NAMES as GDN_HF_NAMES
 from orthros_jax.convert.gdn_hf import gdn_to_hf, hf_tensor_shapes, hf_to_gdn
 from orthros_jax.convert.hf_weights import _shape_of
-from orthros_jax.convert.qwen35_config import check_exportable
+from orthros_jax.convert.qwen35_config import ATTENTION, GDN, check_exportable
+from orthros_jax.layers.registry import KINDS
 
 _NORMS = {"attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight"}
 _DENSE_FFN = {
@@ -67,7 +68,7 @@ def qwen35_tensor_shapes(
         pre = f"model.layers.{i}."
         out.update({pre + hf_name: (d,) for hf_name in _NORMS.values()})
         out.update({pre + name: s for name, s in ffn(i).items()})
-        if kind == "gdn":
+        if kind == GDN:
             out.update({f"{pre}linear_attn.{name}": s for name, s in gdn_shapes.items()})
         else:
             out.update({f"{pre}self_attn.{name}.weight": s for name, s in attn_shapes.items()})
@@ -140,7 +141,7 @@ def params_from_qwen35(
     dtype = np.dtype(dtype or cfg.param_dtype)
     n, h = cfg.n_heads, cfg.head_dim
     get = lambda name: np.asarray(tensors[name], np.float32)
-    stacks: dict[str, dict[str, np.ndarray]] = {"attention": {}, "gdn": {}}
+    stacks: dict[str, dict[str, np.ndarray]] = {ATTENTION: {}, GDN: {}}
     block = _NORMS if cfg.moe is not None else _BLOCK
 
     def put(kind: str, li: int, name: str, value: np.ndarray) -> None:
@@ -158,7 +159,7 @@ def params_from_qwen35(
                 name,
                 get(pre + hf_name).T if name.startswith("w_") else get(pre + hf_name),
             )
-        if kind == "gdn":
+        if kind == GDN:
             sub = {name: get(f"{pre}linear_attn.{name}") for name in GDN_HF_NAMES}
             for name, value in hf_to_gdn(sub, cfg).items():
                 put(kind, li, name, value)
@@ -177,10 +178,9 @@ def params_from_qwen35(
     params["final_norm"] = get("model.norm.weight").astype(dtype)
     if not cfg.tie_embeddings:
         params["lm_head"] = get("lm_head.weight").T.astype(dtype)
-    if cfg.layers_of("attention"):
-        params["layers"] = stacks["attention"]
-    if cfg.layers_of("gdn"):
-        params["gdn_layers"] = stacks["gdn"]
+    for kind, stack in stacks.items():
+        if cfg.layers_of(kind):
+            params[KINDS[kind].params_key] = stack
     return params
 
 
@@ -196,14 +196,14 @@ def qwen35_from_params(
         else (lambda a: np.ascontiguousarray(a).astype(np.dtype(dtype)))
     )
     out = {"model.embed_tokens.weight": cast(np.asarray(params["embedding"]))}
-    stacks: dict[str, Any] = {"attention": params.get("layers"), "gdn": params.get("gdn_layers")}
+    stacks = {kind: params.get(KINDS[kind].params_key) for kind in (ATTENTION, GDN)}
     block = _NORMS if cfg.moe is not None else _BLOCK
     for i, (kind, li) in enumerate(cfg.layer_slots()):
         pre = f"model.layers.{i}."
         p = {name: np.asarray(a[li]) for name, a in stacks[kind].items()}
         for name, hf_name in block.items():
             out[pre + hf_name] = cast(p[name].T if name.startswith("w_") else p[name])
-        if kind == "gdn":
+        if kind == GDN:
             gdn_params = {k: v for k, v in p.items() if k.startswith("gdn_")}
             for name, value in gdn_to_hf(gdn_params, cfg).items():
                 out[f"{pre}linear_attn.{name}"] = cast(value)

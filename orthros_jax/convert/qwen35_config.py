@@ -16,19 +16,23 @@ from typing import Any
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.config.architectures import TWO_STREAM_FORM
-from orthros_jax.convert.common import config_with
+from orthros_jax.convert.common import config_with, own_arm
 from orthros_jax.convert.gdn_hf import GDN_CONFIG_KEYS
 from orthros_jax.convert.hf_config import shape_fields
+from orthros_jax.layers import attention, gdn
 
 QWEN35, QWEN35_TYPE = "Qwen3_5ForCausalLM", "qwen3_5_text"
-HF_KIND = {"linear_attention": "gdn", "full_attention": "attention"}
+GDN, ATTENTION = gdn.KIND.name, attention.KIND.name
+HF_KIND = {"linear_attention": GDN, "full_attention": ATTENTION}
 OUR_KIND = {v: k for k, v in HF_KIND.items()}
-# The single-stream arm a kind set imports as, and its two-stream (Orthros) conversion.
-OWN_ARM = {
-    frozenset({"gdn"}): "gdn",
-    frozenset({"gdn", "attention"}): "hybrid",
-    frozenset({"attention"}): "transformer",
-}
+
+
+def own_arms() -> tuple[str, ...]:
+    """The single-stream arms a Qwen3.5 checkpoint imports as (common.own_arm of its kind set:
+    GDN only, GDN and attention, attention only)."""
+    return tuple(own_arm(*kinds) for kinds in ((GDN,), (GDN, ATTENTION), (ATTENTION,)))
+
+
 _MOE_KEYS = ("num_experts", "num_local_experts", "moe_intermediate_size", "num_experts_per_tok")
 
 
@@ -113,7 +117,7 @@ def qwen35_fields(hf: Mapping[str, Any], architecture: str | None, window: int) 
     if len(types) != n_layers:
         raise ValueError(f"layer_types has {len(types)} entries for {n_layers} layers")
     cycle = layer_cycle(list(types))
-    own = OWN_ARM[frozenset(cycle)]
+    own = own_arm(*cycle)
     allowed = (own, TWO_STREAM_FORM[own]) if own in TWO_STREAM_FORM else (own,)
     architecture = architecture or own
     if architecture not in allowed:
@@ -142,7 +146,7 @@ def qwen35_fields(hf: Mapping[str, Any], architecture: str | None, window: int) 
         window=window,
         architecture=architecture,
         kinds={
-            "gdn": dict(
+            GDN: dict(
                 num_k_heads=int(hf.get("linear_num_key_heads", 16)),
                 num_v_heads=int(hf.get("linear_num_value_heads", 32)),
                 k_head_dim=int(hf.get("linear_key_head_dim", 128)),
@@ -188,7 +192,7 @@ def text_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dic
 
 def check_exportable(cfg: ModelConfig) -> None:
     """ValueError unless transformers' Qwen3.5 computes exactly cfg's function."""
-    if cfg.architecture not in ("gdn", "hybrid", "transformer"):
+    if cfg.architecture not in own_arms():
         raise ValueError(
             f"only single-stream arms export to Qwen3.5 (got {cfg.architecture!r}): "
             "transformers has no Orthros output stream"

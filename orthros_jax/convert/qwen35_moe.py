@@ -37,6 +37,7 @@ from orthros_jax.convert.moe_hf import (
 )
 from orthros_jax.convert.qwen35 import TextTensors, params_from_qwen35, qwen35_from_params
 from orthros_jax.convert.qwen35_config import (
+    GDN,
     check_config,
     qwen35_family,
     qwen35_fields,
@@ -104,7 +105,7 @@ def config_from_qwen35_moe(
     if not isinstance(shared, int) or shared <= 0:
         raise ValueError(f"unsupported shared_expert_intermediate_size={shared!r}; expected > 0")
     fields = qwen35_fields(hf, architecture, window)
-    recurrent = "gdn" in fields["layer_types"]
+    recurrent = GDN in fields["layer_types"]
     moe = MoEOptions(
         **moe_options_of(hf),
         norm_topk_prob=True,

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from orthros_jax.config.architectures import TWO_STREAM_FORM
 from orthros_jax.evaluation.arms import ARMS
 from orthros_jax.evaluation.arms import label as arm_label
 
@@ -113,7 +114,8 @@ def label(arm: str) -> str:
 def stage_label(stage: str) -> str:
     """A conversion experiment's stage: the base model's continued pretraining or a converted
     arm."""
-    return "Transformer (base CPT)" if stage == "transformer" else f"{label(stage)} (converted)"
+    base = stage in TWO_STREAM_FORM  # a single-stream architecture: the conversion's source
+    return f"{label(stage)} (base CPT)" if base else f"{label(stage)} (converted)"
 
 
 def arms_in_order(arms: Mapping[str, Any]) -> list[str]:

@@ -85,7 +85,9 @@ def export_hf(
 
             base, _ = lora.split(params, cfg)
             plain = cfg.replace(lora=None)
-            kw = dict(tokenizer_file=tokenizer_file, dtype=dtype, max_shard_bytes=max_shard_bytes)
+            kw: dict[str, Any] = dict(
+                tokenizer_file=tokenizer_file, dtype=dtype, max_shard_bytes=max_shard_bytes
+            )
             files = export_hf(
                 directory, plain, base, max_position=max_position, fmt=fmt, source=source, **kw
             )  # first: it clears the directory's safetensors

@@ -29,7 +29,12 @@ from typing import Any
 import numpy as np
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.convert.fla_config import MODEL_TYPE_OF, check_exportable, fla_kind
+from orthros_jax.convert.fla_config import (
+    MODEL_TYPE_OF,
+    check_exportable,
+    fla_kind,
+    linear_options,
+)
 from orthros_jax.layers import gdn, gla
 from orthros_jax.layers.registry import KINDS
 
@@ -38,9 +43,10 @@ Params = dict[str, Any]
 
 def _norm_name(cfg: ModelConfig, p: str) -> str | None:
     """fla's name of the mixer's per-head norm weight (None: no weight)."""
-    if not cfg.kinds[p].norm_affine:
+    o = linear_options(cfg, p)
+    if not o.norm_affine:
         return None
-    return "g_norm_swish_gate" if cfg.kinds[p].output_gate else "g_norm"
+    return "g_norm_swish_gate" if o.output_gate else "g_norm"
 
 
 def _layer_map(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], tuple[int, ...]]]:
@@ -67,9 +73,9 @@ def _layer_map(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], tuple[
             "gdn_norm": ("attn.o_norm.weight", (dv,), (dv,)),
             "gdn_out": ("attn.o_proj.weight", (d, hv * dv), (hv, dv, d)),
         }
-    o = cfg.kinds[p]
+    o = linear_options(cfg, p)
     n, kv, h, e = o.heads, o.kv_heads, o.k_head_dim, o.v_head_dim
-    out = {
+    out: dict[str, tuple[str, tuple[int, ...], tuple[int, ...]]] = {
         f"{p}_wq": ("attn.q_proj.weight", (n * h, d), (d, n, h)),
         f"{p}_wk": ("attn.k_proj.weight", (kv * h, d), (d, kv, h)),
         f"{p}_wv": ("attn.v_proj.weight", (kv * e, d), (d, kv, e)),
@@ -81,7 +87,8 @@ def _layer_map(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], tuple[
     if norm:
         out[f"{p}_norm"] = (f"attn.{norm}.weight", (e,), (e,))
     if p == gla.KIND.name:
-        r = o.gate_rank
+        g = cfg.kinds.gla
+        r = g.gate_rank
         out.update(
             {
                 "gla_wgk1": ("attn.gk_proj.0.weight", (r, d), (d, r)),
@@ -89,8 +96,8 @@ def _layer_map(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], tuple[
                 "gla_bgk": ("attn.gk_proj.1.bias", (kv * h,), (kv, h)),
             }
         )
-        if o.short_conv:
-            kc = o.conv_kernel
+        if g.short_conv:
+            kc = g.conv_kernel
             for x, heads, dim in (("q", n, h), ("k", kv, h), ("v", kv, e)):
                 out[f"gla_conv_{x}"] = (
                     f"attn.{x}_conv1d.weight",
@@ -139,14 +146,14 @@ def _to_fla(a: np.ndarray, fla: tuple[int, ...]) -> np.ndarray:
 def fla_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor name of fla's checkpoint of cfg, with its shape."""
     d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
-    block = {
+    block: dict[str, tuple[int, ...]] = {
         "attn_norm": (d,),
         "mlp_norm": (d,),
         "w_gate": (f, d),
         "w_up": (f, d),
         "w_down": (d, f),
     }
-    out = {"model.embeddings.weight": (v, d)}
+    out: dict[str, tuple[int, ...]] = {"model.embeddings.weight": (v, d)}
     for i in range(cfg.n_layers):
         pre = f"model.layers.{i}."
         out.update({pre + _BLOCK[k]: s for k, s in block.items()})

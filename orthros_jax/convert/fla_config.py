@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.kinds import LinearOptions
 from orthros_jax.convert.common import config_with, own_arm
 from orthros_jax.layers import gdn, gla, retention
 
@@ -106,7 +107,7 @@ _KEYS = {
     },
 }
 # (key, the only value we compute, why) for options that would change the function.
-_MUST = {
+_MUST: dict[str, list[tuple[str, Any, str]]] = {
     "all": [
         ("attn", None, "fla's hybrid attention layers are not mapped"),
         ("attnres_block_size", None, "attention residuals are not implemented"),
@@ -272,7 +273,7 @@ def fla_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict
             output_gate_activation="swish",
         )
         return out
-    o = cfg.kinds[p]
+    o = linear_options(cfg, p)
     out.update(
         num_heads=o.heads,
         num_kv_heads=o.kv_heads,
@@ -283,16 +284,24 @@ def fla_config_from(cfg: ModelConfig, *, torch_dtype: str | None = None) -> dict
         elementwise_affine=o.norm_affine,
     )
     if p == gla.KIND.name:
+        g = cfg.kinds.gla
         out.update(
-            use_short_conv=o.short_conv,
-            conv_size=o.conv_kernel,
-            clamp_min=o.clamp_min,
+            use_short_conv=g.short_conv,
+            conv_size=g.conv_kernel,
+            clamp_min=g.clamp_min,
             use_gk=True,
             use_gv=False,
         )
     else:
         out.update(use_short_conv=False, conv_size=4)
     return out
+
+
+def linear_options(cfg: ModelConfig, kind: str) -> LinearOptions:
+    """cfg's options section of a linear-attention kind (GLA, retention)."""
+    o = cfg.kinds[kind]
+    assert isinstance(o, LinearOptions), kind
+    return o
 
 
 def fla_kind(cfg: ModelConfig) -> str | None:

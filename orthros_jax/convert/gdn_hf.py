@@ -8,6 +8,7 @@ the heads axis can be sharded; torch Linear weights [out, in] become [in, ...out
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -75,7 +76,9 @@ def _check_hf(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> None:
             )
 
 
-def hf_to_gdn(hf_layer_tensors: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
+def hf_to_gdn(
+    hf_layer_tensors: Mapping[str, np.ndarray], cfg: ModelConfig
+) -> dict[str, np.ndarray]:
     """One layer's `linear_attn.*` tensors (keys without that prefix, as HF_NAMES; torch
     Linear layout [out, in]) -> this module's parameter dict. Exact (reshapes/transposes)."""
     t = {n: np.asarray(x) for n, x in hf_layer_tensors.items()}

@@ -260,7 +260,7 @@ def layer_to_hf(p: Mapping[str, np.ndarray], o: Mamba2Options, d: int) -> dict[s
 def mamba2_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every HF tensor name of a checkpoint of cfg, with its shape."""
     o, d, v = mamba2.check_exportable(cfg), cfg.d_model, cfg.vocab_size
-    out = {_GLOBAL["embedding"]: (v, d)}
+    out: dict[str, tuple[int, ...]] = {_GLOBAL["embedding"]: (v, d)}
     for i in range(cfg.n_layers):
         for name, shape in layer_tensor_shapes(o, d).items():
             out[f"backbone.layers.{i}.{name}"] = shape

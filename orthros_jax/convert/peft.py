@@ -122,7 +122,9 @@ def import_peft(directory: str, cfg: ModelConfig, params: Params) -> tuple[Model
     used: a module the model lacks, a layer beyond it, a shape that does not fit, a rank <= 0."""
     key = _stack_key(cfg)
     conf = _read_config(directory)
-    r, alpha = conf.get("r"), conf.get("lora_alpha")
+    # adapter_config.json's values as read; LoRAOptions checks them (one-line errors by name).
+    r: Any = conf.get("r")
+    alpha: Any = conf.get("lora_alpha")
     by_module = {path: ours for ours, path in MODULES.items()}
     found: dict[str, dict[int, dict[str, np.ndarray]]] = {}
     with safe_open(os.path.join(directory, ADAPTER_WEIGHTS), framework="numpy") as f:

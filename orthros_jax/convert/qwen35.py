@@ -196,7 +196,7 @@ def qwen35_from_params(
         else (lambda a: np.ascontiguousarray(a).astype(np.dtype(dtype)))
     )
     out = {"model.embed_tokens.weight": cast(np.asarray(params["embedding"]))}
-    stacks = {kind: params.get(KINDS[kind].params_key) for kind in (ATTENTION, GDN)}
+    stacks = {kind: params.get(KINDS[kind].params_key, {}) for kind in (ATTENTION, GDN)}
     block = _NORMS if cfg.moe is not None else _BLOCK
     for i, (kind, li) in enumerate(cfg.layer_slots()):
         pre = f"model.layers.{i}."

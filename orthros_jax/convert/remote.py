@@ -177,7 +177,7 @@ def config_from_remote(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
         for k in _remote_kinds()
         if _codec(k).options
     }
-    ours = {k.export.remote: k.name for k in _remote_kinds()}
+    ours = {k.export.remote: k.name for k in _remote_kinds() if k.export.remote is not None}
     unknown = sorted(set(hf["layer_types"]) - set(ours))
     if unknown:
         raise ValueError(f"config.json layer_types {unknown} are unknown; known: {sorted(ours)}")

@@ -23,34 +23,42 @@ kind declares (layers/registry.py).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
+from typing_extensions import TypeVar
 
 from orthros_jax.axes import BATCH
 from orthros_jax.config import ModelConfig
 from orthros_jax.kernels import slots as slot_ops
+from orthros_jax.layers.kind import KindState, StateAxes
 from orthros_jax.layers.registry import KINDS, kinds_of
 from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel import sequence as pseq
 
+# A cache's leaves: arrays, or (cache_shardings' tree of the same structure) their shardings.
+Leaf = TypeVar("Leaf", jax.Array, NamedSharding, default=jax.Array)
+# {kind name: that kind's state stacked over its layers (kind.KindState)}.
+KindStates = dict[str, KindState]
 
-class KVCache(flax.struct.PyTreeNode):
-    """Every layer kind's state of a batch of rows. See the module docstring."""
 
-    states: dict[str, Any]
-    lengths: Any  # [B] int32 (or its sharding, in cache_shardings' tree)
+class KVCache(flax.struct.PyTreeNode, Generic[Leaf]):
+    """Every layer kind's state of a batch of rows (KVCache[NamedSharding]: their shardings).
+    See the module docstring."""
+
+    states: KindStates
+    lengths: Leaf  # [B] int32
     max_len: int = flax.struct.field(pytree_node=False)
 
-    def with_states(self, states: dict[str, Any], lengths: jax.Array) -> KVCache:
+    def with_states(self, states: KindStates, lengths: Leaf) -> KVCache[Leaf]:
         """This cache with some kinds' states and the lengths replaced."""
         return self.replace(states={**self.states, **states}, lengths=lengths)
 
     @property
-    def batch_size(self) -> int:
+    def batch_size(self: KVCache[jax.Array]) -> int:
         return self.lengths.shape[0]
 
 
@@ -72,8 +80,8 @@ def resolve_kv_dtype(kv_cache_dtype: str | None) -> str | None:
 
 
 def kind_states(
-    cfg: ModelConfig, batch_size: int, max_len: int, dtype: Any, kv_dtype: str | None = None
-) -> dict[str, Any]:
+    cfg: ModelConfig, batch_size: int, max_len: int, dtype: jnp.dtype, kv_dtype: str | None = None
+) -> KindStates:
     """Each used layer kind's zero state stacked over its layers, by kind name; with kv_dtype
     (resolve_kv_dtype's), the K/V of kinds that grow with slots as QuantKV."""
     out = {}
@@ -98,11 +106,11 @@ def _is_axes(x: Any) -> bool:
     return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
 
 
-def leaf_axes(axes: Any, states: Any) -> Any:
+def leaf_axes(axes: StateAxes, states: KindState) -> StateAxes:
     """A kind's state_axes tree laid over its state: a QuantKV leaf gets QuantKV(axes, axes
     without the last) (its scale has no head_dim)."""
 
-    def one(ax: tuple, leaf: Any) -> Any:
+    def one(ax: tuple, leaf: Any) -> tuple | slot_ops.QuantKV:
         return slot_ops.QuantKV(ax, ax[:-1]) if isinstance(leaf, slot_ops.QuantKV) else ax
 
     return jax.tree.map(one, axes, states, is_leaf=_is_axes)
@@ -110,7 +118,7 @@ def leaf_axes(axes: Any, states: Any) -> Any:
 
 def cache_shardings(
     cfg: ModelConfig, batch_size: int, max_len: int, mesh: Mesh, kv_dtype: str | None = None
-) -> KVCache:
+) -> KVCache[NamedSharding]:
     """KVCache of NamedShardings: every kind's state split by its own `state_axes` and the
     rules of parallel/mesh.py (attention K/V over batch, kv heads and slots, head_dim whole; the
     GDN state over batch and heads), lengths [B] over batch. kv_dtype: a quantized cache's."""

@@ -128,7 +128,9 @@ def read_pass(
         carry = stack.layer_loop(params, cfg, carry, lambda c, *a: c, by_index=True, last=body)
     else:
         carry = stack.layer_loop(params, cfg, carry, body, by_index=True)
-    return (carry[0] if base else carry[1]).x[:, 0]
+    final = carry[0] if base else carry[1]
+    assert final is not None
+    return final.x[:, 0]
 
 
 def prefill(
@@ -330,6 +332,7 @@ def decode(
         params, cfg, (base, out, cache.states), body, by_index=True
     )
     final = out if cfg.two_streams else base
+    assert final is not None
     cache = cache.with_states(states, pos + active.astype(jnp.int32))
     return logits_of(params, final.x[:, 0], cfg), cache
 

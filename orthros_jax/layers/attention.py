@@ -32,9 +32,12 @@ from orthros_jax.layers.kind import (
     SEQUENCE,
     Export,
     Kind,
+    KindState,
+    LayerIndex,
     ParamDecl,
     Params,
     StepContext,
+    StepOut,
     Stream,
     Work,
     block_params,
@@ -109,11 +112,11 @@ def step(
     cfg: ModelConfig,
     base: Stream | None,
     out: Stream | None,
-    state: Any,
-    li: Any,
+    state: KindState,
+    li: LayerIndex,
     ctx: StepContext,
     compute_base: bool = True,
-) -> tuple[Stream | None, Stream | None, Any]:
+) -> StepOut:
     """One attention layer for both streams in any mode. Returns (base, out, state)."""
     kv = None
     if base is not None and ctx.mode != READ:
@@ -129,24 +132,27 @@ def step(
             default_positions=ctx.default_positions,
         )
     else:  # the cache view says where K/V go and which keys are visible
+        view = ctx.view
+        assert view is not None, "a cached mode's context carries its cache view"
         ck, cv = state
         if ctx.mode in (CHUNK, DECODE):
             assert kv is not None
-            ck, cv = ctx.view.write(ck, li, kv[0]), ctx.view.write(cv, li, kv[1])
+            ck, cv = view.write(ck, li, kv[0]), view.write(cv, li, kv[1])
         state = (ck, cv)
-        local, full = ctx.view.keys(ck, cv, li, ctx.mode, base, kv)
+        local, full = view.keys(ck, cv, li, ctx.mode, base, kv)
+    impl = cfg.attention_impl if ctx.impl is None else ctx.impl
     window = cfg.base_window
     base_attn = None
     if base is not None and compute_base:
         q = layer_query(p, base.x, base.positions, cfg, "base")
         keys = full if window is None else local
-        base_attn = attend(ctx.impl, q, base.positions, _q_segments(base, ctx), keys, window, cfg)
+        base_attn = attend(impl, q, base.positions, _q_segments(base, ctx), keys, window, cfg)
     out_attn = None
     if out is not None:
         q_out = layer_query(p, out.x, out.positions, cfg, "out")
         if ctx.out_index is not None:  # SFT copies are not the keys' own queries
             full = full.replace(aligned=False, default_positions=False, q_index=ctx.out_index)
-        out_attn = attend(ctx.impl, q_out, out.positions, _q_segments(out, ctx), full, None, cfg)
+        out_attn = attend(impl, q_out, out.positions, _q_segments(out, ctx), full, None, cfg)
     # W_O and the FFN are token-wise and shared (decode: both streams as one batch).
     finish = lambda x, a: layer_finish(p, x, a, cfg)
     base, out = finish_layer(p, cfg, ctx, base, out, base_attn, out_attn, finish)

@@ -3,16 +3,15 @@
 A kind whose state is K/V over cache slots (attention) asks `ctx.view` where its base tokens'
 K/V go and which keys its queries may read; where those keys come from (this device's slots,
 a halo of the slots before a sequence shard, a gather, split across shards) is the view's
-business, so the kind has no sequence-parallel code. `SlotView` is the single-device view the
-cached drivers build; parallel/sequence.py has the sequence-parallel one.
+business, so the kind has no sequence-parallel code. The protocol is kind.CacheView; `SlotView`
+is the single-device view the cached drivers build; parallel/sequence.py has the
+sequence-parallel one.
 
 Slot s of a row holds the token at position s; masks compare slots. Shapes: B batch, L base
 tokens, S slots, W window, K kv heads, H head dim; a K/V stack is [layers, B, K, S, H].
 """
 
 from __future__ import annotations
-
-from typing import Any, Protocol
 
 import flax.struct
 import jax
@@ -21,24 +20,7 @@ import jax.numpy as jnp
 from orthros_jax.kernels import slots as slot_ops
 from orthros_jax.kernels.attention import KEY_PAD_SEGMENT
 from orthros_jax.layers.attend import Keys
-from orthros_jax.layers.kind import CHUNK, Mode, Stream
-
-KV = tuple[jax.Array, jax.Array]
-
-
-class CacheView(Protocol):
-    """What an attention-like step needs of the cache in chunk / decode / read mode."""
-
-    def write(self, stack: jax.Array, li: Any, x_BLKH: jax.Array) -> jax.Array:
-        """The K or V stack with this mode's base tokens [B, L, K, H] written at layer li."""
-        ...
-
-    def keys(
-        self, ck: jax.Array, cv: jax.Array, li: Any, mode: Mode, base: Stream | None, kv: KV | None
-    ) -> tuple[Keys, Keys]:
-        """(window keys, global keys) of layer li after this mode's writes. kv: the chunk's
-        own (k, v) [B, L, K, H] (chunk mode)."""
-        ...
+from orthros_jax.layers.kind import CHUNK, KV, LayerIndex, Mode, Stream
 
 
 def slot_segments(visible_BS: jax.Array) -> jax.Array:
@@ -49,10 +31,10 @@ def slot_segments(visible_BS: jax.Array) -> jax.Array:
 def read_slots(
     ck: jax.Array,
     cv: jax.Array,
-    li: Any,
+    li: LayerIndex,
     slots_BL: jax.Array,
     segments_BS: jax.Array,
-    first: Any = 0,
+    first: jax.Array | int = 0,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """K/V [B, K, L, H] and segments [B, L] of layer li at slots [B, L] (global ids; this
     cache holds slots first .. first + S - 1); any other slot is padding."""
@@ -94,12 +76,18 @@ class SlotView(flax.struct.PyTreeNode):
     slots: jax.Array | None = None
     global_slots: jax.Array | None = None
 
-    def write(self, stack: jax.Array, li: Any, x_BLKH: jax.Array) -> jax.Array:
+    def write(self, stack: jax.Array, li: LayerIndex, x_BLKH: jax.Array) -> jax.Array:
         assert self.slots is not None, "a view without slots is read-only (read mode)"
         return slot_ops.write(stack, li, self.slots, x_BLKH)
 
     def keys(
-        self, ck: jax.Array, cv: jax.Array, li: Any, mode: Mode, base: Stream | None, kv: KV | None
+        self,
+        ck: jax.Array,
+        cv: jax.Array,
+        li: LayerIndex,
+        mode: Mode,
+        base: Stream | None,
+        kv: KV | None,
     ) -> tuple[Keys, Keys]:
         bsz, s = self.slot_segments.shape
         slot_ids = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (bsz, s))

@@ -34,8 +34,18 @@ from orthros_jax.axes import EMBED, MLP
 from orthros_jax.config import ModelConfig
 from orthros_jax.config.options import Options
 from orthros_jax.layers import primitives as nnl
+from orthros_jax.layers.attend import AttentionImpl, Keys
 
 Params = dict[str, Any]
+# A kind's cache state: the pytree of arrays its init_state returns, every leaf stacked over the
+# kind's layers [layers, B, ...] (attention: K/V [layers, B, K, S, H]; a recurrent kind: its
+# fixed-size state). Its structure is the kind's own, hence a pytree, not a class.
+KindState = Any
+# The logical axes of a KindState: the same pytree with a tuple of axis names per leaf.
+StateAxes = Any
+# The index of a layer within its kind's stack: traced inside the layer loop's scan.
+LayerIndex = jax.Array | int
+KV = tuple[jax.Array, jax.Array]
 
 
 class Stream(flax.struct.PyTreeNode):
@@ -49,7 +59,7 @@ class Stream(flax.struct.PyTreeNode):
     # padding and carries no loss); kernel padding uses KEY/QUERY_PAD_SEGMENT, which match nothing
     # The training forward's base stream with MoE layers: the router statistics summed over
     # the layers so far (kernels/moe.router_stats; layers/ffn.finish_layer adds to it).
-    moe_stats: Any = None
+    moe_stats: dict[str, jax.Array] | None = None
 
 
 class Mode(enum.Enum):
@@ -65,12 +75,36 @@ SEQUENCE, CHUNK, DECODE, READ = Mode.SEQUENCE, Mode.CHUNK, Mode.DECODE, Mode.REA
 CACHED_MODES = (CHUNK, DECODE, READ)
 
 
+class CacheView(Protocol):
+    """Where an attention-like step finds its cache entries in chunk / decode / read mode
+    (layers/cache_view.py: the single-device `SlotView`; parallel/sequence.py: a sequence
+    shard's view). Shapes: B batch, L base tokens, K kv heads, H head dim."""
+
+    def write(self, stack: jax.Array, li: LayerIndex, x_BLKH: jax.Array) -> jax.Array:
+        """The K or V stack with this mode's base tokens [B, L, K, H] written at layer li."""
+        ...
+
+    def keys(
+        self,
+        ck: jax.Array,
+        cv: jax.Array,
+        li: LayerIndex,
+        mode: Mode,
+        base: Stream | None,
+        kv: KV | None,
+    ) -> tuple[Keys, Keys]:
+        """(window keys, global keys) of layer li after this mode's writes. kv: the chunk's
+        own (k, v) [B, L, K, H] (chunk mode)."""
+        ...
+
+
 class StepContext(flax.struct.PyTreeNode):
     """What a mode tells every layer step.
 
-    mode: the Mode. impl: how attention-like kinds attend (an `attend.AttentionImpl`; static).
+    mode: the Mode. impl: how attention-like kinds attend (an `attend.AttentionImpl` or the
+      name of a registered one; static; None: the config's attention_impl).
     view: cached modes, where a kind finds its cache entries: slots to write, the window and
-      the global keys to read (`cache_view.CacheView`; the drivers build a `SlotView`, sequence
+      the global keys to read (a `CacheView`; the drivers build a `SlotView`, sequence
       parallelism its shard view). None in sequence mode.
     valid [B, Lb]: base tokens that exist (not padding, row active); None: all of them.
     reset [B, Lb]: tokens that start a new document (recurrent kinds zero their state before
@@ -83,8 +117,8 @@ class StepContext(flax.struct.PyTreeNode):
     """
 
     mode: Mode = flax.struct.field(pytree_node=False)
-    impl: Any = flax.struct.field(pytree_node=False, default=None)
-    view: Any = None
+    impl: AttentionImpl | str | None = flax.struct.field(pytree_node=False, default=None)
+    view: CacheView | None = None
     valid: jax.Array | None = None
     reset: jax.Array | None = None
     out_index: jax.Array | None = None
@@ -195,18 +229,25 @@ class Work:
     ffn: int
 
 
+# What a layer step returns: (base, out, state).
+StepOut = tuple[Stream | None, Stream | None, KindState]
+
+
 class StepFn(Protocol):
+    """A kind's one layer step (the only definition of its signature; a kind's `step`
+    function, attention.step or recurrent.RecurrentStep, is checked against it by `Kind`)."""
+
     def __call__(
         self,
         p: Params,
         cfg: ModelConfig,
         base: Stream | None,
         out: Stream | None,
-        state: Any,
-        li: Any,
+        state: KindState,
+        li: LayerIndex,
         ctx: StepContext,
         compute_base: bool = True,
-    ) -> tuple[Stream | None, Stream | None, Any]:
+    ) -> StepOut:
         """One layer for both streams in ctx.mode. p: this layer's parameters; base / out:
         Stream | None (out: the output stream's copies); state: the kind's whole stacked cache
         state (None in sequence mode), written at layer index li; compute_base=False skips the
@@ -253,22 +294,13 @@ class LayerKind(Protocol):
         ...
 
     def init_state(
-        self, cfg: ModelConfig, n_layers: int, batch: int, max_len: int, dtype: Any
-    ) -> Any: ...
+        self, cfg: ModelConfig, n_layers: int, batch: int, max_len: int, dtype: jnp.dtype
+    ) -> KindState: ...
 
-    def state_axes(self, cfg: ModelConfig) -> Any: ...
+    def state_axes(self, cfg: ModelConfig) -> StateAxes: ...
 
-    def step(
-        self,
-        p: Params,
-        cfg: ModelConfig,
-        base: Stream | None,
-        out: Stream | None,
-        state: Any,
-        li: Any,
-        ctx: StepContext,
-        compute_base: bool = True,
-    ) -> tuple[Stream | None, Stream | None, Any]: ...
+    @property
+    def step(self) -> StepFn: ...
 
     def flops(self, cfg: ModelConfig, work: Work) -> int: ...
 
@@ -286,8 +318,8 @@ class Kind:
     name: str
     params_key: str
     params: Callable[[ModelConfig], dict[str, ParamDecl]]
-    init_state: Callable[[ModelConfig, int, int, int, Any], Any]  # (cfg, layers, B, S, dtype)
-    state_axes: Callable[[ModelConfig], Any]  # logical axes of the state (pytree like it)
+    init_state: Callable[[ModelConfig, int, int, int, jnp.dtype], KindState]  # cfg, layers, B, S
+    state_axes: Callable[[ModelConfig], StateAxes]
     step: StepFn
     flops: Callable[[ModelConfig, Work], int]
     recurrent: bool
@@ -329,12 +361,12 @@ def residual_std(cfg: ModelConfig) -> float:
     return cfg.init_std / (2 * cfg.n_layers) ** 0.5
 
 
-def layer_of(state: Any, li: Any) -> Any:
+def layer_of(state: KindState, li: LayerIndex) -> KindState:
     """Layer li's entry of a kind's stacked state (every leaf [layers, ...] -> [...])."""
     return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, li, keepdims=False), state)
 
 
-def with_layer(state: Any, li: Any, new: Any) -> Any:
+def with_layer(state: KindState, li: LayerIndex, new: KindState) -> KindState:
     """The stacked state with layer li's entry replaced by `new` (cast to each leaf's dtype)."""
     put = lambda a, x: jax.lax.dynamic_update_index_in_dim(a, x.astype(a.dtype), li, 0)
     return jax.tree.map(put, state, new)

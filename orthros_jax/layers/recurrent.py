@@ -33,8 +33,11 @@ from orthros_jax.layers.kind import (
     DECODE,
     READ,
     SEQUENCE,
+    KindState,
+    LayerIndex,
     Params,
     StepContext,
+    StepOut,
     Stream,
     layer_of,
     norm,
@@ -129,11 +132,11 @@ class RecurrentStep:
         cfg: ModelConfig,
         base: Stream | None,
         out: Stream | None,
-        state: Any,
-        li: Any,
+        state: KindState,
+        li: LayerIndex,
         ctx: StepContext,
         compute_base: bool = True,
-    ) -> tuple[Stream | None, Stream | None, Any]:
+    ) -> StepOut:
         """One layer for both streams in ctx.mode. Returns (base, out, state)."""
         m, so = self.mixer, self.mixer.cross_so(p, cfg)
         y: jax.Array | None = None

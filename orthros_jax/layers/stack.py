@@ -6,16 +6,16 @@ axis over the layers of that kind, under the kind's `params_key` ("layers" for a
 uniform stacks keep the historic layout). Layer j of cycle c is entry cfg.layer_index(c, j) of
 its kind's stack (cfg.layer_slots() lists every layer's). `layer_loop` is the only loop over
 layers: a scan over cycles (reading parameters as scanned xs for the training forward, or by
-dynamic index out of the whole stack for the cached modes, which measured faster there),
-unrolled with cfg.scan_layers=False. `fill_identity_so` adds the scale-offset vectors a
-single-stream checkpoint lacks, for every kind.
+dynamic index out of the whole stack for the cached modes: docs/performance.md, "One layer
+loop that reads layers by index"), unrolled with cfg.scan_layers=False. `fill_identity_so`
+adds the scale-offset vectors a single-stream checkpoint lacks, for every kind.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import flax.linen as nn
 import jax
@@ -25,7 +25,7 @@ from orthros_jax.axes import LAYERS
 from orthros_jax.config import ModelConfig
 from orthros_jax.layers import lora
 from orthros_jax.layers.ffn import FFNS, ffns_of
-from orthros_jax.layers.kind import LayerKind, ParamDecl, Params
+from orthros_jax.layers.kind import LayerIndex, LayerKind, ParamDecl, Params
 from orthros_jax.layers.registry import KINDS, kinds_of
 
 __all__ = [
@@ -103,23 +103,19 @@ def _stacked(module: nn.Module, decls: dict[str, ParamDecl], n: int, cfg: ModelC
     return out
 
 
+# What the layer loop carries from layer to layer (a pytree: the streams, the cache states).
+Carry = TypeVar("Carry")
 # body(carry, kind, layer_params, li) -> carry; li: the layer's index in its kind's stack;
 # layer_params holds the layer's FFN entry under its params_key too (layers/ffn.py).
-LayerBody = Callable[[Any, LayerKind, Params, Any], Any]
+LayerBody = Callable[[Carry, LayerKind, Params, LayerIndex], Carry]
 
 
-def _after(li: Any, carry: Any, n: int) -> Any:
-    """li (a layer index in [0, n)) unchanged, but computed from the carry, so the layer's
-    weights are read only once the layer before has produced it.
-
-    XLA:CPU copies a dynamically indexed weight slice out of its stack before the dot, and its
-    scheduler hoists every such copy of a loop body to the top: a hybrid cycle (three GDN
-    layers and one attention layer) held all its layers' copies at once, 51 MB of temporaries
-    against the Transformer's 12, allocated afresh (page faults) on every decode step, which
-    ran 3-4x slower than the Transformer's. A barrier does not survive to XLA:CPU's scheduling;
-    a data dependency does: min(li, n - 1 + isnan(x)) is li for any x, and XLA cannot fold it.
-    A static li (an unrolled layer) gets the same dependency: static slices are hoisted alike.
-    """
+def _after(li: LayerIndex, carry: Any, n: int) -> jax.Array:
+    """li (a layer index in [0, n), static or traced) unchanged, but computed from the carry
+    (min(li, n - 1 + isnan(x)), which XLA cannot fold), so that the layer's weights are read
+    only once the layer before has produced its output: without it XLA:CPU reads every layer
+    of a loop body's cycle up front (docs/performance.md, "Each layer's index depends on the
+    layer before")."""
     leaf = next(
         a for a in jax.tree.leaves(carry) if jax.numpy.issubdtype(a.dtype, jax.numpy.floating)
     )
@@ -130,12 +126,12 @@ def _after(li: Any, carry: Any, n: int) -> Any:
 def layer_loop(
     params: Params,
     cfg: ModelConfig,
-    carry: Any,
-    body: LayerBody,
+    carry: Carry,
+    body: LayerBody[Carry],
     *,
     by_index: bool,
-    last: LayerBody | None = None,
-) -> Any:
+    last: LayerBody[Carry] | None = None,
+) -> Carry:
     """carry = body(carry, kind, p, li) over every layer in order; the very last layer runs
     `last` instead when given (e.g. without its dead base stream).
 
@@ -148,12 +144,14 @@ def layer_loop(
     stacks.update({f"ffn/{f.name}": params[f.params_key] for f in ffns_of(cfg)})
     n_loop = cfg.n_cycles - (last is not None)
 
-    def layer_at(name: str, li: Any) -> Params:
+    def layer_at(name: str, li: LayerIndex) -> Params:
         return jax.tree.map(
             lambda a: jax.lax.dynamic_index_in_dim(a, li, keepdims=False), stacks[name]
         )
 
-    def params_at(carry: Any, c: Any, j: int, cycle_params: Any) -> tuple[Params, Any]:
+    def params_at(
+        carry: Carry, c: LayerIndex, j: int, cycle_params: Params | None
+    ) -> tuple[Params, LayerIndex]:
         """Layer (c, j)'s parameters (its FFN's entry under the FFN's key) and li."""
         name, li = cycle[j], cfg.layer_index(c, j)
         if cycle_params is None:
@@ -173,7 +171,7 @@ def layer_loop(
             p = {**p, FFNS[f].params_key: fp}
         return p, li
 
-    def run_cycle(carry: Any, c: Any, cycle_params: Any, upto: int) -> Any:
+    def run_cycle(carry: Carry, c: LayerIndex, cycle_params: Params | None, upto: int) -> Carry:
         for j in range(upto):
             p, li = params_at(carry, c, j, cycle_params)
             carry = body(carry, KINDS[cycle[j]], p, li)
@@ -192,7 +190,7 @@ def layer_loop(
                     lambda a, n=n: a[: n_loop * n].reshape(n_loop, n, *a.shape[1:]), s
                 )
 
-            def scan_body(carry: Any, inputs: Any) -> tuple[Any, None]:
+            def scan_body(carry: Carry, inputs: tuple[jax.Array, Params]) -> tuple[Carry, None]:
                 c, cycle_params = inputs
                 return run_cycle(carry, c, cycle_params, len(cycle)), None
 

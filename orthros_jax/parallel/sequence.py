@@ -19,7 +19,6 @@ Shapes: B batch (per shard), L base tokens, S (= Ls) slots per shard, W window.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import flax.struct
 import jax
@@ -32,8 +31,8 @@ from orthros_jax.kernels import collectives
 from orthros_jax.kernels import slots as slot_ops
 from orthros_jax.layers import attend as attend_lib
 from orthros_jax.layers.attend import FEW_QUERIES, Keys
-from orthros_jax.layers.cache_view import KV, chunk_keys, read_slots, slot_segments
-from orthros_jax.layers.kind import CHUNK, Mode, Stream
+from orthros_jax.layers.cache_view import chunk_keys, read_slots, slot_segments
+from orthros_jax.layers.kind import CHUNK, KV, LayerIndex, Mode, Stream
 from orthros_jax.layers.registry import kinds_of
 from orthros_jax.parallel import mesh as pmesh
 
@@ -85,12 +84,12 @@ class ShardView(flax.struct.PyTreeNode):
     halo: Keys | None = None
     gathered: Keys | None = None
 
-    def write(self, stack: jax.Array, li: Any, x_BLKH: jax.Array) -> jax.Array:
+    def write(self, stack: jax.Array, li: LayerIndex, x_BLKH: jax.Array) -> jax.Array:
         assert self.slots is not None, "a view without slots is read-only (read mode)"
         return slot_ops.write(stack, li, self.slots, x_BLKH)
 
     def _read(
-        self, ck: jax.Array, cv: jax.Array, li: Any, slots: jax.Array
+        self, ck: jax.Array, cv: jax.Array, li: LayerIndex, slots: jax.Array
     ) -> tuple[jax.Array, ...]:
         """read_slots over this shard's slots, then the halo's for the slots right before it."""
         k, v, seg = read_slots(ck, cv, li, slots, self.slot_segments, self.slot_offset)
@@ -109,7 +108,13 @@ class ShardView(flax.struct.PyTreeNode):
         return k, v, seg
 
     def keys(
-        self, ck: jax.Array, cv: jax.Array, li: Any, mode: Mode, base: Stream | None, kv: KV | None
+        self,
+        ck: jax.Array,
+        cv: jax.Array,
+        li: LayerIndex,
+        mode: Mode,
+        base: Stream | None,
+        kv: KV | None,
     ) -> tuple[Keys, Keys]:
         """A chunk's own keys are read back from the cache after its write (a slot inside the
         chunk that holds an earlier prompt keeps it); its window's slots before the shard come
@@ -137,7 +142,7 @@ class ShardView(flax.struct.PyTreeNode):
         return Keys(wk, wv, win, win_seg, head_major=True, split=True), full
 
 
-def halo_keys(state: KV, li: Any, off: jax.Array, rows: int, end: jax.Array) -> Keys:
+def halo_keys(state: KV, li: LayerIndex, off: jax.Array, rows: int, end: jax.Array) -> Keys:
     """Head-major Keys of the `rows` slots right before this shard at layer li (received from
     the shards before it, several hops when rows > S); slots before 0 or past each row's end
     are padding. state: the kind's (k, v) stacks."""
@@ -148,7 +153,7 @@ def halo_keys(state: KV, li: Any, off: jax.Array, rows: int, end: jax.Array) -> 
     return Keys(k, v, slots, slot_segments((slots >= 0) & (slots < end[:, None])), head_major=True)
 
 
-def gathered_keys(state: KV, li: Any, end: jax.Array) -> Keys:
+def gathered_keys(state: KV, li: LayerIndex, end: jax.Array) -> Keys:
     """Head-major Keys of every slot of layer li, all-gathered over the shards."""
     ck, cv = state
     gather = lambda a: jax.lax.all_gather(slot_ops.layer_view(a, li), SEQ, axis=2, tiled=True)

@@ -169,7 +169,7 @@ class RLConfig:
         missing = sorted(set(sections) - set(plain))
         if missing:
             raise ValueError(f"config is missing section(s) {missing}; every section is required")
-        parts = {k: dataclass_from_dict(c, plain[k], k) for k, c in kinds.items()}
+        parts: dict[str, Any] = {k: dataclass_from_dict(c, plain[k], k) for k, c in kinds.items()}
         return cls(
             model=ModelConfig.from_dict(plain["model"]),
             init_from=plain["init_from"] or None,

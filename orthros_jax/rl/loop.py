@@ -16,6 +16,7 @@ prompts.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any
@@ -114,7 +115,8 @@ class _Run:
         # One prefill shape: all of a step's requests arrive at once and fill every slot, so a
         # [max_batch, chunk] bucket is what runs (two compiles in all: prefill and decode).
         chunk = min(cfg.model.prefill_chunk, 1 << (r.max_len - 1).bit_length())
-        self.engine_kw = dict(
+        self.new_engine = functools.partial(
+            Engine,
             max_batch=r.max_batch,
             max_len=r.max_len,
             decode_text=self.tok.decode,
@@ -133,8 +135,7 @@ class _Run:
     ) -> Rollout:
         params = self.merge(params) if self.cfg.model.lora is not None else params
         if self.engine is None:  # compiled once, before the first rollout is timed
-            plain = self.cfg.model.replace(lora=None)
-            self.engine = Engine(params, plain, **self.engine_kw)
+            self.engine = self.new_engine(params, self.cfg.model.replace(lora=None))
             self.engine.warmup()
         else:
             self.engine.set_params(params)

@@ -15,7 +15,7 @@ Shapes: R rows, T tokens, O output copies per row, V vocab, S = R * O + 1 sequen
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -35,12 +35,15 @@ def target_logprobs(
     model: OrthrosLM, params: Params, batch: Batch, temperature: float
 ) -> jax.Array:
     """[R, O] float32 log-probs of each output copy's target under softmax(logits / T)."""
-    logits_ROV = model.apply(
-        {"params": params},
-        batch["tokens"],
-        positions=batch["positions"],
-        segment_ids=batch["segment_ids"],
-        output_positions=batch["output_positions"],
+    logits_ROV = cast(
+        jax.Array,
+        model.apply(
+            {"params": params},
+            batch["tokens"],
+            positions=batch["positions"],
+            segment_ids=batch["segment_ids"],
+            output_positions=batch["output_positions"],
+        ),
     )
     logp_ROV = jax.nn.log_softmax(logits_ROV.astype(jnp.float32) / temperature, axis=-1)
     return jnp.take_along_axis(logp_ROV, batch["targets"][..., None], axis=-1)[..., 0]

@@ -34,7 +34,9 @@ from jax.sharding import Mesh
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import init_cache
 from orthros_jax.inference import logit_processing as lp
+from orthros_jax.inference.cache import KVCache
 from orthros_jax.inference.sampling import Sampled
+from orthros_jax.model import Params
 from orthros_jax.serving import buckets, device, row_inputs
 from orthros_jax.serving.events import Event, Request, Slot
 from orthros_jax.serving.metrics import Metrics
@@ -58,12 +60,12 @@ class Engine:
     kv_cache_dtype: "int8" / "fp8" keep the cache's K/V quantized (init_cache's).
     prefix_caching: admit a request with the longest prompt prefix a row holds (prefix.py)."""
 
-    cache: Any  # the KVCache (donated to every call)
+    cache: KVCache  # donated to every call
     hist: lp.History  # the penalties' token history, a row per cache row
 
     def __init__(
         self,
-        params: Any,
+        params: Params,
         cfg: ModelConfig,
         *,
         max_batch: int = 4,
@@ -122,7 +124,7 @@ class Engine:
     # ------------------------------------------------------------ client side (any thread)
 
     def submit(
-        self, ids: list[int], params: SamplingParams, on_event: Callable[[Event], Any]
+        self, ids: list[int], params: SamplingParams, on_event: Callable[[Event], object]
     ) -> Request:
         """Queues a request (ids: a valid, non-empty prompt; see requests.prompt_ids). Raises
         RequestError 429 when the queue is full, 503 when the engine is shutting down."""
@@ -145,7 +147,7 @@ class Engine:
             self._cond.notify_all()
         return req
 
-    def set_params(self, params: Any) -> None:
+    def set_params(self, params: Params) -> None:
         """Swaps in new parameters of the same shapes and dtypes (e.g. the policy after an RL
         update): placed like the old ones, so no call recompiles. Only between steps."""
         old = jax.tree.map(lambda a: (a.shape, a.dtype), self.params)
@@ -363,7 +365,7 @@ class Engine:
         else:
             slot.last = tok
 
-    def _guard(self, i: int, fn: Callable[[], Any]) -> None:
+    def _guard(self, i: int, fn: Callable[[], object]) -> None:
         """Runs one request's host work; an exception fails that request alone."""
         try:
             fn()

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.config.cli import dataclass_from_dict, to_plain
+
+if TYPE_CHECKING:  # imported where a config is read: the data package is heavy
+    from orthros_jax.data.config import DataConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +122,7 @@ class DistributedConfig:
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     model: ModelConfig
-    data: Any  # orthros_jax.data.DataConfig (None when a caller supplies its own iterators)
+    data: DataConfig | None  # None when a caller supplies its own iterators
     optimizer: OptimizerConfig = OptimizerConfig()
     train: LoopConfig = LoopConfig()
     mesh: MeshConfig = MeshConfig()

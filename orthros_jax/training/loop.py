@@ -20,14 +20,15 @@ import math
 import os
 import time
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TextIO
 
 import jax
 import numpy as np
+import optax
 
 from orthros_jax import checkpoint
-from orthros_jax.model import num_params
+from orthros_jax.model import Params, num_params
 from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel import sharding
 from orthros_jax.training import monitor
@@ -45,9 +46,11 @@ from orthros_jax.training.start import (
     write_model_json,
 )
 from orthros_jax.training.state import TrainState
-from orthros_jax.training.steps import make_eval_step, make_train_step
+from orthros_jax.training.steps import Metrics, make_eval_step, make_train_step
 
 Batch = Mapping[str, np.ndarray]
+DeviceBatch = Mapping[str, jax.Array]  # a batch sharded over the mesh
+TrainStep = Callable[[TrainState, DeviceBatch], tuple[TrainState, Metrics]]  # jitted
 CHECKED = ("loss", "grad_norm", "param_norm")
 
 
@@ -77,6 +80,8 @@ def train(
     if train_iterator is None or eval_batches is None:
         from orthros_jax import data as data_lib
 
+        if cfg.data is None:
+            raise ValueError("TrainConfig.data is None: pass train_iterator and eval_batches")
         vocab = data_lib.tokenizer_for(cfg.data).vocab_size
         if vocab > cfg.model.vocab_size:
             raise ValueError(
@@ -152,12 +157,19 @@ class _Run:
     cfg: TrainConfig
     workdir: str
     mesh: jax.sharding.Mesh
-    tx: Any
-    state_sh: Any
-    params_sh: Any
+    tx: optax.GradientTransformation
+    state_sh: TrainState  # the state's shardings
+    params_sh: Params  # the params' shardings
     ckpt: checkpoint.TrainCheckpointer
     logger: MetricsLogger
     data_state: Any
+    # Set by loop():
+    last_eval: float | None = None
+    preempted: bool = False
+    last_saved: int | None = None
+    eval_batches: list[DeviceBatch] = dataclasses.field(default_factory=list)
+    eval_fn: Callable[[Params, DeviceBatch], Metrics] | None = None
+    throughput: monitor.Throughput | None = None
 
     def loop(
         self,
@@ -171,7 +183,7 @@ class _Run:
         tc, accum = self.cfg.train, self.cfg.optimizer.grad_accum_steps
         self.last_eval, self.preempted = None, False
         total_micro = tc.steps * accum
-        step_fn = None
+        step_fn: TrainStep | None = None
         self.eval_batches = [pmesh.shard_batch(b, self.mesh) for b in evals]
         self.eval_fn = None
         pending: list[tuple[int, dict]] = []  # (micro index, device metrics) not yet checked
@@ -193,7 +205,7 @@ class _Run:
                 fingerprints.flush()
             global_batch = pmesh.shard_batch(batch, self.mesh)
             first = step_fn is None
-            if first:
+            if step_fn is None:
                 pmesh.check_batch_divisible(global_batch["tokens"].shape[0], self.mesh)
                 step_fn = self._compile_step(global_batch)
                 self.throughput = monitor.Throughput(
@@ -245,7 +257,7 @@ class _Run:
             fingerprints.close()
         return state
 
-    def _compile_step(self, global_batch: Mapping[str, jax.Array]):
+    def _compile_step(self, global_batch: DeviceBatch) -> TrainStep:
         """The jitted train step for this batch layout (PT or SFT keys)."""
         cfg = self.cfg
         train_step = make_train_step(
@@ -293,6 +305,7 @@ class _Run:
             "loss_tokens": int(weight),
         }
         if tokens_per_s is not None:
+            assert self.throughput is not None  # set by the first step
             values["tokens_per_s"] = tokens_per_s
             values |= self.throughput.values(tokens_per_s)
         data_metrics = getattr(self.data_state, "metrics", None)
@@ -322,6 +335,6 @@ class _Run:
         self.last_eval = loss
         return loss
 
-    def _open_fingerprints(self):
+    def _open_fingerprints(self) -> TextIO:
         name = f"data_fingerprints_p{jax.process_index()}.jsonl"
         return open(os.path.join(self.workdir, name), "a")  # noqa: SIM115

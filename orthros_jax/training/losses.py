@@ -15,7 +15,7 @@ backward pass (jax.checkpoint under lax.scan), so memory is O(B * C * V) instead
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -115,7 +115,7 @@ def _apply(
     tokens, kwargs = _model_inputs(batch)
     call: dict[str, Any] = kwargs if method is None else {**kwargs, "method": method}
     if model.cfg.moe is None:
-        return model.apply({"params": params}, tokens, **call), None
+        return cast(jax.Array, model.apply({"params": params}, tokens, **call)), None
     y, state = model.apply({"params": params}, tokens, **call, mutable=["intermediates"])
     return y, state["intermediates"]["moe_stats"][0]
 

@@ -7,11 +7,13 @@ under the workdir: workdir/tensorboard/ (tensorboardX event files) and workdir/m
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import sys
 from collections.abc import Mapping
+from typing import Any, TextIO
 
 import jax
 import numpy as np
@@ -29,52 +31,67 @@ def console(message: str) -> None:
         sys.stdout.flush()  # visible promptly when stdout is a file or pipe
 
 
+@dataclasses.dataclass
+class _Sinks:
+    """Process 0's sinks: TensorBoard's writer, metrics.jsonl and the progress bar."""
+
+    writer: Any  # tensorboardX.SummaryWriter (imported only where it writes)
+    jsonl: TextIO
+    bar: tqdm.tqdm
+
+
 class MetricsLogger:
+    """Writes training scalars to every sink of process 0 (the others write nothing)."""
+
     def __init__(self, workdir: str, total_steps: int, initial_step: int, progress_bar: bool):
-        self.enabled = jax.process_index() == 0
-        self.writer = None
-        self.jsonl = None
-        self.bar = None
-        if not self.enabled:
+        self.sinks: _Sinks | None = None
+        if jax.process_index() != 0:
             return
         from tensorboardX import SummaryWriter  # heavy import, only on the writing host
 
-        self.writer = SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR))
         path = os.path.join(workdir, METRICS_JSONL)
         drop_replayed(path, initial_step)
-        self.jsonl = open(path, "a")  # noqa: SIM115
-        self.bar = tqdm.tqdm(
-            total=total_steps,
-            initial=initial_step,
-            disable=not progress_bar,
-            unit="step",
-            dynamic_ncols=True,
+        self.sinks = _Sinks(
+            writer=SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR)),
+            jsonl=open(path, "a"),  # noqa: SIM115
+            bar=tqdm.tqdm(
+                total=total_steps,
+                initial=initial_step,
+                disable=not progress_bar,
+                unit="step",
+                dynamic_ncols=True,
+            ),
         )
 
+    @property
+    def enabled(self) -> bool:
+        return self.sinks is not None
+
     def advance(self, steps: int) -> None:
-        if self.bar is not None:
-            self.bar.update(steps)
+        if self.sinks is not None:
+            self.sinks.bar.update(steps)
 
     def write(self, step: int, prefix: str, values: Mapping[str, float]) -> None:
         """Scalars under "<prefix>/<name>" at an optimizer step, to every sink."""
-        if not self.enabled:
+        s = self.sinks
+        if s is None:
             return
         for name, value in values.items():
-            self.writer.add_scalar(f"{prefix}/{name}", value, step)
-        self.writer.flush()
-        self.jsonl.write(json.dumps({"step": step, "split": prefix, **values}) + "\n")
-        self.jsonl.flush()
+            s.writer.add_scalar(f"{prefix}/{name}", value, step)
+        s.writer.flush()
+        s.jsonl.write(json.dumps({"step": step, "split": prefix, **values}) + "\n")
+        s.jsonl.flush()
         text = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
         line = f"[{prefix}] step {step}: {text}"
-        if not self.bar.disable and prefix == "train":
-            self.bar.set_postfix({k: _fmt(v) for k, v in values.items() if k in ("loss", "lr")})
+        if not s.bar.disable and prefix == "train":
+            s.bar.set_postfix({k: _fmt(v) for k, v in values.items() if k in ("loss", "lr")})
         console(line)
 
     def close(self) -> None:
-        if self.enabled:
-            self.bar.close()
-            self.writer.close()
-            self.jsonl.close()
+        if self.sinks is not None:
+            self.sinks.bar.close()
+            self.sinks.writer.close()
+            self.sinks.jsonl.close()
 
 
 def drop_replayed(path: str, step: int) -> int:
@@ -84,7 +101,7 @@ def drop_replayed(path: str, step: int) -> int:
         return 0
     with open(path) as f:
         lines = f.readlines()
-    keep = [line for line in lines if _step_of(line) is not None and _step_of(line) <= step]
+    keep = [line for line in lines if (n := _step_of(line)) is not None and n <= step]
     if len(keep) != len(lines):
         with open(path + ".tmp", "w") as f:
             f.writelines(keep)

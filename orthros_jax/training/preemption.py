@@ -37,7 +37,7 @@ def _uses_sync_manager() -> bool:
     return (
         jax.process_count() > 1
         and jax.distributed.is_initialized()
-        and bool(jax.config.jax_enable_preemption_service)
+        and bool(jax.config.values["jax_enable_preemption_service"])
     )
 
 

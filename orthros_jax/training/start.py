@@ -14,9 +14,11 @@ from typing import Any
 import grain
 import jax
 import numpy as np
+import optax
 
 from orthros_jax import checkpoint
 from orthros_jax.layers import lora, stack
+from orthros_jax.model import Params
 from orthros_jax.parallel import mesh as pmesh
 from orthros_jax.parallel import sharding
 from orthros_jax.training.config import TrainConfig
@@ -31,10 +33,11 @@ def trainable_of(cfg: TrainConfig) -> Trainable:
     return trainable_subset(cfg.model, cfg.train.trainable)
 
 
-def initial_params(cfg: TrainConfig, abstract_params: Any) -> Any:
+def initial_params(cfg: TrainConfig, abstract_params: Params) -> Params:
     """Host params from cfg.init_from (a model dir or training workdir). Scale-offset vectors a
     Transformer checkpoint lacks are filled with the identity (scale 1, offset 0), which is the
     paper's Transformer -> Orthros conversion; any other difference is a ValueError."""
+    assert cfg.init_from is not None
     # A LoRA run's weights come merged unless this run trains adapters too (then its own).
     loaded = checkpoint.load_model(cfg.init_from, merge_lora=cfg.model.lora is None)
     params = jax.tree.map(np.asarray, loaded.params)
@@ -50,7 +53,9 @@ def initial_params(cfg: TrainConfig, abstract_params: Any) -> Any:
     return jax.tree.map(lambda p, a: p.astype(a.dtype), params, abstract_params)
 
 
-def abstract_state(cfg: TrainConfig, tx: Any, mesh: jax.sharding.Mesh) -> tuple[Any, Any]:
+def abstract_state(
+    cfg: TrainConfig, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh
+) -> tuple[TrainState, Params]:
     """The TrainState's shapes with their shardings (ShapeDtypeStructs), and the params'
     shardings: the restore target and the init out_shardings."""
     rng, trainable = jax.random.PRNGKey(cfg.train.seed), trainable_of(cfg)
@@ -64,16 +69,24 @@ def abstract_state(cfg: TrainConfig, tx: Any, mesh: jax.sharding.Mesh) -> tuple[
     return abstract, params_sh
 
 
-def fresh_state(cfg: TrainConfig, tx: Any, abstract: Any, params_sh: Any) -> TrainState:
+def fresh_state(
+    cfg: TrainConfig, tx: optax.GradientTransformation, abstract: TrainState, params_sh: Params
+) -> TrainState:
     """A new state created directly in its shardings (jit with out_shardings): random init
     from train.seed, or the params of cfg.init_from with a fresh optimizer state."""
     rng, trainable = jax.random.PRNGKey(cfg.train.seed), trainable_of(cfg)
     state_sh = jax.tree.map(lambda a: a.sharding, abstract)
     if cfg.init_from:
         params = pmesh.put_tree(initial_params(cfg, abstract.params), params_sh)
-        init = lambda p, r: init_train_state(cfg.model, tx, r, p, trainable)
-        return jax.jit(init, out_shardings=state_sh)(params, rng)
-    init = lambda r: init_train_state(cfg.model, tx, r, None, trainable)
+
+        def init_from(p: Params, r: jax.Array) -> TrainState:
+            return init_train_state(cfg.model, tx, r, p, trainable)
+
+        return jax.jit(init_from, out_shardings=state_sh)(params, rng)
+
+    def init(r: jax.Array) -> TrainState:
+        return init_train_state(cfg.model, tx, r, None, trainable)
+
     return jax.jit(init, out_shardings=state_sh)(rng)
 
 

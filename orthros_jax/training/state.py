@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -14,15 +12,14 @@ from orthros_jax.model import Params, init_params
 from orthros_jax.training.trainable import Trainable
 
 
-@flax.struct.dataclass
-class TrainState:
+class TrainState(flax.struct.PyTreeNode):
     """step: micro-batches consumed (int32 scalar); params; opt_state (optax); rng: a raw
     uint32[2] PRNG key, the run's base key (per-step keys are fold_in(rng, step), so resuming
     reproduces them)."""
 
     step: jax.Array
     params: Params
-    opt_state: Any
+    opt_state: optax.OptState
     rng: jax.Array
 
 

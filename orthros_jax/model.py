@@ -1,13 +1,15 @@
 """OrthrosLM: the dual-stream model and its single-stream baselines in one parameter layout,
 and the full-sequence (PT/SFT) driver.
 
-Architectures (ModelConfig.architecture):
-  orthros      base stream (sliding window, writes K/V) + output stream (global over the
-               base K/V of the same layer, produces the logits); per-stream query scale-offset.
-  transformer  one stream, global causal attention.
-  swa          one stream, sliding-window attention.
+An architecture (ModelConfig.architecture, a row of config/architectures.py) is a
+cycle of layer kinds (ModelConfig.layer_types) and one or two streams:
+  one stream   the tokens run every layer and produce the logits; attention is global causal,
+               or the sliding window (ModelConfig.base_window).
+  two streams  (Orthros) a base stream (sliding-window attention, writes the cache) and an
+               output stream of copies that read the base stream's keys of the same layer,
+               globally, and produce the logits; per-stream query scale-offsets.
 
-The layer math lives in the layer kinds (layers/attention.py, layers/gdn.py; layers/kind.py says
+The layer math lives in the layer kinds (layers/registry.py lists them; layers/kind.py says
 what a kind is); this file and inference/drivers.py are drivers over their `step`, and
 layers/stack.layer_loop is the one loop over layers.
 

@@ -173,12 +173,6 @@ GENERIC = [f for f in GENERIC if f not in PRESETS]
 # its options class) and the presets below; every other module asks the registry
 # (registry.KINDS, a kind module's KIND, the architectures and arms tables,
 # convert.common.own_arm). EXTERNAL: other projects' names that equal ours, per file.
-PRESETS = {
-    "orthros_jax/config/architectures.py",  # each architecture's cycle of kinds
-    "orthros_jax/config/arms.py",  # the arms: presets of an architecture
-    "orthros_jax/config/kinds.py",  # each kind's options section
-    "orthros_jax/evaluation/arms.py",  # each arm's label, colour and experiments
-}
 EXTERNAL = {
     "orthros_jax/convert/fla_config.py": {"gla", "retnet"},  # fla's model_types
     "orthros_jax/layers/retention.py": {"retnet"},  # fla's model_type of the kind's export

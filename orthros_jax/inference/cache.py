@@ -6,8 +6,8 @@
   lengths  [B] int32, the number of filled slots of each row
   max_len  S, slots per row (static)
 Head-major K/V keep each (row, kv head)'s history a contiguous [S, H] matrix, so the one-query
-attention of a decode step is a plain batched mat-vec over the cache with no transpose (a
-sequence-major cache was copy-transposed every layer; docs/performance.md has the figures).
+attention of a decode step is a plain batched mat-vec over the cache with no transpose
+(docs/performance.md, "Head-major KV cache").
 
 kv_cache_dtype "int8" (or "fp8" = float8_e4m3fn, "float8_e5m2") stores the K/V of every kind
 whose state grows with slots (attention) quantized: kernels/slots.QuantKV, values plus one

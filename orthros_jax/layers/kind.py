@@ -1,10 +1,11 @@
 """What every layer kind shares: streams, the step context, the kind interface, the pre-norms
 (the FFN half is layers/ffn.py).
 
-A **layer kind** (attention, gated DeltaNet, GLA, retention: layers/registry.py) declares each
-parameter (shape, logical axes, weight decay, init: `ParamDecl`), whether it is recurrent, its
-options (a section of ModelConfig.kinds, options.Options), its FLOPs, its export names
-(`Export`), its per-layer state in the cache, and one `step` that every mode drives:
+A **layer kind** (attention, gated DeltaNet, GLA, retention, Mamba-2: layers/registry.py's
+KINDS) declares each parameter (shape, logical axes, weight decay, init: `ParamDecl`), whether
+it is recurrent, its options (a section of ModelConfig.kinds, options.Options), its FLOPs, its
+export names (`Export`), its per-layer state in the cache, and one `step` that every mode
+drives:
   sequence  the full-sequence forward (PT/SFT): no cache; keys are the sequence itself.
   chunk     one prefill chunk: reads the state the earlier chunks left and writes its own.
   decode    one token per row: writes the token's state and reads the history.

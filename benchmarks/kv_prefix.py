@@ -44,6 +44,7 @@ from orthros_jax.serving.engine import Engine
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks import common as bench  # noqa: E402
+from benchmarks.common import ORTHROS, TRANSFORMER  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -208,13 +209,11 @@ def main(argv: list[str]) -> None:
     params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0))
     result["decode"] = decode(cfg, params, [int(x) for x in FLAGS.contexts])
     result["chat"] = {}
-    for arch in ("orthros", "transformer"):
+    for arch in (ORTHROS, TRANSFORMER):
         small = ModelConfig(
             **(
                 dict(base.model)
-                | dict(
-                    architecture=arch, n_layers=FLAGS.chat_layers, scale_offset=arch == "orthros"
-                )
+                | dict(architecture=arch, n_layers=FLAGS.chat_layers, scale_offset=arch == ORTHROS)
             )
         )
         p = jax.jit(init_params, static_argnums=0)(small, jax.random.PRNGKey(0))

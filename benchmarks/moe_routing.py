@@ -50,6 +50,7 @@ from orthros_jax.model import Params, init_params
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks import common as bench  # noqa: E402
+from benchmarks.common import ORTHROS  # noqa: E402
 from benchmarks.run_record import run_record  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -79,7 +80,7 @@ def moe_configs(
     """The two arms (paired, independent) of an Orthros MoE: `model` (a bench config's c.model)
     at width d_model (heads of 64), `layers` layers and `window`, every FFN the MoE `moe`."""
     shape = dict(d_model=d_model, n_layers=layers, n_heads=max(d_model // 64, 1), head_dim=64)
-    shape |= dict(n_kv_heads=max(d_model // 128, 1), window=window, architecture="orthros")
+    shape |= dict(n_kv_heads=max(d_model // 128, 1), window=window, architecture=ORTHROS)
     arms = {r: shape | dict(moe=moe | dict(routing=r)) for r in ROUTINGS}
     return bench.model_configs(dict(model), arms)
 

@@ -34,6 +34,7 @@ from absl import app, flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from benchmarks.common import ORTHROS, TRANSFORMER  # noqa: E402
 from benchmarks.run_record import run_record  # noqa: E402
 from orthros_jax import checkpoint  # noqa: E402
 from orthros_jax.config.cli import load_config_file  # noqa: E402
@@ -48,7 +49,7 @@ FLAGS = flags.FLAGS
 
 def define_flags() -> None:
     """Defined only when run: tests import several benchmarks into one process."""
-    flags.DEFINE_list("arms", ["orthros", "transformer"], "configs/recall_passkey.py arms.")
+    flags.DEFINE_list("arms", [ORTHROS, TRANSFORMER], "configs/recall_passkey.py arms.")
     flags.DEFINE_list("seeds", ["0", "1"], "RL seeds (train.seed of launch/rl.py).")
     flags.DEFINE_integer("warm_steps", 150, "SFT warm-up updates on passkey.")
     flags.DEFINE_integer("rl_steps", 40, "GRPO steps.")

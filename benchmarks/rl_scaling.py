@@ -29,7 +29,7 @@ import optax
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import ratio, time_interleaved  # noqa: E402
+from benchmarks.common import ORTHROS, TRANSFORMER, ratio, time_interleaved  # noqa: E402
 from benchmarks.run_record import run_record  # noqa: E402
 from orthros_jax.config import ModelConfig  # noqa: E402
 from orthros_jax.inference import generate  # noqa: E402
@@ -72,8 +72,8 @@ MODEL = dict(
 
 def arms(window: int) -> dict[str, ModelConfig]:
     return {
-        "orthros": ModelConfig(**MODEL, window=window, architecture="orthros"),
-        "transformer": ModelConfig(**MODEL, window=window, architecture="transformer"),
+        ORTHROS: ModelConfig(**MODEL, window=window, architecture=ORTHROS),
+        TRANSFORMER: ModelConfig(**MODEL, window=window, architecture=TRANSFORMER),
     }
 
 
@@ -90,9 +90,9 @@ def measure(p: int) -> dict:
     c, group = FLAGS.completion, FLAGS.group
     rng = np.random.default_rng(p)
     cfgs = arms(FLAGS.window)
-    params = init_params(cfgs["orthros"], jax.random.PRNGKey(0))
+    params = init_params(cfgs[ORTHROS], jax.random.PRNGKey(0))
     shared = {k: v for k, v in params["layers"].items() if not k.startswith("so_")}
-    params_of = {"orthros": params, "transformer": {**params, "layers": shared}}
+    params_of = {ORTHROS: params, TRANSFORMER: {**params, "layers": shared}}
     batch = _batch(rng, p, c, group)
     tx = optax.adamw(1e-4)
     prompt = Prompt(batch["tokens"][0, :p].copy(), "")
@@ -150,7 +150,7 @@ def markdown(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        t, o = r["transformer"], r["orthros"]
+        t, o = r[TRANSFORMER], r[ORTHROS]
         lines.append(
             f"| {r['prompt_len']} | {t['update_s']:.3f} / {o['update_s']:.3f} | "
             f"{r['update_speedup']:.2f} | {t['rollout_s']:.3f} / {o['rollout_s']:.3f} | "

@@ -28,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 
 from benchmarks import common as bench
 from benchmarks import report as bench_report
+from benchmarks.common import ORTHROS, TRANSFORMER
 from benchmarks.hlo_stats import collective_bytes
 from orthros_jax.inference import init_cache, sequence_parallel
 from orthros_jax.inference.cache import cache_shardings
@@ -114,25 +115,25 @@ def sequence_suite(c, cfgs, params, results) -> None:
         )
     mesh = pmesh.sequence_mesh(n, devices=jax.devices()[:n])
     on_mesh = {name: _place(p, mesh) for name, p in params.items()}
-    orthros = cfgs["orthros"]
+    orthros = cfgs[ORTHROS]
     out: dict[str, Any] = {"devices": n, "device_kind": jax.devices()[0].device_kind}
 
     rows = []
     for t in c.sequence_lengths:
-        call, state = _prefill_call(orthros, on_mesh["orthros"], t, c, mesh)
-        row = {"T": t, **bench.time_interleaved({"orthros": call}, c.sequence_repeats)}
-        _add_cpu(row["orthros"], state)
+        call, state = _prefill_call(orthros, on_mesh[ORTHROS], t, c, mesh)
+        row = {"T": t, **bench.time_interleaved({ORTHROS: call}, c.sequence_repeats)}
+        _add_cpu(row[ORTHROS], state)
         del call, state  # frees this length's cache before the next one
-        row["memory"] = _memory(orthros, on_mesh["orthros"], t, c, mesh)
+        row["memory"] = _memory(orthros, on_mesh[ORTHROS], t, c, mesh)
         rows.append(row)
         print(
-            f"sequence T={t}: {row['orthros']['median_s']:.2f} s, peak/resident "
+            f"sequence T={t}: {row[ORTHROS]['median_s']:.2f} s, peak/resident "
             f"{row['memory']['peak_over_resident']:.3f}",
             flush=True,
         )
     for a, b in zip(rows, rows[1:], strict=False):
-        b["time_over_previous"] = b["orthros"]["median_s"] / a["orthros"]["median_s"]
-        b["cpu_over_previous"] = b["orthros"]["cpu_median_s"] / a["orthros"]["cpu_median_s"]
+        b["time_over_previous"] = b[ORTHROS]["median_s"] / a[ORTHROS]["median_s"]
+        b["cpu_over_previous"] = b[ORTHROS]["cpu_median_s"] / a[ORTHROS]["cpu_median_s"]
     out["scaling"] = rows
 
     t = max(c.sequence_lengths)
@@ -145,7 +146,7 @@ def sequence_suite(c, cfgs, params, results) -> None:
     coll["orthros_halo_expected"] = k_v * (orthros.window - 1)
     coll["transformer_gather_expected"] = k_v * t
     totals = {name: sum(coll[name].values()) for name in cfgs}
-    coll["orthros_over_transformer"] = totals["orthros"] / totals["transformer"]
+    coll["orthros_over_transformer"] = totals[ORTHROS] / totals[TRANSFORMER]
     out["collectives"] = coll
     print("sequence collectives: " + json.dumps(coll), flush=True)
 
@@ -155,14 +156,14 @@ def sequence_suite(c, cfgs, params, results) -> None:
             name: _prefill_call(cfg, on_mesh[name], t, c, mesh)[0] for name, cfg in cfgs.items()
         }
         row = {"T": t, **bench.time_interleaved(calls, c.sequence_repeats)}
-        row["transformer_over_orthros"] = bench.ratio(row["transformer"], row["orthros"])
+        row["transformer_over_orthros"] = bench.ratio(row[TRANSFORMER], row[ORTHROS])
         rows.append(row)
         print(f"sequence vs transformer T={t}: {row['transformer_over_orthros']:.2f}", flush=True)
-    out["transformer"] = rows
+    out[TRANSFORMER] = rows
 
     t = c.sequence_single_len
-    sp_call, sp_state = _prefill_call(orthros, on_mesh["orthros"], t, c, mesh)
-    one_call, one_state = _prefill_call(orthros, params["orthros"], t, c, None)
+    sp_call, sp_state = _prefill_call(orthros, on_mesh[ORTHROS], t, c, mesh)
+    one_call, one_state = _prefill_call(orthros, params[ORTHROS], t, c, None)
     row = {"T": t, **bench.time_interleaved({"sp": sp_call, "single": one_call}, c.repeats)}
     row["sp_over_single"] = bench.ratio(row["sp"], row["single"])
     _add_cpu(row["sp"], sp_state)
@@ -222,7 +223,7 @@ def markdown(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in seq["scaling"]:
-        m, o = r["memory"], r["orthros"]
+        m, o = r["memory"], r[ORTHROS]
         lines.append(
             f"| {r['T']} | {o['median_s']:.2f} | {fmt(r.get('time_over_previous'))} | "
             f"{fmt(o.get('cpu_median_s'), '.2f')} | {fmt(r.get('cpu_over_previous'))} | "
@@ -234,19 +235,19 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"Collective bytes per device at T={coll['T']} (one layer's, as compiled):",
         "",
-        "| arm | " + " | ".join(coll["orthros"]) + " |",
-        "|---|" + "---|" * len(coll["orthros"]),
+        "| arm | " + " | ".join(coll[ORTHROS]) + " |",
+        "|---|" + "---|" * len(coll[ORTHROS]),
     ]
-    for name in ("orthros", "transformer"):
+    for name in (ORTHROS, TRANSFORMER):
         lines.append(f"| {name} | " + " | ".join(str(v) for v in coll[name].values()) + " |")
     lines += [
         "",
         "| T | Orthros SP s | Transformer SP s | Transformer / Orthros |",
         "|---|---|---|---|",
     ]
-    for r in seq["transformer"]:
+    for r in seq[TRANSFORMER]:
         lines.append(
-            f"| {r['T']} | {r['orthros']['median_s']:.2f} | {r['transformer']['median_s']:.2f} | "
+            f"| {r['T']} | {r[ORTHROS]['median_s']:.2f} | {r[TRANSFORMER]['median_s']:.2f} | "
             f"{r['transformer_over_orthros']:.2f} |"
         )
     s = seq["single"]
@@ -264,7 +265,7 @@ def plot(results: dict[str, Any], path: str) -> None:
     """Log-log prefill time against T (bench_report.plot): Orthros sequence-parallel from the
     scaling and comparison rows, the Transformer arm where it ran."""
     seq = results["sequence"]
-    rows = sorted(seq["scaling"] + seq["transformer"], key=lambda r: r["T"])
+    rows = sorted(seq["scaling"] + seq[TRANSFORMER], key=lambda r: r["T"])
     bench_report.plot(results, path, rows=rows, title="Sequence-parallel prefill")
 
 

@@ -54,6 +54,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks import common as bench  # noqa: E402
 from benchmarks import table4 as bench_table4  # noqa: E402
+from benchmarks.common import ORTHROS  # noqa: E402
 from benchmarks.serve_clients import CLIENT, direct, serve  # noqa: E402
 from benchmarks.serve_load_report import write_report  # noqa: E402
 
@@ -97,7 +98,7 @@ def table4(c, shapes: list[tuple[int, int]], pairs: list[tuple[str, str]]) -> di
     rng = np.random.default_rng(c.seed)
     prompts = {s: [rng.integers(0, 256, s[0]).tolist() for _ in range(2)] for s in shapes}
     max_len = -(-max(i + o for i, o in shapes) // 128) * 128
-    chunk = cfgs["orthros"].prefill_chunk
+    chunk = cfgs[ORTHROS].prefill_chunk
     rows: dict[str, dict] = {f"{i}/{o}": {} for i, o in shapes}
     compile_s, urls = {}, {}
     with contextlib.ExitStack() as stack:
@@ -175,7 +176,7 @@ def table4(c, shapes: list[tuple[int, int]], pairs: list[tuple[str, str]]) -> di
 
 
 def concurrency(c, counts: list[int]) -> list[dict]:
-    cfg = bench_table4.table4_arms(c)["orthros"]
+    cfg = bench_table4.table4_arms(c)[ORTHROS]
     params = init_params(cfg, jax.random.PRNGKey(c.seed))
     rng = np.random.default_rng(c.seed + 1)
     lo, hi, new = FLAGS.conc_min_len, FLAGS.conc_max_len, FLAGS.conc_new

@@ -245,6 +245,22 @@ def test_only_the_registry_names_kinds_and_arms():
     assert not found, f"kind or arm names outside the registry: {found}"
 
 
+def test_every_kind_has_one_own_arm():
+    """convert.common.own_arm finds the arm a checkpoint imports as by its kinds: each kind's
+    pure stack, and the attention-GDN hybrid, is one row of the architectures table."""
+    from orthros_jax.config.architectures import ARCHITECTURES
+    from orthros_jax.convert.common import own_arm, own_arms
+    from orthros_jax.layers import attention, gdn
+    from orthros_jax.layers.registry import KINDS
+
+    table = own_arms()
+    assert len(set(table.values())) == len(table)
+    for name in KINDS:
+        assert ARCHITECTURES[own_arm(name)].layer_types == (name,)
+    hybrid = ARCHITECTURES[own_arm(gdn.KIND.name, attention.KIND.name)]
+    assert not hybrid.two_streams and hybrid.kinds == {gdn.KIND.name, attention.KIND.name}
+
+
 def test_kinds_have_no_sequence_parallel_code():
     from orthros_jax.layers.registry import KINDS
 

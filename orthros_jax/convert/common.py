@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.config.architectures import ARCHITECTURES, TWO_STREAM_FORM
+from orthros_jax.config.architectures import ARCHITECTURES
 from orthros_jax.layers.kind import FLA, HF, REMOTE
 from orthros_jax.layers.registry import kinds_of
 
@@ -39,12 +39,6 @@ def own_arms() -> dict[frozenset[str], str]:
 def own_arm(*kinds: str) -> str:
     """The arm of own_arms() made of exactly `kinds` (layer kind names)."""
     return own_arms()[frozenset(kinds)]
-
-
-def single_stream_of(arm: str) -> str:
-    """The single-stream architecture whose two-stream conversion is `arm` (a two-stream arm's
-    source in convert.from_transformer)."""
-    return next(one for one, two in TWO_STREAM_FORM.items() if two == arm)
 
 
 def expected_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

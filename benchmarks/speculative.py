@@ -44,6 +44,7 @@ from orthros_jax.model import init_params
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks import common as bench  # noqa: E402
+from benchmarks.common import ORTHROS, TRANSFORMER  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -60,7 +61,7 @@ def define_flags() -> None:
     flags.DEFINE_list("contexts", ["1024", "2048", "4096", "8192"], "'speed' contexts.")
     flags.DEFINE_list("batches", ["1", "8"], "'speed' batch sizes.")
     flags.DEFINE_integer("speed_k", 4, "'speed': drafts per round.")
-    flags.DEFINE_list("arms", ["orthros", "transformer"], "'speed': arms to time.")
+    flags.DEFINE_list("arms", [ORTHROS, TRANSFORMER], "'speed': arms to time.")
     flags.DEFINE_integer("repeats", 3, "'speed': timed runs (the median is kept).")
 
 
@@ -80,9 +81,9 @@ def _random_model(cfg: ModelConfig, seed: int = 0) -> Any:
 
 def _arms(config: str) -> dict[str, ModelConfig]:
     """Orthros and the Transformer arm at a config file's model shape."""
-    transformer = dict(architecture="transformer", scale_offset=False)
+    transformer = dict(architecture=TRANSFORMER, scale_offset=False)
     return bench.model_configs(
-        load_config_file(config).model, {"orthros": {}, "transformer": transformer}
+        load_config_file(config).model, {ORTHROS: {}, TRANSFORMER: transformer}
     )
 
 

@@ -15,7 +15,8 @@ from orthros_jax import inference as inf
 from orthros_jax.config import ModelConfig
 from orthros_jax.kernels.attention import local_attention
 from orthros_jax.kernels.reference import reference_attention
-from orthros_jax.layers.attend import Keys, attend
+from orthros_jax.layers.attend import Keys
+from orthros_jax.layers.attention_impls import attend
 from orthros_jax.model import OrthrosLM, init_params
 
 CFG = ModelConfig(attention_block_q=8, attention_block_k=8, attention_block_local=4)

@@ -13,7 +13,8 @@ from helpers import randomize_so, tiny_config
 
 from orthros_jax import inference as inf
 from orthros_jax.kernels.reference import reference_attention
-from orthros_jax.layers.attend import Keys, attend
+from orthros_jax.layers.attend import Keys
+from orthros_jax.layers.attention_impls import attend
 from orthros_jax.layers.splash import use_interpret
 from orthros_jax.model import OrthrosLM, init_params
 

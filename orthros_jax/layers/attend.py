@@ -1,8 +1,9 @@
 """How to attend: the seam between a layer's math and the attention kernels.
 
 A layer step builds its queries and a `Keys` set (what they may read, with positions and
-segment ids) and calls `attend(impl, ...)`. An implementation is any `AttentionImpl` (a callable
-with attend's signature); the model's are chosen by name (ModelConfig.attention_impl):
+segment ids) and calls `attention_impls.attend(impl, ...)`. An implementation is any
+`AttentionImpl` (a callable with attend's signature); the model's are chosen by name
+(ModelConfig.attention_impl) from attention_impls.IMPLEMENTATIONS:
   xla          the blocked kernels of kernels/attention.py (sliding window O(T*w); causal
                blocked online softmax that skips invisible key blocks; a plain dot for a few
                queries per row).
@@ -17,7 +18,8 @@ with attend's signature); the model's are chosen by name (ModelConfig.attention_
                as xla.
   cudnn        `jax.nn.dot_product_attention(implementation="cudnn")` (cudnn.py): bf16/fp16 on
                NVIDIA GPUs; an unsupported case is a ValueError, never another implementation.
-splash and cudnn are registered by layers/registry.py (they import this module).
+This module holds the seam's types and the two XLA implementations; attention_impls.py the
+table of every named one (splash and cudnn import this module, so the table sits above them).
 Implementations that are not models live with what needs them and are passed as objects: the
 benchmark's token-wise floor (benchmarks/common.py) and sequence parallelism's split-K merge
 (parallel/sequence.py).
@@ -106,7 +108,7 @@ def few(
     return few_query_attention(q, k, v, mask)
 
 
-def _xla(
+def xla(
     q: jax.Array,
     q_pos: jax.Array,
     q_seg: jax.Array,
@@ -114,6 +116,7 @@ def _xla(
     window: int | None,
     cfg: ModelConfig,
 ) -> jax.Array:
+    """The "xla" implementation: the blocked kernels of kernels/attention.py."""
     if keys.aligned and window is not None:
         k, v = keys.seq_major()
         return local_attention(
@@ -150,7 +153,7 @@ def _xla(
     )
 
 
-def _dot_product(
+def dot_product(
     q: jax.Array,
     q_pos: jax.Array,
     q_seg: jax.Array,
@@ -158,6 +161,7 @@ def _dot_product(
     window: int | None,
     cfg: ModelConfig,
 ) -> jax.Array:
+    """The "dot_product" implementation: jax.nn.dot_product_attention's XLA lowering."""
     if keys.aligned and keys.default_positions and keys.prefix is None:
         k, v = keys.seq_major()
         local = None if window is None else (window - 1, 0)
@@ -172,7 +176,7 @@ def _dot_product(
 
 
 class AttentionImpl(Protocol):
-    """How a set of queries attends a set of keys (see `attend`)."""
+    """How a set of queries attends a set of keys (see attention_impls.attend)."""
 
     def __call__(
         self,
@@ -183,46 +187,3 @@ class AttentionImpl(Protocol):
         window: int | None,
         cfg: ModelConfig,
     ) -> jax.Array: ...
-
-
-IMPLEMENTATIONS: dict[str, AttentionImpl] = {
-    "xla": _xla,
-    "dot_product": _dot_product,
-}
-
-
-def register(name: str, impl: AttentionImpl) -> None:
-    """Makes `impl` selectable as ModelConfig.attention_impl=name."""
-    IMPLEMENTATIONS[name] = impl
-
-
-def resolve(impl: AttentionImpl | str) -> AttentionImpl:
-    """The implementation itself, or the one registered under this name (ValueError if none)."""
-    if not isinstance(impl, str):
-        return impl
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(
-            f"attention implementation {impl!r} is unknown; allowed: {', '.join(IMPLEMENTATIONS)}"
-        )
-    return IMPLEMENTATIONS[impl]
-
-
-def attend(
-    impl: AttentionImpl | str,
-    q: jax.Array,
-    q_positions: jax.Array,
-    q_segment_ids: jax.Array,
-    keys: Keys,
-    window: int | None,
-    cfg: ModelConfig,
-) -> jax.Array:
-    """Attention of queries q [B, Lq, N, H] at (positions, segment ids) [B, Lq] over `keys`:
-    a sliding window of `window` keys (itself included), or causal over every key if None.
-    Returns [B, Lq, N, H] in q's dtype; scores and softmax in float32."""
-    fn = resolve(impl)
-    if keys.split and fn in IMPLEMENTATIONS.values():
-        raise ValueError(
-            "keys split over a mesh axis need sequence parallelism's implementation "
-            f"(parallel/sequence.py), not {impl!r}"
-        )
-    return fn(q, q_positions, q_segment_ids, keys, window, cfg)

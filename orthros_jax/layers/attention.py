@@ -23,7 +23,8 @@ import jax.numpy as jnp
 from orthros_jax.axes import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, LAYERS, LENGTH
 from orthros_jax.config import ModelConfig
 from orthros_jax.layers import primitives as nnl
-from orthros_jax.layers.attend import Keys, attend
+from orthros_jax.layers.attend import Keys
+from orthros_jax.layers.attention_impls import attend
 from orthros_jax.layers.ffn import finish_layer
 from orthros_jax.layers.kind import (
     CHUNK,

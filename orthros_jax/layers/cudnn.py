@@ -31,7 +31,7 @@ from orthros_jax.kernels.attention import (
     QUERY_PAD_SEGMENT,
     visibility,
 )
-from orthros_jax.layers.attend import FEW_QUERIES, IMPLEMENTATIONS, Keys
+from orthros_jax.layers.attend import FEW_QUERIES, Keys, xla
 from orthros_jax.layers.kernel_mesh import shard_rows_and_heads
 
 DTYPES = ("bfloat16", "float16")
@@ -66,7 +66,7 @@ def cudnn_attention(
 
     check_supported(q)
     if q.shape[1] <= FEW_QUERIES:
-        return IMPLEMENTATIONS["xla"](q, q_pos, q_seg, keys, window, cfg)
+        return xla(q, q_pos, q_seg, keys, window, cfg)
     plain = keys.aligned and keys.default_positions and keys.prefix is None
     full = keys if plain else keys.with_prefix()
     k, v = full.seq_major()

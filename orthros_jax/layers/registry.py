@@ -15,10 +15,9 @@ from collections.abc import Mapping
 from orthros_jax.config import ModelConfig
 from orthros_jax.config.kinds import OPTIONS
 from orthros_jax.config.options import check_choice
-from orthros_jax.layers import attend, attention, ffn, gdn, gla, mamba2, retention
-from orthros_jax.layers.cudnn import cudnn_attention
+from orthros_jax.layers import attention, attention_impls, ffn, gdn, gla, mamba2, retention
+from orthros_jax.layers.attend import AttentionImpl
 from orthros_jax.layers.kind import LayerKind
-from orthros_jax.layers.splash import splash
 
 KINDS: Mapping[str, LayerKind] = types.MappingProxyType(
     {  # each module's KIND (a kind.Kind) is a LayerKind
@@ -29,14 +28,8 @@ KINDS: Mapping[str, LayerKind] = types.MappingProxyType(
         mamba2.KIND.name: mamba2.KIND,
     }
 )
-# The accelerator implementations of attention import the seam, so they are added to its table
-# here (the one table still filled on import: attend.resolve looks names up in it).
-attend.register("splash", splash)
-attend.register("cudnn", cudnn_attention)
 # Every attention implementation a config may name (ModelConfig.attention_impl).
-ATTENTION_IMPLS: Mapping[str, attend.AttentionImpl] = types.MappingProxyType(
-    dict(attend.IMPLEMENTATIONS)
-)
+ATTENTION_IMPLS: Mapping[str, AttentionImpl] = attention_impls.IMPLEMENTATIONS
 
 
 def validate(cfg: ModelConfig) -> None:

@@ -44,7 +44,7 @@ from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.kernels.attention import KEY_PAD_SEGMENT
-from orthros_jax.layers.attend import FEW_QUERIES, IMPLEMENTATIONS, Keys
+from orthros_jax.layers.attend import FEW_QUERIES, Keys, xla
 from orthros_jax.layers.kernel_mesh import shard_rows_and_heads
 
 # The largest kernel tile; TPU tiles are multiples of 128 lanes.
@@ -180,7 +180,6 @@ def splash(
     """The seam's "splash" implementation (see the module docstring for what goes where).
     q [B, Lq, N, H] at (positions, segment ids) [B, Lq]; returns [B, Lq, N, H] in q's dtype."""
 
-    xla = IMPLEMENTATIONS["xla"]
     if q.shape[1] <= FEW_QUERIES:
         return xla(q, q_pos, q_seg, keys, window, cfg)
     k, v = keys.head_major_kv()

@@ -29,7 +29,7 @@ from orthros_jax.axes import EXPERT_AXIS, SEQUENCE_AXIS
 from orthros_jax.config import ModelConfig
 from orthros_jax.kernels import collectives
 from orthros_jax.kernels import slots as slot_ops
-from orthros_jax.layers import attend as attend_lib
+from orthros_jax.layers import attention_impls
 from orthros_jax.layers.attend import FEW_QUERIES, Keys
 from orthros_jax.layers.cache_view import chunk_keys, read_slots, slot_segments
 from orthros_jax.layers.kind import CHUNK, KV, LayerIndex, Mode, Stream
@@ -181,7 +181,7 @@ class SequenceAttention:
         cfg: ModelConfig,
     ) -> jax.Array:
         if not keys.split:
-            return attend_lib.attend(self.inner, q, q_pos, q_seg, keys, window, cfg)
+            return attention_impls.attend(self.inner, q, q_pos, q_seg, keys, window, cfg)
         if q.shape[1] > FEW_QUERIES or keys.prefix is not None or keys.aligned:
             raise ValueError(
                 f"sequence-split keys are read split-K by a few queries per row (<= {FEW_QUERIES},"

@@ -32,11 +32,10 @@ import numpy as np
 from jax.sharding import Mesh
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.inference import init_cache
+from orthros_jax.inference import Speculative, init_cache
 from orthros_jax.inference import logit_processing as lp
 from orthros_jax.inference.cache import KVCache
 from orthros_jax.inference.sampling import Sampled
-from orthros_jax.inference.speculative import Speculative
 from orthros_jax.model import Params
 from orthros_jax.serving import buckets, device, row_inputs
 from orthros_jax.serving.events import Event, Request, Slot
@@ -60,8 +59,7 @@ class Engine:
     calls run sequence-parallel (buckets.check_mesh says what it refuses); None: one device.
     kv_cache_dtype: "int8" / "fp8" keep the cache's K/V quantized (init_cache's).
     prefix_caching: admit a request with the longest prompt prefix a row holds (prefix.py).
-    speculative: each decode step is a self-speculative round of up to k + 1 tokens, streamed
-    one event each (docs/speculative.md; requests.check_request says what it refuses)."""
+    speculative: each decode step is a speculative round, <= k + 1 tokens (docs/speculative.md)."""
 
     cache: KVCache  # donated to every call
     hist: lp.History  # the penalties' token history, a row per cache row
@@ -322,12 +320,12 @@ class Engine:
     def _run_decode(self, decoding: list[int]) -> tuple[Sampled, jax.Array]:
         """decode_steps steps for the decoding slots: each runs while it has max_tokens and
         cache slots left and has not sampled a stop id (stop strings are the host's)."""
-        rows, spec_k = [], 0 if self.speculative is None else self.speculative.k
+        rows = []
         for i in decoding:
             s = self._held(i)
             in_cache = len(s.req.ids) + s.generated - 1  # s.last is not fed yet
             left = min(s.req.params.max_tokens - s.generated, self.max_len - in_cache)
-            rows.append((i, s, min(self.decode_steps * (1 + spec_k), left)))
+            rows.append((i, s, left))  # the call runs decode_steps steps (rounds) at most
         return self._decode_call(row_inputs.decode_args(self.max_batch, rows))
 
     def _prefill_call(self, args: tuple) -> Sampled:

@@ -25,6 +25,7 @@ from absl import app, flags
 
 from orthros_jax.checkpoint import load_model
 from orthros_jax.data.tokenizers import load_tokenizer
+from orthros_jax.inference import Speculative
 from orthros_jax.parallel.mesh import sequence_mesh
 from orthros_jax.serving.api import create_app
 from orthros_jax.serving.chat import load_chat_template
@@ -79,6 +80,15 @@ flags.DEFINE_bool(
     "Admit a request into the cache row holding its longest prompt prefix and prefill only the "
     "rest (one device; off with --sequence > 1).",
 )
+flags.DEFINE_integer(
+    "speculative_k",
+    0,
+    "> 0: decode in self-speculative rounds of this many drafts (docs/speculative.md); each "
+    "--decode_steps step is one round of up to k + 1 tokens; prefix caching is off with it.",
+)
+flags.DEFINE_integer(
+    "draft_window", 256, "Cache slots a draft's global attention reads (with --speculative_k)."
+)
 flags.DEFINE_bool("warmup", True, "Compile every shape before serving.")
 flags.DEFINE_bool(
     "unmerged_lora",
@@ -104,6 +114,9 @@ def main(argv: list[str]) -> None:
             if FLAGS.sequence > jax.device_count():
                 raise ValueError(f"--sequence={FLAGS.sequence}: only {jax.device_count()} devices")
             mesh = sequence_mesh(FLAGS.sequence, devices=jax.devices()[: max(FLAGS.sequence, 0)])
+        spec = None  # k < 0: Speculative's ValueError
+        if FLAGS.speculative_k != 0:
+            spec = Speculative(FLAGS.speculative_k, FLAGS.draft_window)
         engine = Engine(
             loaded.params,
             loaded.cfg,
@@ -118,7 +131,8 @@ def main(argv: list[str]) -> None:
             batch_wait_s=FLAGS.batch_wait_ms / 1000,
             mesh=mesh,
             kv_cache_dtype=FLAGS.kv_cache_dtype,
-            prefix_caching=FLAGS.prefix_caching and mesh is None,
+            prefix_caching=FLAGS.prefix_caching and mesh is None and spec is None,
+            speculative=spec,
         )
     except ValueError as e:
         sys.exit(f"serve.py: {e}")

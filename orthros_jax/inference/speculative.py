@@ -308,3 +308,43 @@ generate_jit = jax.jit(
     static_argnames=("cfg", "sampler", "max_new_tokens", "spec"),
     donate_argnames=("cache",),
 )
+
+
+def decode_rounds(
+    params: Params,
+    cache: KVCache,
+    tokens_B: jax.Array,
+    budget_B: jax.Array,
+    stops_BN: jax.Array,
+    rows: RowSampling,
+    *,
+    cfg: ModelConfig,
+    spec: Speculative,
+    rounds: int,
+) -> tuple[jax.Array, jax.Array, jax.Array, KVCache, SpecStats]:
+    """The serving engine's multi-step decode under speculation: at most `rounds` rounds (static)
+    of every row with budget, each feeding its pending token tokens_B (sampled, not yet fed);
+    rows.step: the row's sampling step; budget_B: tokens the row may still emit (0: idle).
+    Greedy and sampled rows mix (greedy=False). Returns (tokens [B, M], M = rounds * (k + 1),
+    -1 past each row's end; log-prob of each under the filtered p (0 for greedy rows) [B, M];
+    emitted [B]; the cache; SpecStats of these rounds)."""
+    bsz, m = cache.batch_size, rounds * (spec.k + 1)
+    zeros = jnp.zeros((bsz,), jnp.int32)
+    st = _State(
+        cache=cache,
+        tok=jnp.asarray(tokens_B, jnp.int32),
+        left=jnp.asarray(budget_B, jnp.int32),
+        count=jnp.asarray(rows.step, jnp.int32),
+        hit=jnp.zeros((bsz,), bool),
+        emitted=zeros,
+        tokens=jnp.full((bsz, m), -1, jnp.int32),
+        logprobs=jnp.zeros((bsz, m), jnp.float32),
+        stats=SpecStats(zeros, zeros, zeros),
+    )
+    body = functools.partial(_round, params, rows=rows, stops_BN=stops_BN, cfg=cfg, spec=spec)
+    _, st = jax.lax.while_loop(
+        lambda c: (c[0] < rounds) & (c[1].left > 0).any(),
+        lambda c: (c[0] + 1, body(c[1], greedy=False)),
+        (jnp.zeros((), jnp.int32), st),
+    )
+    return st.tokens, st.logprobs, st.emitted, st.cache, st.stats

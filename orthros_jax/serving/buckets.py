@@ -8,6 +8,8 @@ from typing import Any
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.config.options import check_positive_int
+from orthros_jax.inference.speculative import Speculative
+from orthros_jax.inference.speculative import check as check_speculation
 from orthros_jax.parallel.sequence import check_mesh as check_sequence_mesh
 from orthros_jax.parallel.sequence import sequence_size
 
@@ -70,11 +72,13 @@ def check_engine(
     *,
     batch_wait_s: float,
     prefix_caching: bool,
+    speculative: Speculative | None = None,
     **sizes: int,
 ) -> None:
     """ValueError naming the Engine argument that does not fit: sizes (max_batch, max_len,
     chunk_budget, max_queue, decode_steps) positive ints, the mesh (check_mesh),
-    batch_wait_s in [0, 1] seconds, prefix caching on one device only."""
+    batch_wait_s in [0, 1] seconds, prefix caching on one device only, a speculation this
+    model and cache can run (speculative.check) without prefix caching."""
     for name, v in sizes.items():
         check_positive_int(f"Engine: {name}", v)
     check_mesh(cfg, mesh, sizes["max_batch"], sizes["max_len"])
@@ -83,3 +87,7 @@ def check_engine(
     number = isinstance(batch_wait_s, int | float) and not isinstance(batch_wait_s, bool)
     if not number or not 0 <= batch_wait_s <= 1:
         raise ValueError(f"Engine: batch_wait_s must be in [0, 1] seconds, got {batch_wait_s!r}")
+    if speculative is not None:
+        check_speculation(speculative, cfg, sizes["max_len"], sequence_split=mesh is not None)
+        if prefix_caching:
+            raise ValueError("Engine: speculative does not run with prefix_caching")

@@ -7,6 +7,8 @@ of each of them this call (a bucket), S cache slots per row, V vocab.
         -> (Sampled, cache, hist)
     decode_rows(params, cache, hist, tokens, budget, stops, sampling, pen, cfg=, steps=K, mesh=)
         -> (Sampled [K, B], fed [K, B], cache, hist)
+    spec_decode_rows(... the same ..., cfg=, steps=R, spec=)
+        -> (Sampled [K, B], fed [K, B], cache, hist, SpecStats), K = R * (spec.k + 1)
 
 
 prefill_rows gathers rows [P] of the cache (every leaf along the axis its kind's `state_axes`
@@ -45,7 +47,7 @@ from orthros_jax.axes import BATCH
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import drivers as fwd
 from orthros_jax.inference import logit_processing as lp
-from orthros_jax.inference import sequence_parallel
+from orthros_jax.inference import sequence_parallel, speculative
 from orthros_jax.inference.cache import (
     KVCache,
     cache_shardings,
@@ -217,6 +219,32 @@ def _decode_rows(
     return out.sampled, out.fed, _placed(cfg, out.cache, mesh), _placed_hist(out.hist, mesh)
 
 
+def _spec_decode_rows(
+    params: Params,
+    cache: KVCache,
+    hist: lp.History,
+    tokens_B: jax.Array,
+    budget_B: jax.Array,
+    stops_BN: jax.Array,
+    sampling: RowSampling,
+    pen: lp.Penalties,
+    *,
+    cfg: ModelConfig,
+    steps: int,
+    spec: speculative.Speculative,
+) -> tuple[Sampled, jax.Array, KVCache, lp.History, speculative.SpecStats]:
+    """decode_rows under speculation: `steps` rounds of inference/speculative.decode_rounds,
+    laid out as decode_rows' (Sampled [K, B], fed [K, B]) with K = steps * (k + 1) tokens. The
+    engine refuses penalties and log-probs under speculation, so pen is unused and hist passes
+    through unchanged (same signature: the engine calls either)."""
+    del pen
+    tokens, logprobs, emitted, cache, stats = speculative.decode_rounds(
+        params, cache, tokens_B, budget_B, stops_BN, sampling, cfg=cfg, spec=spec, rounds=steps
+    )
+    fed = jnp.arange(tokens.shape[1])[:, None] < emitted[None, :]
+    return Sampled(tokens=tokens.T, sample_logprob=logprobs.T), fed, cache, hist, stats
+
+
 DONATED = ("cache", "hist")
 prefill_rows = jax.jit(_prefill_rows, static_argnames=("cfg", "mesh"), donate_argnames=DONATED)
 decode_rows = jax.jit(
@@ -224,6 +252,12 @@ decode_rows = jax.jit(
 )
 
 
+spec_decode_rows = jax.jit(
+    _spec_decode_rows, static_argnames=("cfg", "steps", "spec"), donate_argnames=DONATED
+)
+
+
 def compile_count() -> int:
-    """Compiled variants of both calls (tests check it stays put in steady state)."""
-    return prefill_rows._cache_size() + decode_rows._cache_size()  # type: ignore[attr-defined]
+    """Compiled variants of the calls (tests check it stays put in steady state)."""
+    calls = (prefill_rows, decode_rows, spec_decode_rows)
+    return sum(c._cache_size() for c in calls)  # type: ignore[attr-defined]

@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from orthros_jax.config import ModelConfig
-from orthros_jax.inference import init_cache
+from orthros_jax.inference import Speculative, init_cache
 from orthros_jax.inference import logit_processing as lp
 from orthros_jax.inference.cache import KVCache
 from orthros_jax.inference.sampling import Sampled
@@ -58,7 +58,8 @@ class Engine:
     a "sequence" axis > 1 (parallel.mesh.sequence_mesh) splits every row's slots over it and its
     calls run sequence-parallel (buckets.check_mesh says what it refuses); None: one device.
     kv_cache_dtype: "int8" / "fp8" keep the cache's K/V quantized (init_cache's).
-    prefix_caching: admit a request with the longest prompt prefix a row holds (prefix.py)."""
+    prefix_caching: admit a request with the longest prompt prefix a row holds (prefix.py).
+    speculative: each decode step is a speculative round, <= k + 1 tokens (docs/speculative.md)."""
 
     cache: KVCache  # donated to every call
     hist: lp.History  # the penalties' token history, a row per cache row
@@ -83,6 +84,7 @@ class Engine:
         mesh: Mesh | None = None,
         kv_cache_dtype: str | None = None,
         prefix_caching: bool = False,
+        speculative: Speculative | None = None,
     ) -> None:
         chunk_budget = cfg.prefill_chunk if chunk_budget is None else chunk_budget
         buckets.check_engine(
@@ -95,10 +97,11 @@ class Engine:
             decode_steps=decode_steps,
             batch_wait_s=batch_wait_s,
             prefix_caching=prefix_caching,
+            speculative=speculative,
         )  # first: a refusal compiles nothing
         self.cfg, self.max_batch, self.max_len, self.mesh = cfg, max_batch, max_len, mesh
         self._dev: Any = device  # the device calls (a test may wrap them)
-        self.decode_steps = decode_steps
+        self.decode_steps, self.speculative = decode_steps, speculative
         self.batch_wait_s = float(batch_wait_s)
         self.chunk_budget, self.max_queue = chunk_budget, max_queue
         self.prefill_lengths, self.prefill_batches = buckets.prefill_buckets(
@@ -128,7 +131,7 @@ class Engine:
     ) -> Request:
         """Queues a request (ids: a valid, non-empty prompt; see requests.prompt_ids). Raises
         RequestError 429 when the queue is full, 503 when the engine is shutting down."""
-        check_request(ids, params, self.max_len)
+        check_request(ids, params, self.max_len, speculative=self.speculative is not None)
         with self._cond:
             if self._closed:
                 self.metrics.rejected("shutting_down")
@@ -255,7 +258,7 @@ class Engine:
             owners = {i: self._held(i) for i in decoding}
             if self.prefix is not None:
                 self.prefix.record_decode({i: s.last for i, s in owners.items()}, sampled, fed)
-            for k in range(self.decode_steps):
+            for k in range(fed.shape[0]):
                 step_k = jax.tree.map(lambda a, k=k: a[k], sampled)
                 for i, slot in owners.items():
                     if fed[k, i] and self.slots[i] is slot:  # not finished by an earlier token
@@ -322,7 +325,7 @@ class Engine:
             s = self._held(i)
             in_cache = len(s.req.ids) + s.generated - 1  # s.last is not fed yet
             left = min(s.req.params.max_tokens - s.generated, self.max_len - in_cache)
-            rows.append((i, s, min(self.decode_steps, left)))
+            rows.append((i, s, left))  # the call runs decode_steps steps (rounds) at most
         return self._decode_call(row_inputs.decode_args(self.max_batch, rows))
 
     def _prefill_call(self, args: tuple) -> Sampled:
@@ -333,16 +336,15 @@ class Engine:
         return sampled
 
     def _decode_call(self, args: tuple) -> tuple[Sampled, jax.Array]:
-        """device.decode_rows on the live cache and history (row_inputs.decode_args)."""
-        sampled, fed, self.cache, self.hist = self._dev.decode_rows(
-            self.params,
-            self.cache,
-            self.hist,
-            *args,
-            cfg=self.cfg,
-            steps=self.decode_steps,
-            mesh=self.mesh,
+        """device.decode_rows (speculative: spec_decode_rows) on the live cache and history."""
+        call, kw = self._dev.decode_rows, dict[str, Any](mesh=self.mesh)
+        if self.speculative is not None:
+            call, kw = self._dev.spec_decode_rows, dict(spec=self.speculative)
+        sampled, fed, self.cache, self.hist, *stats = call(
+            self.params, self.cache, self.hist, *args, cfg=self.cfg, steps=self.decode_steps, **kw
         )
+        if stats:  # SpecStats (rounds, drafted, accepted) and the tokens emitted
+            self.metrics.speculation(*(int(x.sum()) for x in (*jax.tree.leaves(stats), fed)))
         return sampled, fed
 
     def _accept(self, slot: Slot, sampled: Sampled, j: int, now: float) -> None:

@@ -54,6 +54,7 @@ class Metrics:
         self.ttft = Histogram(TTFT_BUCKETS)
         self.tpot = Histogram(TPOT_BUCKETS)
         self.prefix_lookups = self.prefix_hits = self.prefix_reused = 0
+        self.spec_rounds = self.spec_drafted = self.spec_accepted = self.spec_emitted = 0
 
     def set_load(self, queue_depth: int, active_slots: int) -> None:
         with self._lock:
@@ -82,6 +83,26 @@ class Metrics:
             self.prefix_hits += reused_tokens > 0
             self.prefix_reused += reused_tokens
 
+    def speculation(self, rounds: int, drafted: int, accepted: int, emitted: int) -> None:
+        """A speculative decode call: row-rounds (verify passes), drafts proposed, drafts
+        accepted, tokens emitted (accepted + one per round, less what a stop cut)."""
+        with self._lock:
+            self.spec_rounds += rounds
+            self.spec_drafted += drafted
+            self.spec_accepted += accepted
+            self.spec_emitted += emitted
+
+    def speculation_rates(self) -> tuple[float, float, float]:
+        """(acceptance rate: accepted / drafted, mean accepted length: accepted drafts per
+        round, tokens per verify: emitted / rounds); 0 before any round."""
+        with self._lock:
+            r, d = self.spec_rounds, self.spec_drafted
+            return (
+                self.spec_accepted / d if d else 0.0,
+                self.spec_accepted / r if r else 0.0,
+                self.spec_emitted / r if r else 0.0,
+            )
+
     def rejected(self, reason: str) -> None:
         with self._lock:
             self.requests[reason] += 1
@@ -96,6 +117,7 @@ class Metrics:
     def render(self) -> str:
         """The /metrics page."""
         rate = self.tokens_per_second()
+        acceptance, accepted_len, per_verify = self.speculation_rates()
         p = "orthros"
         with self._lock:
             lines = [
@@ -132,6 +154,26 @@ class Metrics:
                 f"# HELP {p}_prefix_cache_reused_tokens_total Prompt tokens not prefilled: reused.",
                 f"# TYPE {p}_prefix_cache_reused_tokens_total counter",
                 f"{p}_prefix_cache_reused_tokens_total {self.prefix_reused}",
+            ]
+            lines += [
+                f"# HELP {p}_spec_acceptance_rate Speculative drafts accepted / drafted.",
+                f"# TYPE {p}_spec_acceptance_rate gauge",
+                f"{p}_spec_acceptance_rate {acceptance}",
+                f"# HELP {p}_spec_mean_accepted_length Accepted drafts per verify pass.",
+                f"# TYPE {p}_spec_mean_accepted_length gauge",
+                f"{p}_spec_mean_accepted_length {accepted_len}",
+                f"# HELP {p}_spec_tokens_per_verify Tokens emitted per verify pass.",
+                f"# TYPE {p}_spec_tokens_per_verify gauge",
+                f"{p}_spec_tokens_per_verify {per_verify}",
+                f"# HELP {p}_spec_rounds_total Verify passes (row-rounds).",
+                f"# TYPE {p}_spec_rounds_total counter",
+                f"{p}_spec_rounds_total {self.spec_rounds}",
+                f"# HELP {p}_spec_drafted_tokens_total Draft tokens proposed.",
+                f"# TYPE {p}_spec_drafted_tokens_total counter",
+                f"{p}_spec_drafted_tokens_total {self.spec_drafted}",
+                f"# HELP {p}_spec_accepted_tokens_total Draft tokens accepted.",
+                f"# TYPE {p}_spec_accepted_tokens_total counter",
+                f"{p}_spec_accepted_tokens_total {self.spec_accepted}",
             ]
             lines += [
                 f"# HELP {p}_time_to_first_token_seconds Arrival to first token.",

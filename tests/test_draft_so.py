@@ -9,8 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import randomize_so
+from safetensors.numpy import load_file
 from training_helpers import pt_batch, tiny_model
 
+from orthros_jax.convert.export import export_hf
 from orthros_jax.inference import Speculative, generate
 from orthros_jax.layers.stack import drop_draft_so, fill_identity_so
 from orthros_jax.model import OrthrosLM, init_params
@@ -123,3 +125,12 @@ def test_bad_draft_settings_are_one_line_errors(build, match):
     with pytest.raises(ValueError, match=match) as e:
         build()
     assert "\n" not in str(e.value)
+
+
+def test_exports_drop_the_draft_so(model, tmp_path):
+    cfg, params = model
+    export_hf(str(tmp_path), cfg, jax.device_get(params))
+    names = set(load_file(str(tmp_path / "model.safetensors")))
+    assert any("so_out_scale" in n for n in names)
+    assert not any("draft" in n for n in names), sorted(names)
+    assert "draft" not in (tmp_path / "config.json").read_text()

@@ -113,12 +113,19 @@ def model_logits(model: OrthrosLM, params: Params, batch: Batch) -> jax.Array:
 
 
 def _apply(
-    model: OrthrosLM, params: Params, batch: Batch, method: Any = None
+    model: OrthrosLM,
+    params: Params,
+    batch: Batch,
+    method: Any = None,
+    draft_window: int | None = None,
 ) -> tuple[jax.Array, Stats | None]:
-    """model.apply (method: None = __call__, or OrthrosLM.features) and, with MoE layers, the
-    router statistics it sows (None without MoE)."""
+    """model.apply (method: None = __call__, or OrthrosLM.features; draft_window: a
+    speculative draft's output copies) and, with MoE layers, the router statistics it sows
+    (None without MoE)."""
     tokens, kwargs = _model_inputs(batch)
     call: dict[str, Any] = kwargs if method is None else {**kwargs, "method": method}
+    if draft_window is not None:
+        call["draft_window"] = draft_window
     if model.cfg.moe is None:
         return cast(jax.Array, model.apply({"params": params}, tokens, **call)), None
     y, state = model.apply({"params": params}, tokens, **call, mutable=["intermediates"])
@@ -179,9 +186,8 @@ def draft_kl_sums(
     a windowed copy needs the keys aligned with it)."""
     if "output_positions" in batch:
         raise ValueError("draft distillation needs PT batches (data.kind='pt'), got an SFT batch")
-    tokens, kwargs = _model_inputs(batch)
-    teacher = jax.lax.stop_gradient(model.apply({"params": params}, tokens, **kwargs))
-    student = model.apply({"params": params}, tokens, **kwargs, draft_window=draft_window)
+    teacher = jax.lax.stop_gradient(_apply(model, params, batch)[0])
+    student = _apply(model, params, batch, draft_window=draft_window)[0]
     log_p = jax.nn.log_softmax(teacher, axis=-1)
     kl = jnp.sum(jnp.exp(log_p) * (log_p - jax.nn.log_softmax(student, axis=-1)), axis=-1)
     mask = jnp.asarray(batch["loss_mask"], jnp.float32)

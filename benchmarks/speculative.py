@@ -10,7 +10,8 @@ Suites:
               default job's shape, the output stream's scale-offsets randomized).
   acceptance  mean accepted length (tokens per verify) of the trained --model (a training
               workdir or exported model, e.g. the default job's) on --prompts prompts from the
-              embedded corpus, for k in --ks x draft_window in {w, 2w, 4w}.
+              embedded corpus, for k in --ks x draft_window in --window_multiples x w (a model
+              with draft scale-offsets drafts with them: compare it with its base model).
   speed       decode tokens/s, plain and speculative (k = --speed_k, draft window w), at each
               context in --contexts and batch in --batches, for both arms at the bench shape
               (configs/bench.py; a cache of random K/V, so no prefill): the measured ratio at the
@@ -55,6 +56,7 @@ def define_flags() -> None:
     flags.DEFINE_list("suites", ["lossless", "acceptance", "speed"], "Suites to run.")
     flags.DEFINE_string("model", None, "Trained model for 'acceptance' (load_model).")
     flags.DEFINE_list("ks", ["2", "4", "8"], "Drafts per round.")
+    flags.DEFINE_list("window_multiples", ["1", "2", "4"], "'acceptance': draft windows / w.")
     flags.DEFINE_integer("prompts", 64, "Prompts of 'lossless' and 'acceptance'.")
     flags.DEFINE_integer("new", 32, "New tokens per prompt.")
     flags.DEFINE_integer("prompt_len", 160, "'acceptance': prompt bytes.")
@@ -132,10 +134,11 @@ def acceptance(results: dict) -> None:
         prompts.append(list(text[start : start + FLAGS.prompt_len]) or [32])
     plain = generate(params, prompts, cfg, max_new_tokens=FLAGS.new)
     for k in map(int, FLAGS.ks):
-        for mult in (1, 2, 4):
+        for mult in map(int, FLAGS.window_multiples):
             spec = Speculative(k, mult * cfg.window)
             out = generate(params, prompts, cfg, max_new_tokens=FLAGS.new, speculative=spec)
             row = dict(k=k, draft_window=spec.draft_window, window_multiple=mult)
+            row["draft_so"] = cfg.draft_scale_offset
             row.update(_acceptance_row(out.speculation, k, out.lengths))
             row["identical"] = bool((out.tokens == plain.tokens).all())
             results["acceptance"].append(row)

@@ -68,10 +68,12 @@ def forward_streams(
     *,
     out_index: jax.Array | None = None,
     default_positions: bool = False,
+    draft_window: int | None = None,
 ) -> tuple[Stream, Stream | None]:
     """The full-sequence driver: every layer's step in sequence mode. base [B, T]; out: the
     output stream's copies [B, T_out] (two-stream arms) or None; out_index [B, T_out]: their
-    array indices into T (None: out is a copy of every base token, aligned with it). The last
+    array indices into T (None: out is a copy of every base token, aligned with it);
+    draft_window: the output copies are a speculative draft's (StepContext.draft_window). The last
     two-stream layer's base stream is dead (nothing reads it) and skipped (but for paired MoE
     routing). Returns the final (base, out); with MoE layers and base.moe_stats set, base's
     moe_stats holds the router statistics summed over the layers."""
@@ -81,6 +83,7 @@ def forward_streams(
         reset=document_starts(base),
         out_index=out_index,
         default_positions=default_positions,
+        draft_window=draft_window,
     )
 
     def body(streams, kind: LayerKind, p: Params, li, compute_base: bool = True):
@@ -149,19 +152,24 @@ class OrthrosLM(nn.Module):
         positions: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
         output_positions: jax.Array | None = None,
+        draft_window: int | None = None,
     ) -> jax.Array:
         """Full-sequence forward.
 
         tokens [B, T]; positions/segment_ids [B, T] (default arange / ones);
         output_positions [B, T_out] int array indices into T where a token is predicted
-        (default: every position, the PT mode). Returns float32 logits [B, T_out, V]. With MoE
-        layers the router statistics are sown (see features).
+        (default: every position, the PT mode). draft_window: the output stream of a
+        self-speculative draft instead (each copy reads its last draft_window keys, with the
+        draft scale-offsets if any; PT mode only), what configs/draft_so.py distils. Returns
+        float32 logits [B, T_out, V]. With MoE layers the router statistics are sown (see
+        features).
         """
         x = self.features(
             tokens,
             positions=positions,
             segment_ids=segment_ids,
             output_positions=output_positions,
+            draft_window=draft_window,
         )
         return self.head(x)
 
@@ -172,6 +180,7 @@ class OrthrosLM(nn.Module):
         positions: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
         output_positions: jax.Array | None = None,
+        draft_window: int | None = None,
     ) -> jax.Array:
         """The forward without the final norm and LM head (arguments as __call__): the
         predicting stream's last hidden states [B, T_out, D], for a loss that computes the
@@ -204,6 +213,7 @@ class OrthrosLM(nn.Module):
             out,
             out_index=out_index,
             default_positions=default_positions,
+            draft_window=draft_window,
         )
         if base.moe_stats is not None:
             self.sow("intermediates", "moe_stats", base.moe_stats)

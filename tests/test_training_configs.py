@@ -57,7 +57,7 @@ def test_bench_hybrid_is_bench_with_a_cpu_sized_table4_run():
         assert cli.to_plain(hybrid[key]) == cli.to_plain(bench[key]), key
 
 
-@pytest.mark.parametrize("spec", ["tiny_pt.py", "tiny_sft.py"])
+@pytest.mark.parametrize("spec", ["tiny_pt.py", "tiny_sft.py", "draft_so.py"])
 def test_tiny_configs_build_fully(spec):
     cfg = TrainConfig.from_config(_load(spec))
     assert cfg.model.window < cfg.data.seq_len and cfg.model.architecture == "orthros"

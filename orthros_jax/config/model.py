@@ -74,6 +74,10 @@ class ModelConfig:
     architecture: str = "orthros"  # a name of architectures.ARCHITECTURES
     # Per-stream query scale-offset; None = the architecture's default (on for two streams).
     scale_offset: bool | None = None
+    # Draft scale-offsets (docs/speculative.md): a third query SO per attention layer that only
+    # a self-speculative draft step's windowed output copy reads; trained by distillation
+    # (configs/draft_so.py). Needs scale_offset on a two-stream architecture.
+    draft_scale_offset: bool = False
     # The repeating cycle of layer kinds (n_layers must be a multiple of its length); () or
     # None = the architecture's default cycle.
     layer_types: tuple[str, ...] = ()
@@ -186,6 +190,12 @@ class ModelConfig:
                 f"ModelConfig.scale_offset=True needs a two-stream architecture "
                 f"({', '.join(TWO_STREAM_ARCHITECTURES)}), got {self.architecture!r}; the "
                 "single-stream architectures have no query scale-offset"
+            )
+        if self.draft_scale_offset and not (self.two_streams and self.scale_offset):
+            raise ValueError(
+                "ModelConfig.draft_scale_offset=True needs a two-stream architecture with "
+                f"scale_offset=True (the draft copies the output stream's SO), got "
+                f"architecture={self.architecture!r}, scale_offset={self.scale_offset}"
             )
         if self.moe is not None:
             # The FFN cycle and the kind cycle repeat together: layer_types is extended to

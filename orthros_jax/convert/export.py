@@ -43,6 +43,7 @@ from orthros_jax.convert.qwen35_moe import qwen35_moe_config_from, qwen35_moe_fr
 from orthros_jax.layers import lora
 from orthros_jax.layers.kind import FLA, FORMATS, HF, REMOTE
 from orthros_jax.layers.registry import kinds_of
+from orthros_jax.layers.stack import drop_draft_so
 
 Params = dict[str, Any]
 _DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -77,7 +78,9 @@ def export_hf(
     format some layer kind has no form in is refused (check_format) before anything is written.
     A model with LoRA adapters (cfg.lora) is written merged (W + (alpha / r) A @ B); with
     peft_adapter=True the base weights are written instead, and the adapters next to them in
-    peft's format (convert/peft.py: PeftModel.from_pretrained(base, directory)).
+    peft's format (convert/peft.py: PeftModel.from_pretrained(base, directory)). Draft
+    scale-offsets (cfg.draft_scale_offset) are dropped: no format has them, and the model's
+    function does not read them (only a speculative draft does).
     """
     if cfg.lora is not None:
         if peft_adapter:
@@ -95,6 +98,8 @@ def export_hf(
         params, cfg = lora.merge(params, cfg)
     elif peft_adapter:
         raise ValueError("peft_adapter=True: the model has no LoRA adapters (model.lora is None)")
+    if cfg.draft_scale_offset:  # only the speculative draft reads them: the model is the same
+        params, cfg = drop_draft_so(params, cfg)
     if dtype is not None and dtype not in _DTYPE_NAMES:
         raise ValueError(f"export dtype {dtype!r} is unknown; allowed: {', '.join(_DTYPE_NAMES)}")
     if fmt not in (None, *FORMATS):

@@ -306,7 +306,8 @@ def decode(
     shard's slots, the first at this global slot id; a token lands only on the shard owning it.
     draft_window: a self-speculative draft step (inference/speculative.py): every global
     query (the output copy; a single-stream arm's attention) reads only the last draft_window
-    slots, O(draft_window); the base stream's window and its K/V writes are unchanged.
+    slots, O(draft_window), with the draft scale-offsets where the model has them
+    (cfg.draft_scale_offset); the base stream's window and its K/V writes are unchanged.
     """
     s = cache.max_len
     pos = cache.lengths  # [B]
@@ -323,7 +324,9 @@ def decode(
     if draft_window is not None:
         view = view.replace(global_slots=_window_ending_at(pos, min(draft_window, s)))
     impl = impl or cfg.attention_impl
-    ctx = StepContext(mode=DECODE, impl=impl, view=view, valid=active[:, None])
+    ctx = StepContext(
+        mode=DECODE, impl=impl, view=view, valid=active[:, None], draft_window=draft_window
+    )
     x = embed(params, tokens[:, None], cfg)
     base = Stream(x, pos[:, None], jnp.ones((cache.batch_size, 1), jnp.int32))
     out = base if cfg.two_streams else None

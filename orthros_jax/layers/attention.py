@@ -10,7 +10,8 @@ k, v [layers, B, K, S, H], written in place at the layer index (no stack slicing
 Per-layer parameters (the stack adds a leading layers axis): the shared block
 (kind.block_params) and wq [D, N, H], wk/wv [D, K, H], wo [N, H, D];
 q_norm/k_norm [H] (qk_norm); wq_gate [D, N, H] (attn_output_gate);
-so_{base,out}_{scale,offset} [N, H] (orthros with scale_offset).
+so_{base,out}_{scale,offset} [N, H] (orthros with scale_offset); so_draft_{scale,offset} [N, H]
+(draft_scale_offset: the output copy's SO in a speculative draft step, StepContext.draft_window).
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ def params(cfg: ModelConfig) -> dict[str, ParamDecl]:
         for stream in ("base", "out"):
             names = (f"so_{stream}_scale", f"so_{stream}_offset")
             decls.update(scale_offsets(names, (n, h), (HEADS, HEAD_DIM)))
+    if cfg.two_streams and cfg.scale_offset and cfg.draft_scale_offset:
+        # Filled from the output stream's SO: the untrained draft is today's windowed draft.
+        names = ("so_draft_scale", "so_draft_offset")
+        fill = ("so_out_scale", "so_out_offset")
+        decls.update(scale_offsets(names, (n, h), (HEADS, HEAD_DIM), fill))
     return decls
 
 
@@ -88,7 +94,8 @@ def layer_kv(
 def layer_query(
     p: Params, x: jax.Array, positions: jax.Array, cfg: ModelConfig, stream: str
 ) -> jax.Array:
-    """Queries [B, L, N, H] of a stream ('base' or 'out'): q = alpha*(x Wq)+beta, then RoPE."""
+    """Queries [B, L, N, H] of a stream ('base', 'out' or 'draft': the output copy of a
+    speculative draft with draft scale-offsets): q = alpha*(x Wq)+beta, then RoPE."""
     h = norm(p, x, "attn_norm", cfg)
     q = jnp.einsum("bld,dnh->blnh", h, p["wq"].astype(h.dtype))
     if cfg.qk_norm:
@@ -150,10 +157,15 @@ def step(
         base_attn = attend(impl, q, base.positions, _q_segments(base, ctx), keys, window, cfg)
     out_attn = None
     if out is not None:
-        q_out = layer_query(p, out.x, out.positions, cfg, "out")
+        draft = ctx.draft_window is not None
+        so = "draft" if draft and cfg.draft_scale_offset else "out"
+        q_out = layer_query(p, out.x, out.positions, cfg, so)
         if ctx.out_index is not None:  # SFT copies are not the keys' own queries
             full = full.replace(aligned=False, default_positions=False, q_index=ctx.out_index)
-        out_attn = attend(impl, q_out, out.positions, _q_segments(out, ctx), full, None, cfg)
+        # A draft in sequence mode masks to its window; cached modes' views already restrict.
+        out_window = ctx.draft_window if draft and ctx.mode == SEQUENCE else None
+        q_seg = _q_segments(out, ctx)
+        out_attn = attend(impl, q_out, out.positions, q_seg, full, out_window, cfg)
     # W_O and the FFN are token-wise and shared (decode: both streams as one batch).
     finish = lambda x, a: layer_finish(p, x, a, cfg)
     base, out = finish_layer(p, cfg, ctx, base, out, base_attn, out_attn, finish)

@@ -115,6 +115,9 @@ class StepContext(flax.struct.PyTreeNode):
       itself (PT), aligned with it token for token.
     default_positions: sequence mode with positions = arange and one segment (lets an attention
       implementation use its built-in causal / window masks).
+    draft_window: a self-speculative draft (docs/speculative.md): the output copies read only
+      the last draft_window keys (sequence mode: a window mask; cached modes: the view's
+      global_slots) and use the draft scale-offsets where the model has them.
     """
 
     mode: Mode = flax.struct.field(pytree_node=False)
@@ -124,6 +127,7 @@ class StepContext(flax.struct.PyTreeNode):
     reset: jax.Array | None = None
     out_index: jax.Array | None = None
     default_positions: bool = flax.struct.field(pytree_node=False, default=False)
+    draft_window: int | None = flax.struct.field(pytree_node=False, default=None)
 
 
 Initializer = Callable[..., jax.Array]
@@ -145,7 +149,9 @@ class ParamDecl:
     axes, whether AdamW decays it (training/optimizer.py's mask reads this), its initializer
     (key, shape, dtype) -> array, its Role, and adapter_in: > 0 for a projection that may
     carry a LoRA adapter, the number of its leading axes that are its input side (wq
-    [D, N, H]: 1; wo [N, H, D]: 2), so the adapter is A [*in, r] @ B [r, *out]."""
+    [D, N, H]: 1; wo [N, H, D]: 2), so the adapter is A [*in, r] @ B [r, *out]. fill_from: the
+    parameter of the same kind whose value it takes when a checkpoint lacks it
+    (stack.fill_identity_so; "" = the identity)."""
 
     shape: tuple[int, ...]
     axes: tuple[str | None, ...]
@@ -153,6 +159,7 @@ class ParamDecl:
     init: Initializer
     role: Role = Role.WEIGHT
     adapter_in: int = 0
+    fill_from: str = ""
 
 
 def matrix(
@@ -175,13 +182,22 @@ def gain(shape: tuple[int, ...], axes: tuple[str | None, ...], cfg: ModelConfig)
 
 
 def scale_offsets(
-    names: tuple[str, str], shape: tuple[int, ...], axes: tuple[str | None, ...]
+    names: tuple[str, str],
+    shape: tuple[int, ...],
+    axes: tuple[str | None, ...],
+    fill_from: tuple[str, str] = ("", ""),
 ) -> dict[str, ParamDecl]:
     """A query scale-offset (scale 1, offset 0): per-head affine gains, not decayed (decay
-    would pull the scale towards 0, not towards the identity)."""
+    would pull the scale towards 0, not towards the identity). fill_from: the (scale, offset)
+    a checkpoint lacking them copies (ParamDecl.fill_from)."""
     scale, offset = names
-    so = lambda init: ParamDecl(shape, axes, False, init, role=Role.SCALE_OFFSET)
-    return {scale: so(nn.initializers.ones), offset: so(nn.initializers.zeros)}
+    so = lambda init, src: ParamDecl(
+        shape, axes, False, init, role=Role.SCALE_OFFSET, fill_from=src
+    )
+    return {
+        scale: so(nn.initializers.ones, fill_from[0]),
+        offset: so(nn.initializers.zeros, fill_from[1]),
+    }
 
 
 # The export formats: transformers' own classes, flash-linear-attention's, trust_remote_code.

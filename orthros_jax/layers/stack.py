@@ -37,19 +37,21 @@ __all__ = [
     "layer_loop",
     "remat",
     "so_names",
+    "drop_draft_so",
 ]
 
 
 def so_names(kind: LayerKind, cfg: ModelConfig) -> tuple[str, ...]:
     """The kind's scale-offset parameters under cfg: the names its params has only with
     scale_offset (none for a single-stream arm or scale_offset=False)."""
-    plain = kind.params(cfg.replace(scale_offset=False))
+    plain = kind.params(cfg.replace(scale_offset=False, draft_scale_offset=False))
     return tuple(name for name in kind.params(cfg) if name not in plain)
 
 
 def fill_identity_so(params: Params, cfg: ModelConfig) -> tuple[Params, list[str]]:
     """params with every scale-offset vector of cfg's layers that it lacks added as the
-    identity: scale 1, offset 0, [layers of the kind, *shape] in cfg.param_dtype (a
+    identity: scale 1, offset 0, [layers of the kind, *shape] in cfg.param_dtype, or a copy of
+    its declaration's fill_from where params has that (the draft SO: the output stream's) (a
     Transformer's / Linear Hybrid's weights as Orthros / Orthros-H). A kind's stack params lacks
     altogether stays absent; params is not modified. Returns (params, "params_key/name" of each
     vector added)."""
@@ -60,12 +62,30 @@ def fill_identity_so(params: Params, cfg: ModelConfig) -> tuple[Params, list[str
         stack, decls = dict(params[kind.params_key]), kind.params(cfg)
         for name in so_names(kind, cfg):
             if name not in stack:
-                fill = np.ones if name.endswith("_scale") else np.zeros
-                shape = (cfg.layers_of(kind.name), *decls[name].shape)
-                stack[name] = fill(shape, np.dtype(cfg.param_dtype))
+                src = decls[name].fill_from
+                if src in stack:  # e.g. the draft SO, a copy of the output stream's
+                    stack[name] = np.array(stack[src], copy=True)
+                else:
+                    fill = np.ones if name.endswith("_scale") else np.zeros
+                    shape = (cfg.layers_of(kind.name), *decls[name].shape)
+                    stack[name] = fill(shape, np.dtype(cfg.param_dtype))
                 added.append(f"{kind.params_key}/{name}")
         out[kind.params_key] = stack
     return out, added
+
+
+def drop_draft_so(params: Params, cfg: ModelConfig) -> tuple[Params, ModelConfig]:
+    """(params, cfg) without the draft scale-offsets (cfg.draft_scale_offset): the same model
+    function, for a consumer that has no speculative draft (an export). params is not
+    modified."""
+    plain, out = cfg.replace(draft_scale_offset=False), dict(params)
+    for kind in kinds_of(cfg):
+        if kind.params_key in params:
+            drop = set(kind.params(cfg)) - set(kind.params(plain))
+            out[kind.params_key] = {
+                k: v for k, v in params[kind.params_key].items() if k not in drop
+            }
+    return out, plain
 
 
 class KindStack(nn.Module):

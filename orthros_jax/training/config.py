@@ -76,6 +76,10 @@ class LoopConfig:
     # (model.lora's adapters and the SO vectors) or a regex over parameter paths ("layers/wq").
     # The frozen rest gets no optimizer state; a resumed run must keep it (start.py).
     trainable: str = "all"
+    # > 0: the loss is the draft distillation's KL (training/losses.draft_kl_sums): output copies
+    # reading only their last distill_draft_window keys, with model.draft_scale_offset's SO,
+    # towards the full output stream (configs/draft_so.py). 0: the LM loss.
+    distill_draft_window: int = 0
 
     def __post_init__(self) -> None:
         steps = tuple(self.profile_steps)
@@ -91,7 +95,7 @@ class LoopConfig:
         for name in ("steps", "log_every", "eval_batches", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("eval_every", "checkpoint_every"):
+        for name in ("eval_every", "checkpoint_every", "distill_draft_window"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
 
@@ -128,6 +132,12 @@ class TrainConfig:
     mesh: MeshConfig = MeshConfig()
     distributed: DistributedConfig = DistributedConfig()
     init_from: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.train.distill_draft_window and not self.model.draft_scale_offset:
+            raise ValueError(
+                "train.distill_draft_window > 0 needs model.draft_scale_offset=True (it trains it)"
+            )
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TrainConfig:

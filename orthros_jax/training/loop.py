@@ -267,6 +267,7 @@ class _Run:
             cfg.train.steps,
             cfg.train.loss_chunk,
             trainable_of(cfg),
+            cfg.train.distill_draft_window,
         )
         ndims = {k: v.ndim for k, v in global_batch.items()}
         return sharding.jit_train_step(train_step, self.state_sh, self.mesh, ndims)
@@ -320,7 +321,9 @@ class _Run:
         if self.eval_fn is None:
             ndims = {k: v.ndim for k, v in self.eval_batches[0].items()}
             self.eval_fn = sharding.jit_eval_step(
-                make_eval_step(self.cfg.model, self.cfg.train.loss_chunk),
+                make_eval_step(
+                    self.cfg.model, self.cfg.train.loss_chunk, self.cfg.train.distill_draft_window
+                ),
                 self.params_sh,
                 self.mesh,
                 ndims,

@@ -6,6 +6,11 @@ PT batch:  tokens/positions/segment_ids/targets/loss_mask [B, T]; the output str
 SFT batch: tokens/positions/segment_ids [B, T]; output_positions/targets/loss_mask [B, T_out];
            output copies exist only at the answer-predicting positions.
 
+Draft distillation (train.distill_draft_window > 0, configs/draft_so.py): on a PT batch, the
+KL from the output stream (the teacher, no gradient) to a self-speculative draft's output copies
+(each reading only its last draft_window keys, with the draft scale-offsets), summed over the
+loss_mask positions: draft_kl_sums.
+
 The loss is taken either from the full float32 logits [B, L, V] or, per train.loss_chunk, in
 chunks of C positions (chunked_cross_entropy): the final hidden states [B, L, D] are cut along
 L, and each chunk's logits [B, C, V] are computed, reduced to their loss and recomputed in the
@@ -108,12 +113,19 @@ def model_logits(model: OrthrosLM, params: Params, batch: Batch) -> jax.Array:
 
 
 def _apply(
-    model: OrthrosLM, params: Params, batch: Batch, method: Any = None
+    model: OrthrosLM,
+    params: Params,
+    batch: Batch,
+    method: Any = None,
+    draft_window: int | None = None,
 ) -> tuple[jax.Array, Stats | None]:
-    """model.apply (method: None = __call__, or OrthrosLM.features) and, with MoE layers, the
-    router statistics it sows (None without MoE)."""
+    """model.apply (method: None = __call__, or OrthrosLM.features; draft_window: a
+    speculative draft's output copies) and, with MoE layers, the router statistics it sows
+    (None without MoE)."""
     tokens, kwargs = _model_inputs(batch)
     call: dict[str, Any] = kwargs if method is None else {**kwargs, "method": method}
+    if draft_window is not None:
+        call["draft_window"] = draft_window
     if model.cfg.moe is None:
         return cast(jax.Array, model.apply({"params": params}, tokens, **call)), None
     y, state = model.apply({"params": params}, tokens, **call, mutable=["intermediates"])
@@ -164,6 +176,22 @@ def loss_sums_and_moe_stats(
     h = final_hidden(params, x, cfg)
     targets, mask = jnp.asarray(batch["targets"]), jnp.asarray(batch["loss_mask"])
     return *chunked_cross_entropy(h, head_matrix(params, cfg), targets, mask, chunk), stats
+
+
+def draft_kl_sums(
+    model: OrthrosLM, params: Params, batch: Batch, draft_window: int
+) -> tuple[jax.Array, jax.Array]:
+    """(kl_sum, weight): sum over the loss_mask positions of KL(p || q), p the output stream's
+    next-token distribution (stop-gradient), q the draft's at draft_window (PT batches only:
+    a windowed copy needs the keys aligned with it)."""
+    if "output_positions" in batch:
+        raise ValueError("draft distillation needs PT batches (data.kind='pt'), got an SFT batch")
+    teacher = jax.lax.stop_gradient(_apply(model, params, batch)[0])
+    student = _apply(model, params, batch, draft_window=draft_window)[0]
+    log_p = jax.nn.log_softmax(teacher, axis=-1)
+    kl = jnp.sum(jnp.exp(log_p) * (log_p - jax.nn.log_softmax(student, axis=-1)), axis=-1)
+    mask = jnp.asarray(batch["loss_mask"], jnp.float32)
+    return jnp.sum(kl * mask), jnp.sum(mask)
 
 
 def mean_loss(

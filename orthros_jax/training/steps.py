@@ -29,6 +29,7 @@ def make_train_step(
     total_steps: int,
     loss_chunk: int = losses.AUTO,
     trainable: Trainable | None = None,
+    draft_window: int = 0,
 ) -> TrainStep:
     """state, batch -> new state, metrics. One micro-batch per call (PT or SFT batch);
     loss_chunk: train.loss_chunk (losses.chunk_size).
@@ -40,6 +41,7 @@ def make_train_step(
     (losses.moe_aux_loss; the loss includes their weighted sum). A non-finite
     loss/grad_norm/param_norm is the loop's signal to stop. trainable: the subset that trains
     (training/trainable.py; None: every parameter); grad_norm is over that subset.
+    draft_window > 0: the loss is the draft distillation's mean KL (losses.draft_kl_sums).
     """
     model = OrthrosLM(model_cfg)
     schedule = make_schedule(opt_cfg, total_steps)
@@ -50,6 +52,9 @@ def make_train_step(
 
         def loss_of(p: Params) -> tuple[jax.Array, Metrics]:
             p = lora.rank_dropout(p, model_cfg, key)  # the adapters' dropout (model.lora)
+            if draft_window:
+                kl_sum, weight = losses.draft_kl_sums(model, p, batch, draft_window)
+                return kl_sum / jnp.maximum(weight, 1.0), {"loss_sum": kl_sum, "weight": weight}
             return losses.mean_loss(model, p, batch, loss_chunk)
 
         (loss, aux), grads = subset.value_and_grad(loss_of, state.params)
@@ -69,12 +74,18 @@ def make_train_step(
     return train_step
 
 
-def make_eval_step(model_cfg: ModelConfig, loss_chunk: int = losses.AUTO) -> EvalStep:
-    """params, batch -> {"loss_sum", "weight"} (sum over batches, then divide)."""
+def make_eval_step(
+    model_cfg: ModelConfig, loss_chunk: int = losses.AUTO, draft_window: int = 0
+) -> EvalStep:
+    """params, batch -> {"loss_sum", "weight"} (sum over batches, then divide); draft_window
+    > 0: of the draft distillation's KL, as make_train_step."""
     model = OrthrosLM(model_cfg)
 
     def eval_step(params: Params, batch: losses.Batch) -> Metrics:
-        loss_sum, weight = losses.loss_sums(model, params, batch, loss_chunk)
+        if draft_window:
+            loss_sum, weight = losses.draft_kl_sums(model, params, batch, draft_window)
+        else:
+            loss_sum, weight = losses.loss_sums(model, params, batch, loss_chunk)
         return {"loss_sum": loss_sum, "weight": weight}
 
     return eval_step

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
+from benchmarks.common import ORTHROS, TRANSFORMER
 from orthros_jax.parallel.device_specs import SPECS
 
 
@@ -21,21 +22,21 @@ def summary(bench: dict) -> str:
     if "prefill" in bench:
         lines += ["| T | orthros s | transformer s | transformer / orthros |", "|---|---|---|---|"]
         for r in bench["prefill"]:
-            o = r["orthros"]["median_s"]
-            t = r.get("transformer", {}).get("median_s")
+            o = r[ORTHROS]["median_s"]
+            t = r.get(TRANSFORMER, {}).get("median_s")
             ratio = f"{t / o:.2f}x" if t else "-"
             lines.append(f"| {r['T']} | {o:.4f} | {t if t is None else f'{t:.4f}'} | {ratio} |")
         lines.append("")
     if "decode" in bench:
         lines += ["| context | orthros ms/step | transformer ms/step |", "|---|---|---|"]
         for r in bench["decode"]:
-            o, t = r["orthros"]["step_s"], r["transformer"]["step_s"]
+            o, t = r[ORTHROS]["step_s"], r[TRANSFORMER]["step_s"]
             lines.append(f"| {r['context']} | {o * 1e3:.2f} | {t * 1e3:.2f} |")
         lines.append("")
     if "train" in bench:
         r = bench["train"]
         lines += [f"| PT step (T={r['T']}) | s | GFLOP | MFU |", "|---|---|---|---|"]
-        for arm in ("orthros", "transformer"):
+        for arm in (ORTHROS, TRANSFORMER):
             s, g = r[arm]["median_s"], r[arm]["gflop"]
             mfu = f"{g * 1e9 / s / spec.peak_bf16_flops:.1%}" if spec else "no peak for device"
             lines.append(f"| {arm} | {s:.4f} | {g:.1f} | {mfu} |")

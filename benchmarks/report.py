@@ -8,6 +8,8 @@ import json
 import os
 from typing import Any
 
+from benchmarks.common import ORTHROS, TRANSFORMER
+
 # The suites bench.md and bench.png report (sequence and table4 write reports of their own).
 SUITES = ("prefill", "honesty", "memory", "decode", "train", "inference", "window")
 
@@ -47,13 +49,13 @@ def headline(results: dict[str, Any]) -> dict[str, float | None]:
     floors = [r["orthros_over_floor"] for r in (r16, r32) if r]
     out["orthros_over_floor"] = max(floors) if floors else None
     if r16 and r32:
-        out["scaling_32k_16k"] = r32["orthros"]["median_s"] / r16["orthros"]["median_s"]
+        out["scaling_32k_16k"] = r32[ORTHROS]["median_s"] / r16[ORTHROS]["median_s"]
     hon = results.get("honesty", [])
     out["ours_over_dense"] = max(r["ours_over_dense"] for r in hon) if hon else None
     dec = _at(results.get("decode", []), "context", 16384)
     out["decode_ratio"] = dec["orthros_over_transformer"] if dec else None
     mem = _at(results.get("memory", []), "T", 32768)
-    out["temp_memory"] = mem["orthros"].get("temp_over_resident") if mem else None
+    out["temp_memory"] = mem[ORTHROS].get("temp_over_resident") if mem else None
     if "train" in results:
         out["train_ratio"] = results["train"]["time_ratio_over_flop_ratio"]
     return out
@@ -86,8 +88,8 @@ def _prefill_table(pre: list[dict]) -> list[str]:
     ]
     for r in pre:
         lines.append(
-            f"| {r['T']} | {r['orthros']['median_s']:.3f} | "
-            f"{fmt(r.get('transformer', {}).get('median_s'))} | {r['floor']['median_s']:.3f} | "
+            f"| {r['T']} | {r[ORTHROS]['median_s']:.3f} | "
+            f"{fmt(r.get(TRANSFORMER, {}).get('median_s'))} | {r['floor']['median_s']:.3f} | "
             f"{fmt(r.get('speedup'), '.2f')} | {fmt(r.get('flop_ideal_speedup'), '.2f')} | "
             f"{r['orthros_over_floor']:.3f} |"
         )
@@ -102,7 +104,7 @@ def _inference_table(inf: dict) -> list[str]:
         "| arm | TTFT s | decode_step tok/s (host round trip) | generate loop tok/s |",
         "|---|---|---|---|",
     ]
-    for name in ("orthros", "transformer"):
+    for name in (ORTHROS, TRANSFORMER):
         r = inf[name]
         lines.append(
             f"| {name} | {r['ttft_s']:.3f} | {r['decode_step_tok_s']:.1f} | "
@@ -130,8 +132,8 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append("|---|---|---|---|")
         for r in results["decode"]:
             lines.append(
-                f"| {r['context']} | {1e3 * r['orthros']['step_s']:.2f} | "
-                f"{1e3 * r['transformer']['step_s']:.2f} | {r['orthros_over_transformer']:.3f} |"
+                f"| {r['context']} | {1e3 * r[ORTHROS]['step_s']:.2f} | "
+                f"{1e3 * r[TRANSFORMER]['step_s']:.2f} | {r['orthros_over_transformer']:.3f} |"
             )
     if results.get("inference"):
         lines += ["", *_inference_table(results["inference"])]
@@ -158,7 +160,7 @@ def plot(
     import matplotlib.pyplot as plt
 
     rows = results.get("prefill", []) if rows is None else rows
-    styles = styles or {"orthros": "o-", "transformer": "s-", "floor": "^--"}
+    styles = styles or {ORTHROS: "o-", TRANSFORMER: "s-", "floor": "^--"}
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for name, style in styles.items():
         pts = [(r["T"], r[name]["median_s"]) for r in rows if name in r]

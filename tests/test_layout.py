@@ -183,13 +183,6 @@ EXTERNAL = {
 # Files that may name anything: the trust_remote_code config copied next to exported weights
 # imports nothing of ours, so it carries its own list of the arms it reads.
 STANDALONE = {"orthros_jax/convert/hf_remote/configuration_orthros.py"}
-# Not yet through the registry (issue 34): ModelConfig's default arm (the config package's
-# presets) and the two bench.json readers, which import nothing of the library's arms.
-PENDING = {
-    "orthros_jax/config/model.py": {"orthros"},
-    "benchmarks/report.py": {"orthros", "transformer"},
-    "benchmarks/device_report.py": {"orthros", "transformer"},
-}
 
 
 def _string_literals(path: pathlib.Path) -> set[str]:
@@ -239,7 +232,7 @@ def test_only_the_registry_names_kinds_and_arms():
     for f, lits in literals.items():
         if f in PRESETS | STANDALONE:
             continue
-        allowed = EXTERNAL.get(f, set()) | PENDING.get(f, set()) | kind_modules.get(f, set())
+        allowed = EXTERNAL.get(f, set()) | kind_modules.get(f, set())
         if hits := (lits & names) - allowed:
             found[f] = sorted(hits)
     assert not found, f"kind or arm names outside the registry: {found}"

@@ -53,6 +53,8 @@ ARCHITECTURES: Mapping[str, Architecture] = types.MappingProxyType(
         "mamba2": Architecture(("mamba2",)),
     }
 )
+# ModelConfig.architecture's default: the paper's model.
+DEFAULT_ARCHITECTURE = "orthros"
 # Single-stream architecture -> its two-stream conversion (transformer -> orthros, ...).
 TWO_STREAM_FORM: Mapping[str, str] = types.MappingProxyType(
     {n: a.two_stream_form for n, a in ARCHITECTURES.items() if a.two_stream_form}

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from orthros_jax.config.architectures import (
     ARCHITECTURES,
+    DEFAULT_ARCHITECTURE,
     TWO_STREAM_ARCHITECTURES,
     Architecture,
 )
@@ -71,7 +72,7 @@ class ModelConfig:
     head_dim: int = 32
     d_ff: int = 384
     window: int = 128
-    architecture: str = "orthros"  # a name of architectures.ARCHITECTURES
+    architecture: str = DEFAULT_ARCHITECTURE  # a name of architectures.ARCHITECTURES
     # Per-stream query scale-offset; None = the architecture's default (on for two streams).
     scale_offset: bool | None = None
     # Draft scale-offsets (docs/speculative.md): a third query SO per attention layer that only

@@ -39,7 +39,7 @@ from orthros_jax.inference import sequence_parallel as sp_forward
 from orthros_jax.inference.cache import KVCache, check_cache, init_cache
 from orthros_jax.inference.decode_loop import decode_loop
 from orthros_jax.inference.sampling import RowSampling, Sampler, row_seeds, sample_rows
-from orthros_jax.inference.speculative import Speculative
+from orthros_jax.inference.speculative import SpecStats, Speculative
 from orthros_jax.inference.speculative import check as check_speculative
 from orthros_jax.inference.speculative import generate_jit as speculative_jit
 from orthros_jax.model import Params
@@ -198,7 +198,7 @@ class GenerateOutput(flax.struct.PyTreeNode):
     lengths: np.ndarray
     hit_capacity: np.ndarray
     logprobs: np.ndarray
-    speculation: Any = None
+    speculation: SpecStats | None = None
 
 
 def _generate_loop(

@@ -13,6 +13,8 @@ import dataclasses
 import types
 from collections.abc import Mapping
 
+from orthros_jax.config.kinds import ATTENTION, GDN, GLA, MAMBA2, RETENTION
+
 
 @dataclasses.dataclass(frozen=True)
 class Architecture:
@@ -34,27 +36,30 @@ class Architecture:
         return frozenset(self.layer_types)
 
 
-_ATTENTION = ("attention",)
+_ATTENTION = (ATTENTION,)
 # The hybrids use Qwen3.5's cycle of three GDN layers and one attention layer.
-_HYBRID = ("gdn", "gdn", "gdn", "attention")
+_HYBRID = (GDN, GDN, GDN, ATTENTION)
+
+# The architectures' names, spelled once (the arms' presets name their architecture by them).
+TRANSFORMER, SWA, ORTHROS, ORTHROS_H = "transformer", "swa", "orthros", "orthros_h"
 
 # In the order of results' tables.
 ARCHITECTURES: Mapping[str, Architecture] = types.MappingProxyType(
     {
-        "transformer": Architecture(_ATTENTION, two_stream_form="orthros"),
-        "swa": Architecture(_ATTENTION, base_window=True),
-        "orthros": Architecture(_ATTENTION, two_streams=True, base_window=True),
-        "gdn": Architecture(("gdn",)),
-        "hybrid": Architecture(_HYBRID, any_recurrent=True, two_stream_form="orthros_h"),
-        "orthros_h": Architecture(_HYBRID, two_streams=True, base_window=True, any_recurrent=True),
+        TRANSFORMER: Architecture(_ATTENTION, two_stream_form=ORTHROS),
+        SWA: Architecture(_ATTENTION, base_window=True),
+        ORTHROS: Architecture(_ATTENTION, two_streams=True, base_window=True),
+        GDN: Architecture((GDN,)),
+        "hybrid": Architecture(_HYBRID, any_recurrent=True, two_stream_form=ORTHROS_H),
+        ORTHROS_H: Architecture(_HYBRID, two_streams=True, base_window=True, any_recurrent=True),
         # Table 1's other linear baselines (fla's GLA and RetNet) and Mamba-2: pure stacks.
-        "gla": Architecture(("gla",)),
-        "retnet": Architecture(("retention",)),
-        "mamba2": Architecture(("mamba2",)),
+        GLA: Architecture((GLA,)),
+        "retnet": Architecture((RETENTION,)),
+        MAMBA2: Architecture((MAMBA2,)),
     }
 )
 # ModelConfig.architecture's default: the paper's model.
-DEFAULT_ARCHITECTURE = "orthros"
+DEFAULT_ARCHITECTURE = ORTHROS
 # Single-stream architecture -> its two-stream conversion (transformer -> orthros, ...).
 TWO_STREAM_FORM: Mapping[str, str] = types.MappingProxyType(
     {n: a.two_stream_form for n, a in ARCHITECTURES.items() if a.two_stream_form}

@@ -14,6 +14,9 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
+from orthros_jax.config.architectures import ORTHROS, SWA, TRANSFORMER
+from orthros_jax.config.kinds import GDN, GLA, MAMBA2
+
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
@@ -43,21 +46,21 @@ def _moe(**changes: Any) -> Mapping[str, Any]:
 # Every arm, in the order of results' tables.
 ARMS: Mapping[str, Arm] = types.MappingProxyType(
     {
-        "transformer": Arm("transformer"),
-        "swa": Arm("swa"),
-        "orthros": Arm("orthros"),
-        "orthros_noso": Arm("orthros", (("scale_offset", False),)),
+        TRANSFORMER: Arm(TRANSFORMER),
+        SWA: Arm(SWA),
+        ORTHROS: Arm(ORTHROS),
+        "orthros_noso": Arm(ORTHROS, (("scale_offset", False),)),
         # Mixture-of-experts variants (docs/moe.md): paired (the copies read their base
         # token's experts) and independent routing of the output copies.
-        "transformer_moe": Arm("transformer", (("moe", _moe()),)),
-        "orthros_moe": Arm("orthros", (("moe", _moe(routing="paired")),)),
-        "orthros_moe_independent": Arm("orthros", (("moe", _moe(routing="independent")),)),
-        "gdn": Arm("gdn"),
+        "transformer_moe": Arm(TRANSFORMER, (("moe", _moe()),)),
+        "orthros_moe": Arm(ORTHROS, (("moe", _moe(routing="paired")),)),
+        "orthros_moe_independent": Arm(ORTHROS, (("moe", _moe(routing="independent")),)),
+        GDN: Arm(GDN),
         "hybrid": Arm("hybrid"),
         "orthros_h": Arm("orthros_h"),
-        "gla": Arm("gla"),
+        GLA: Arm(GLA),
         "retnet": Arm("retnet"),
-        "mamba2": Arm("mamba2"),
+        MAMBA2: Arm(MAMBA2),
     }
 )
 

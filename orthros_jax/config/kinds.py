@@ -25,6 +25,10 @@ from orthros_jax.config.options import (
     unknown_keys,
 )
 
+# The layer kinds' names, spelled once: each kind (layers/<kind>.py) takes its name from here,
+# and the architectures' cycles and the options sections below name kinds through them.
+ATTENTION, GDN, GLA, RETENTION, MAMBA2 = "attention", "gdn", "gla", "retention", "mamba2"
+
 # The feature maps a linear-attention kind may put on q and k (layers/linear_mixer.FEATURE_MAP
 # holds their functions; None: the identity).
 FEATURE_MAPS: tuple[str | None, ...] = (None, "relu", "sigmoid", "silu", "swish")
@@ -58,7 +62,7 @@ class GDNOptions(Options):
     """Gated DeltaNet layers (Qwen3.5's linear_* fields), cfg.kinds.gdn: key / value heads and
     their head dims, the causal conv kernel, and the chunk of the chunked delta rule."""
 
-    kind: ClassVar[str] = "gdn"
+    kind: ClassVar[str] = GDN
     num_k_heads: int = option(2, check_positive_int)
     num_v_heads: int = option(4, check_positive_int)
     k_head_dim: int = option(32, check_positive_int)
@@ -81,7 +85,7 @@ class GLAOptions(LinearOptions):
     dims, hidden * expand_v / heads value dims), the low-rank decay gate (rank, logit
     normalizer, optional clamp_min) and the optional short conv on q/k/v."""
 
-    kind: ClassVar[str] = "gla"
+    kind: ClassVar[str] = GLA
     gate_rank: int = option(16, check_positive_int)
     gate_normalizer: float = option(16.0, check_positive)
     clamp_min: float | None = option(None)
@@ -102,7 +106,7 @@ class RetentionOptions(LinearOptions):
     """cfg.kinds.retention: the shared linear-attention options (no decay gate, no conv; fla's
     RetNet defaults of 8 heads). Rotary rotates pairs: an even key head dim."""
 
-    kind: ClassVar[str] = "retention"
+    kind: ClassVar[str] = RETENTION
     heads: int = option(8, check_positive_int)
     kv_heads: int = option(8, check_positive_int)
 
@@ -126,7 +130,7 @@ class Mamba2Options(Options):
     [time_step_limit], dt_min / dt_max / dt_floor [time_step_min / max / floor]: dt_bias init.
     """
 
-    kind: ClassVar[str] = "mamba2"
+    kind: ClassVar[str] = MAMBA2
     heads: int = option(4, check_positive_int)
     head_dim: int = option(32, check_positive_int)
     state: int = option(16, check_positive_int)

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from orthros_jax.axes import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, LAYERS, LENGTH
 from orthros_jax.config import ModelConfig
+from orthros_jax.config import kinds as kind_names
 from orthros_jax.layers import primitives as nnl
 from orthros_jax.layers.attend import Keys
 from orthros_jax.layers.attention_impls import attend
@@ -229,7 +230,7 @@ def flops(cfg: ModelConfig, work: Work) -> int:
 
 
 KIND = Kind(
-    name="attention",
+    name=kind_names.ATTENTION,
     params_key="layers",
     params=params,
     init_state=init_state,

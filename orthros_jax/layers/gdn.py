@@ -32,6 +32,7 @@ import jax
 
 from orthros_jax.axes import BATCH, GDN_K_HEADS, GDN_V_HEADS, HEAD_DIM, LAYERS
 from orthros_jax.config import ModelConfig
+from orthros_jax.config import kinds as kind_names
 from orthros_jax.config.kinds import GDNOptions
 from orthros_jax.layers import gdn_mixer
 from orthros_jax.layers.kind import (
@@ -152,7 +153,7 @@ def flops(cfg: ModelConfig, work: Work) -> int:
 
 
 KIND = Kind(
-    name="gdn",
+    name=kind_names.GDN,
     params_key="gdn_layers",
     params=params,
     init_state=init_state,

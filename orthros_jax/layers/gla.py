@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from orthros_jax.axes import EMBED, HEAD_DIM, KV_HEADS
 from orthros_jax.config import ModelConfig
+from orthros_jax.config import kinds as kind_names
 from orthros_jax.config.kinds import GLAOptions
 from orthros_jax.layers import linear_kind
 from orthros_jax.layers import linear_mixer as lm
@@ -78,7 +79,7 @@ EXPORT = Export(fla="gla", note="GLA layers export only as fla's format, a pure 
 
 
 class _GLA(linear_kind.LinearKind):
-    name = "gla"
+    name = kind_names.GLA
     spec = staticmethod(spec)
     decay = staticmethod(decay_fn)
     mixer_params = staticmethod(mixer_params)

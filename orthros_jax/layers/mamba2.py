@@ -33,6 +33,7 @@ import jax
 
 from orthros_jax.axes import BATCH, HEAD_DIM, HEADS, KV_HEADS, LAYERS
 from orthros_jax.config import ModelConfig
+from orthros_jax.config import kinds as kind_names
 from orthros_jax.layers import mamba2_mixer as mm
 from orthros_jax.layers.kind import (
     Export,
@@ -150,7 +151,7 @@ def check_exportable(cfg: ModelConfig) -> mm.Mamba2Options:
 
 
 KIND = Kind(
-    name="mamba2",
+    name=kind_names.MAMBA2,
     params_key="mamba2_layers",
     params=params,
     init_state=init_state,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.config import kinds as kind_names
 from orthros_jax.config.kinds import RetentionOptions
 from orthros_jax.layers import linear_kind
 from orthros_jax.layers import linear_mixer as lm
@@ -56,7 +57,7 @@ EXPORT = Export(fla="retnet", note="retention layers export only as fla's format
 
 
 class _Retention(linear_kind.LinearKind):
-    name = "retention"  # a fixed decay: no gate FLOPs (LinearKind.gate_flops)
+    name = kind_names.RETENTION  # a fixed decay: no gate FLOPs (LinearKind.gate_flops)
     spec = staticmethod(spec)
     decay = staticmethod(decay_fn)
     mixer_params = staticmethod(mixer_params)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import subprocess
 import sys
 from typing import Any
@@ -96,3 +97,10 @@ def our_logits(cfg: ModelConfig, params: Any, tokens: Any) -> Any:
 
     fn = _forward(cfg)
     return np.asarray(fn(jax.tree.map(jnp.asarray, params), jnp.asarray(tokens)))
+
+
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on now (for a server or a coordinator)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -11,13 +11,13 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
+from helpers import free_port
 
 STEPS, ROWS = 3, 8
 # The preempted run: more updates than the test waits for, so the signal must stop it.
@@ -76,12 +76,6 @@ def _worker(index: int, port: int, out: str) -> None:
         json.dump({"step": int(state.step)}, f)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 def _lines(path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().split("\n") if x]
 
@@ -91,7 +85,7 @@ def test_two_processes_train_together_and_stop_together_on_sigterm(tmp_path):
     from resume_helpers import saved_steps
     from training_helpers import subprocess_env
 
-    port = _free_port()
+    port = free_port()
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, str(i), str(port), str(tmp_path)],

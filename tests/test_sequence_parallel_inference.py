@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from helpers import single_stream, tiny_config
+from helpers import free_port, single_stream, tiny_config
 
 SLOTS, WINDOW, CHUNK = 64, 12, 6
 ARMS = ("orthros", "transformer", "swa")
@@ -234,19 +233,13 @@ def _process(index: int, port: int, out_dir: str) -> None:
     np.savez(os.path.join(out_dir, f"process{index}.npz"), **out)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Starts the 8-device worker and the two processes together; returns what they saved."""
     from training_helpers import subprocess_env
 
     out = tmp_path_factory.mktemp("sp_inference")
-    port = _free_port()
+    port = free_port()
     jobs = (("worker",), 8), (("0", str(port)), 4), (("1", str(port)), 4)
     procs = []
     for args, devices in jobs:

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from helpers import free_port
 from serving_helpers import ENGINE_SHAPE, NEW_TOKENS, PROMPT_LENS, arm_model
 
 from orthros_jax import checkpoint, inference
@@ -245,9 +245,7 @@ def test_full_queue_is_429(orthros_server):
 def test_serve_cli_drains_on_sigterm(orthros_server, tmp_path):
     _, cfg, params = orthros_server
     checkpoint.save_model(str(tmp_path / "m"), cfg, params)
-    with socket.socket() as s:  # a free port
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
     proc = subprocess.Popen(
         [

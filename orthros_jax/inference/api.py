@@ -38,7 +38,7 @@ from orthros_jax.inference import drivers as fwd
 from orthros_jax.inference import sequence_parallel as sp_forward
 from orthros_jax.inference.cache import KVCache, check_cache, init_cache
 from orthros_jax.inference.decode_loop import decode_loop
-from orthros_jax.inference.sampling import RowSampling, Sampler, row_seeds, sample_rows
+from orthros_jax.inference.sampling import Sampler, first_draw
 from orthros_jax.inference.speculative import SpecStats, Speculative
 from orthros_jax.inference.speculative import check as check_speculative
 from orthros_jax.inference.speculative import generate_jit as speculative_jit
@@ -216,11 +216,7 @@ def _generate_loop(
     """Samples the first token from the prefill's logits, then decode_loop (the serving
     engine's) for the rest, every row with `sampler` and its own seed from rng.
     mesh: the mesh of a sequence-split cache (None: the single-program decode)."""
-    bsz = cache.batch_size
-    rows = RowSampling.uniform(sampler, row_seeds(rng, bsz), jnp.zeros((bsz,), jnp.int32))
-    first = sample_rows(logits, rows, logprobs=False)
-    stopped = (first.tokens[:, None] == stops).any(axis=-1)
-    budget = jnp.where(stopped, 0, max_new_tokens - 1)
+    rows, first, budget = first_draw(logits, rng, sampler, stops, max_new_tokens)
     out = decode_loop(
         sp_forward.decoder(cfg, mesh),
         params,

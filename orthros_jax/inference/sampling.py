@@ -180,3 +180,16 @@ def sample(logits_BV: jax.Array, rng: jax.Array, sampler: Sampler, step: Any = 0
     b = logits_BV.shape[0]
     rows = RowSampling.uniform(sampler, row_seeds(rng, b), jnp.full((b,), step, jnp.int32))
     return sample_rows(logits_BV, rows, logprobs=False).tokens
+
+
+def first_draw(
+    logits_BV: jax.Array, rng: jax.Array, sampler: Sampler, stops_BN: jax.Array, new_tokens: int
+) -> tuple[RowSampling, Sampled, jax.Array]:
+    """generate's first token, from the prefill's logits [B, V]: every row samples with
+    `sampler` and its own seed from rng at step 0. Returns the rows' sampling, the draw and the
+    steps each row has left (0 where the draw is one of its stop ids, stops_BN -1 padded)."""
+    bsz = logits_BV.shape[0]
+    rows = RowSampling.uniform(sampler, row_seeds(rng, bsz), jnp.zeros((bsz,), jnp.int32))
+    first = sample_rows(logits_BV, rows, logprobs=False)
+    stopped = (first.tokens[:, None] == stops_BN).any(axis=-1)
+    return rows, first, jnp.where(stopped, 0, new_tokens - 1)

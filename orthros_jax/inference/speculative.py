@@ -39,7 +39,12 @@ from orthros_jax.config import ModelConfig
 from orthros_jax.inference import drivers as fwd
 from orthros_jax.inference import spec_passes
 from orthros_jax.inference.cache import KVCache
-from orthros_jax.inference.sampling import RowSampling, Sampler, filter_rows, row_seeds, sample_rows
+from orthros_jax.inference.sampling import (
+    RowSampling,
+    Sampler,
+    filter_rows,
+    first_draw,
+)
 from orthros_jax.layers.registry import kinds_of
 from orthros_jax.model import Params
 
@@ -280,15 +285,13 @@ def generate_loop(
     """api.generate's loop under speculation: the first token from the prefill's logits, then
     rounds until every row stopped. Returns (tokens [B, M] (-1 past the end), emitted [B],
     hit_capacity [B], logprobs [B, M], the cache, SpecStats)."""
+    rows, first, left = first_draw(logits, rng, sampler, stops, max_new_tokens)
     bsz = cache.batch_size
-    rows = RowSampling.uniform(sampler, row_seeds(rng, bsz), jnp.zeros((bsz,), jnp.int32))
-    first = sample_rows(logits, rows, logprobs=False)
-    stopped = (first.tokens[:, None] == stops).any(axis=-1)
     zeros = jnp.zeros((bsz,), jnp.int32)
     st = _State(
         cache=cache,
         tok=first.tokens,
-        left=jnp.where(stopped, 0, max_new_tokens - 1),
+        left=left,
         count=zeros + 1,
         hit=jnp.zeros((bsz,), bool),
         emitted=zeros + 1,

@@ -59,6 +59,12 @@ def define_flags() -> None:
     flags.DEFINE_integer("batch", 8, "Rows of the PT and decode steps.")
     flags.DEFINE_integer("train_len", 256, "Tokens per row of the PT step.")
     flags.DEFINE_integer("context", 256, "Cache slots of the decode step.")
+    flags.DEFINE_list("meshes", list(MESHES), f"Meshes to compile, of {list(MESHES)}.")
+    flags.register_validator(
+        "meshes",
+        lambda names: bool(names) and set(names) <= set(MESHES),
+        f"--meshes: one or more of {list(MESHES)}",
+    )
 
 
 def _mesh(sizes: tuple[int, ...]) -> jax.sharding.Mesh:
@@ -117,10 +123,12 @@ def gathered_bytes(cfg: ModelConfig, tokens: int, ep: int, rows_split: bool) -> 
     return (ep - 1) * (tokens // ep) * cfg.d_model * jnp.dtype(cfg.dtype).itemsize
 
 
-def measure(cfgs: dict[str, ModelConfig], batch: int, length: int, context: int) -> list[dict]:
+def measure(
+    cfgs: dict[str, ModelConfig], batch: int, length: int, context: int, meshes: list[str]
+) -> list[dict]:
     rows = []
-    for mesh_name, sizes in MESHES.items():
-        mesh = _mesh(sizes)
+    for mesh_name in meshes:
+        mesh = _mesh(MESHES[mesh_name])
         for routing, cfg in cfgs.items():
             row = {"mesh": mesh_name, "routing": routing}
             row["train"] = train_collectives(cfg, mesh, batch, length)
@@ -161,7 +169,7 @@ def main(argv: list[str]) -> None:
     settings = {k: getattr(FLAGS, k) for k in ("d_model", "layers", "experts", "top_k")}
     settings |= {k: getattr(FLAGS, k) for k in ("d_expert", "batch", "train_len", "context")}
     result: dict[str, Any] = dict(settings=settings, date=datetime.date.today().isoformat())
-    result["rows"] = measure(cfgs, FLAGS.batch, FLAGS.train_len, FLAGS.context)
+    result["rows"] = measure(cfgs, FLAGS.batch, FLAGS.train_len, FLAGS.context, FLAGS.meshes)
     cfg = cfgs[ROUTINGS[0]]
     both = 2 * FLAGS.batch * FLAGS.train_len  # base tokens and their copies, every row
     result["analytic_gather_bytes_per_layer"] = {

@@ -213,7 +213,9 @@ def test_kernel_under_a_mesh_matches_xla():
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", PYTHONPATH=root)
+    from training_helpers import subprocess_env
+
+    env = subprocess_env(4)
     res = subprocess.run(
         [sys.executable, "-c", _MESH_CHILD],
         cwd=root,

@@ -110,7 +110,8 @@ def run_train(args: list[str], **kw) -> subprocess.CompletedProcess:
 def subprocess_env(devices: int) -> dict[str, str]:
     """The environment for a child that simulates `devices` CPU devices."""
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    kept = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env["XLA_FLAGS"] = " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(REPO, "tests")])
     return env

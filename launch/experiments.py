@@ -41,6 +41,7 @@ from orthros_jax import checkpoint
 from orthros_jax.config import cli
 from orthros_jax.convert import from_transformer
 from orthros_jax.evaluation import EvalSpec, arms, evaluate, report, write_results
+from orthros_jax.evaluation.arms import LM_EVAL, RECALL_EVAL
 from orthros_jax.training import TrainConfig, train
 
 # The arms each experiment may run and runs by default: orthros_jax/evaluation/arms.py.
@@ -93,15 +94,6 @@ TINY_OVERRIDES = {
     "optimizer.lr": 1e-3,
     "optimizer.warmup_steps": 1,
 }
-# How each experiment is scored (the training configs say how it is trained).
-RECALL_EVAL = EvalSpec(
-    tasks=("passkey",),
-    context_lengths=(128, 192, 256),
-    depths=(0.0, 0.25, 0.5, 0.75, 1.0),
-    samples=8,
-    batch_size=40,
-)
-LM_EVAL = EvalSpec(tasks=("lm",), lm_seq_len=128, lm_batches=16, batch_size=16)
 TINY_EVAL = {"samples": 1, "depths": (0.0, 1.0), "context_lengths": (128,), "lm_batches": 1}
 
 

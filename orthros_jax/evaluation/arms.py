@@ -1,7 +1,8 @@
 """How the experiments treat each arm (config/arms.py's presets): its name in results' tables,
-its matplotlib colour, the experiments that may run it and those that run it by default.
-launch/experiments.py and launch/mqar.py (the arms they accept and run by default), the
-experiment configs and the evaluation report read it.
+its matplotlib colour, the experiments that may run it and those that run it by default; and
+how the recall and byte-LM experiments are scored (RECALL_EVAL, LM_EVAL). launch/experiments.py
+and launch/mqar.py (the arms they accept and run by default), the experiment configs, the
+evaluation report and benchmarks/cheap_conversion.py read it.
 """
 
 from __future__ import annotations
@@ -10,11 +11,25 @@ import dataclasses
 import types
 from collections.abc import Mapping
 
+from orthros_jax.evaluation.suite import EvalSpec
+
 # The experiments of launch/experiments.py and launch/mqar.py.
 RECALL, LM, CONVERT, MQAR = "recall", "lm", "convert", "mqar"
 ATTN_RUNS = frozenset({RECALL, LM})  # the recall and byte-LM experiments
 CONVERT_RUNS = frozenset({RECALL, LM, CONVERT})
 EVERYWHERE = frozenset({RECALL, LM, CONVERT, MQAR})
+
+# How each experiment is scored (the training configs say how it is trained). Recall: passkey
+# query accuracy at the training context (128 = 8 x window) and beyond it (192, 256).
+RECALL_EVAL = EvalSpec(
+    tasks=("passkey",),
+    context_lengths=(128, 192, 256),
+    depths=(0.0, 0.25, 0.5, 0.75, 1.0),
+    samples=8,
+    batch_size=40,
+)
+# The byte LM's held-out nats/byte: 16 batches of 16 rows of 128 bytes.
+LM_EVAL = EvalSpec(tasks=("lm",), lm_seq_len=128, lm_batches=16, batch_size=16)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -251,11 +251,9 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(rows) + "\n"
 
 
-def main(argv: list[str]) -> None:
-    del argv
-    t0 = time.perf_counter()
-    s = Study.from_flags(flags.FLAGS)
-    out = os.path.abspath(flags.FLAGS.out)
+def claim(out: str, s: Study) -> str:
+    """Makes `out` the study's directory (its setup in setup.json); ValueError when it holds
+    runs of another setup, which would be reused."""
     os.makedirs(out, exist_ok=True)
     setup_file = os.path.join(out, "setup.json")
     if os.path.isfile(setup_file):
@@ -264,6 +262,14 @@ def main(argv: list[str]) -> None:
                 raise ValueError(f"--out={out} holds a study with {old}; use another --out")
     with open(setup_file, "w") as fh:
         json.dump(s.setup(), fh)
+    return out
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    t0 = time.perf_counter()
+    s = Study.from_flags(flags.FLAGS)
+    out = claim(os.path.abspath(flags.FLAGS.out), s)
     pre = os.path.join(out, "pretrain")
     if not os.path.isdir(os.path.join(pre, checkpoint.CHECKPOINTS_DIR)):
         train(config("lm_convert.py:pretrain", **QUIET, **{"train.steps": s.pretrain_steps}), pre)

@@ -1,9 +1,8 @@
 """Two processes (jax.distributed.initialize on localhost, 2 CPU devices each) train together
-on a fsdp=2 x tensor=2 mesh through training.train(), one named end-to-end scenario (<= 50 s
-idle) in which the same two processes run twice: first a short run that agrees between the
-processes and with the same run on one device; then a long run whose SIGTERM reaches only the
-second process (the one that writes no logs), and both still finish the same update, write one
-checkpoint together and return."""
+on a fsdp=2 x tensor=2 mesh through training.train(), one named end-to-end scenario: a long
+run whose SIGTERM reaches only the second process (the one that writes no logs); both still
+finish the same update, write one checkpoint together and return, with the same params bit for
+bit, and those of the same run on one device stopped after the same update (<= 1e-5)."""
 
 from __future__ import annotations
 
@@ -19,9 +18,11 @@ import numpy as np
 import pytest
 from helpers import free_port
 
-STEPS, ROWS = 3, 8
-# The preempted run: more updates than the test waits for, so the signal must stop it.
-LONG_STEPS = 400
+ROWS = 8
+# More updates than the test waits for, so the signal must stop the run; the schedule (and so
+# the compiled step) depends on it, and the one-device reference runs the same config.
+STEPS = 400
+MIN_STEPS = 3  # train lines the test waits for before the signal
 
 
 def _local_rows(batch: dict, index: int, count: int) -> dict:
@@ -29,31 +30,41 @@ def _local_rows(batch: dict, index: int, count: int) -> dict:
     return {k: v[index * n : (index + 1) * n] for k, v in batch.items()}
 
 
-def _config(distributed=None, mesh=None, **loop):
+def _config(distributed=None, mesh=None):
     from training_helpers import tiny_train_config
 
     # One layer: the point is the two processes, and it compiles faster.
-    cfg = tiny_train_config(n_layers=1, **({"steps": STEPS, "checkpoint_every": STEPS} | loop))
+    cfg = tiny_train_config(n_layers=1, steps=STEPS, checkpoint_every=0, log_every=1)
     changes = {k: v for k, v in (("distributed", distributed), ("mesh", mesh)) if v is not None}
     return dataclasses.replace(cfg, **changes)
 
 
-def _train(workdir: str, index: int, count: int, cfg):
-    """train() on this process's rows of the synthetic batches."""
+def _train(workdir: str, index: int, count: int, cfg, stop_after: int | None = None):
+    """train() on this process's rows of the synthetic batches; stop_after: the process
+    interrupts itself (SIGINT, as Ctrl-C would) while update `stop_after` runs, so the run
+    stops after it, as a preempted one does."""
     from training_helpers import pt_dataset
 
     from orthros_jax.training import train
 
     it = iter(pt_dataset(batch=ROWS).map(lambda b: _local_rows(b, index, count)))
-    return train(cfg, workdir, train_iterator=it, eval_batches=[])  # no eval: one compile less
+
+    def batches():
+        for i, batch in enumerate(it):
+            if i + 1 == stop_after:
+                # Only train()'s watcher may take it (a default handler would end pytest).
+                handler = signal.getsignal(signal.SIGINT)
+                assert getattr(handler, "__self__", None).__class__.__name__ == "PreemptionWatcher"
+                os.kill(os.getpid(), signal.SIGINT)
+            yield batch
+
+    return train(cfg, workdir, train_iterator=batches(), eval_batches=[])  # no eval
 
 
-def _run(workdir: str, index: int, count: int, cfg) -> dict[str, np.ndarray]:
-    """_train; all params gathered to host."""
+def _gathered(state) -> dict[str, np.ndarray]:
     import jax
     from jax.experimental import multihost_utils
 
-    state = _train(workdir, index, count, cfg)
     params = multihost_utils.process_allgather(state.params, tiled=True)
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
     return {jax.tree_util.keystr(k): np.asarray(v) for k, v in flat}
@@ -66,12 +77,9 @@ def _worker(index: int, port: int, out: str) -> None:
 
     dist = DistributedConfig(True, f"localhost:{port}", 2, index)
     mesh = MeshConfig(data=1, fsdp=2, tensor=2)
-    params = _run(os.path.join(out, "workdir"), index, 2, _config(dist, mesh))
+    state = _train(os.path.join(out, "preempted"), index, 2, _config(dist, mesh))
     assert jax.process_count() == 2 and jax.device_count() == 4
-    np.savez(os.path.join(out, f"process{index}.npz"), **params)
-    # The long run, in the same processes (jax.distributed stays up): the test signals it.
-    cfg = _config(dist, mesh, steps=LONG_STEPS, checkpoint_every=0, log_every=1)
-    state = _train(os.path.join(out, "preempted"), index, 2, cfg)
+    np.savez(os.path.join(out, f"process{index}.npz"), **_gathered(state))
     with open(os.path.join(out, f"process{index}.json"), "w") as f:
         json.dump({"step": int(state.step)}, f)
 
@@ -99,7 +107,7 @@ def test_two_processes_train_together_and_stop_together_on_sigterm(tmp_path):
     metrics = tmp_path / "preempted" / "metrics.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and all(p.poll() is None for p in procs):
-        if metrics.is_file() and metrics.read_text().count('"split": "train"') >= 3:
+        if metrics.is_file() and metrics.read_text().count('"split": "train"') >= MIN_STEPS:
             break
         time.sleep(0.05)
     assert all(p.poll() is None for p in procs), "a process ended before the signal"
@@ -108,30 +116,30 @@ def test_two_processes_train_together_and_stop_together_on_sigterm(tmp_path):
     for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out[-4000:]
 
-    # The short run: the processes agree bit for bit, and with one device (<= 1e-5).
-    p0, p1 = (np.load(tmp_path / f"process{i}.npz") for i in range(2))
-    # The single-device run of the same global batches (this pytest process, 1 device).
-    ref = _run(str(tmp_path / "single"), 0, 1, _config())
-    for key in ref:
-        np.testing.assert_array_equal(p0[key], p1[key], err_msg=key)
-        np.testing.assert_allclose(p0[key], ref[key], atol=1e-5, rtol=0, err_msg=key)
-    lines, ref_lines = (
-        _lines(tmp_path / "workdir" / "metrics.jsonl"),
-        _lines(tmp_path / "single" / "metrics.jsonl"),
-    )
-    assert len(lines) == len(ref_lines) > 0
-    for a, b in zip(lines, ref_lines, strict=True):
-        np.testing.assert_allclose(a["loss"], b["loss"], atol=1e-5, rtol=0)
-    assert sorted(os.listdir(tmp_path / "workdir" / "checkpoints")) == [str(STEPS)]
-
-    # The preempted run: both processes stopped after the same update, its one checkpoint.
+    # Both processes stopped after the same update, its one checkpoint.
     steps = [json.loads((tmp_path / f"process{i}.json").read_text())["step"] for i in range(2)]
     saved = saved_steps(str(tmp_path / "preempted"))
-    assert steps[0] == steps[1] and saved == [steps[0]] and 3 <= steps[0] < LONG_STEPS, (
+    assert steps[0] == steps[1] and saved == [steps[0]] and MIN_STEPS <= steps[0] < STEPS, (
         steps,
         saved,
     )
     assert f"wrote the checkpoint of step {steps[0]}" in outputs[0], outputs[0][-2000:]
+
+    # The processes agree bit for bit, and with the run on one device (this pytest process)
+    # stopped after the same update (<= 1e-5).
+    p0, p1 = (np.load(tmp_path / f"process{i}.npz") for i in range(2))
+    single = _train(str(tmp_path / "single"), 0, 1, _config(), stop_after=steps[0])
+    assert int(single.step) == steps[0]
+    ref = _gathered(single)
+    for key in ref:
+        np.testing.assert_array_equal(p0[key], p1[key], err_msg=key)
+        np.testing.assert_allclose(p0[key], ref[key], atol=1e-5, rtol=0, err_msg=key)
+    lines, ref_lines = _lines(metrics), _lines(tmp_path / "single" / "metrics.jsonl")
+    train_lines = [x for x in lines if x.get("split") == "train"]
+    ref_train = [x for x in ref_lines if x.get("split") == "train"]
+    assert len(train_lines) == len(ref_train) == steps[0]
+    for a, b in zip(train_lines, ref_train, strict=True):
+        np.testing.assert_allclose(a["loss"], b["loss"], atol=1e-5, rtol=0)
 
 
 if __name__ == "__main__":

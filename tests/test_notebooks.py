@@ -136,6 +136,10 @@ def test_notebooks_run_top_to_bottom(tmp_path, monkeypatch, kernel_env):
     (%reset -f), so it may not rely on an earlier notebook's variables."""
     for key, value in kernel_env.items():
         monkeypatch.setenv(key, value)
+    # The notebooks' tempfile.mkdtemp dirs (Colab-style scratch) land in this test's tmp_path.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
     client = NotebookClient(
         nbformat.v4.new_notebook(),
         timeout=600,
@@ -167,3 +171,4 @@ def test_notebooks_run_top_to_bottom(tmp_path, monkeypatch, kernel_env):
             assert os.listdir(cwd) == [], path  # wrote only into its temp dirs
             ran.append(path)
     assert ran  # the quickstart needs no extra
+    assert any(scratch.iterdir())  # the kernel's temp dirs were here, not in the system's

@@ -92,13 +92,14 @@ def target_devices(target: str) -> list[Any]:
 @dataclasses.dataclass
 class Program:
     """A jitted function with abstract arguments, the mesh it is traced under, and what it
-    is: kind (train/prefill/decode), analytic FLOPs per step (all devices), a summary."""
+    is: kind (train/prefill/decode/...), analytic FLOPs per step (all devices; None: the
+    compiled program's cost_analysis, right only when no layer loop is scanned), a summary."""
 
     fn: Any
     args: tuple
     mesh: Any
     kind: str
-    flops: float
+    flops: float | None
     summary: dict[str, Any]
 
 
@@ -165,16 +166,22 @@ def train_program(config: Any, devices: list[Any]) -> Program:
 
 @dataclasses.dataclass(frozen=True)
 class InferenceConfig:
-    """An inference config's `inference` section: what to compile."""
+    """An inference config's `inference` section: what to compile. mode "speculative"
+    (benchmarks/aot_spec.py) compiles the decode step, the draft step and a verify pass per k
+    in spec_ks, and projects bytes per accepted token at the acceptance a of each k."""
 
-    mode: str = "prefill"  # "prefill" (a prompt into an empty cache) or "decode" (one step)
+    mode: str = "prefill"  # "prefill" (a prompt into an empty cache), "decode" (one step), ...
     batch_size: int = 1
     prompt_len: int = 2048  # prefill: tokens per prompt
     max_len: int = 2048  # cache slots per row (decode: the context)
+    spec_ks: tuple[int, ...] = (4, 8)  # speculative: drafts per round
+    acceptance: tuple[float, ...] = (4.33, 6.87)  # speculative: tokens per verify at each k
+    draft_window: int = 0  # speculative: slots a draft's global query reads (0: model.window)
+    # (the speculative fields are checked by aot_spec.speculative_programs)
 
     def __post_init__(self) -> None:
-        if self.mode not in ("prefill", "decode"):
-            raise ValueError(f"inference.mode={self.mode!r}: 'prefill' or 'decode'")
+        if self.mode not in ("prefill", "decode", "speculative"):
+            raise ValueError(f"inference.mode={self.mode!r}: 'prefill', 'decode' or 'speculative'")
         for name in ("batch_size", "prompt_len", "max_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"inference.{name} must be >= 1, got {getattr(self, name)}")
@@ -184,10 +191,38 @@ class InferenceConfig:
             )
 
 
-def inference_program(config: Any, devices: list[Any]) -> Program:
-    """The jitted prefill / decode of an inference config over `devices`: the
-    sequence-parallel drivers when mesh.sequence > 1, else inference.drivers' (rows over data,
-    heads over tensor, a MoE model's experts over expert)."""
+@dataclasses.dataclass
+class InferenceSetup:
+    """An inference config resolved over the target's devices: the model, the `inference`
+    section, the mesh, abstract params and cache (sharded), and a row vector's sharding."""
+
+    cfg: ModelConfig
+    inf: InferenceConfig
+    mesh: Any
+    params: Any
+    cache: Any
+    rows: NamedSharding
+    sequence: bool  # the sequence-parallel drivers (mesh.sequence > 1)
+
+    def vec(self, dtype: Any, *trailing: int) -> jax.ShapeDtypeStruct:
+        """An abstract [B, *trailing] array with rows split as the cache's."""
+        spec = P(*self.rows.spec, *([None] * len(trailing)))
+        shape = (self.inf.batch_size, *trailing)
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.mesh, spec))
+
+    def summary(self) -> dict[str, Any]:
+        return _model_summary(self.cfg) | {
+            "mode": self.inf.mode,
+            "batch": self.inf.batch_size,
+            "max_len": self.inf.max_len,
+            "mesh": dict(self.mesh.shape),
+        }
+
+
+def inference_setup(config: Any, devices: list[Any]) -> InferenceSetup:
+    """The model, mesh and abstract arguments of an inference config over `devices` (its
+    mesh's first devices): a sequence mesh when mesh.sequence > 1, else rows over data, heads
+    over tensor, a MoE model's experts over expert."""
     from orthros_jax.config.cli import dataclass_from_dict
 
     plain = to_plain(config)
@@ -224,17 +259,22 @@ def inference_program(config: Any, devices: list[Any]) -> Program:
         jax.eval_shape(lambda: init_cache(cfg, bsz, s)), cache_shardings(cfg, bsz, s, mesh)
     )
     rows = NamedSharding(mesh, pmesh.shard_spec(("batch",), (bsz,), mesh))
-    row_spec = rows.spec[0] if len(rows.spec) else None
-    vec = lambda dtype: jax.ShapeDtypeStruct((bsz,), dtype, sharding=rows)
-    summary = _model_summary(cfg) | {
-        "mode": inf.mode,
-        "batch": bsz,
-        "max_len": s,
-        "mesh": dict(mesh.shape),
-    }
-    seq = m["sequence"] > 1
+    return InferenceSetup(cfg, inf, mesh, params, cache, rows, m["sequence"] > 1)
+
+
+def inference_program(config: Any, devices: list[Any]) -> Program:
+    """The jitted prefill / decode of an inference config over `devices`: the
+    sequence-parallel drivers when mesh.sequence > 1, else inference.drivers' (rows over data,
+    heads over tensor, a MoE model's experts over expert)."""
+    st = inference_setup(config, devices)
+    cfg, inf, mesh, seq = st.cfg, st.inf, st.mesh, st.sequence
+    if inf.mode == "speculative":
+        raise ValueError("inference.mode='speculative' is several programs (benchmarks/aot_spec)")
+    bsz, s = inf.batch_size, inf.max_len
+    summary = st.summary()
     if inf.mode == "prefill":
         t = s if seq else inf.prompt_len  # sequence parallel: prompts on the slot grid
+        row_spec = st.rows.spec[0] if len(st.rows.spec) else None
         tok_sh = NamedSharding(mesh, P(row_spec, sequence_parallel.SEQ) if seq else P(row_spec))
         tokens = jax.ShapeDtypeStruct((bsz, t), jnp.int32, sharding=tok_sh)
         summary["prompt_len"] = inf.prompt_len
@@ -242,14 +282,14 @@ def inference_program(config: Any, devices: list[Any]) -> Program:
             fn = lambda p, c, tk, ln: sequence_parallel.prefill(p, c, tk, ln, cfg=cfg, mesh=mesh)
         else:
             fn = lambda p, c, tk, ln: cached_forward.prefill(p, c, tk, ln, cfg=cfg)
-        args = (params, cache, tokens, vec(jnp.int32))
+        args = (st.params, st.cache, tokens, st.vec(jnp.int32))
         work = bsz * flops.prefill_flops(cfg, inf.prompt_len)
     else:
         if seq:
             fn = lambda p, c, tk, a: sequence_parallel.decode(p, c, tk, a, cfg=cfg, mesh=mesh)
         else:
             fn = lambda p, c, tk, a: cached_forward.decode(p, c, tk, a, cfg=cfg)
-        args = (params, cache, vec(jnp.int32), vec(jnp.bool_))
+        args = (st.params, st.cache, st.vec(jnp.int32), st.vec(jnp.bool_))
         work = bsz * flops.decode_flops(cfg, s)
     jitted = jax.jit(sharding.traced_under(fn, mesh), donate_argnums=(1,))
     return Program(jitted, args, mesh, inf.mode, work, summary)
@@ -284,8 +324,9 @@ def compile_program(program: Program, spec: DeviceSpec) -> dict[str, Any]:
     n = program.mesh.size
     rec: dict[str, Any] = {"summary": program.summary, "kind": program.kind, "devices": n}
     rec["device"] = dataclasses.asdict(spec)
-    rec["flops_per_step"] = program.flops
-    rec["flops_per_device"] = program.flops / n
+    if program.flops is not None:
+        rec["flops_per_step"] = program.flops
+        rec["flops_per_device"] = program.flops / n
     try:
         compiled = program.fn.lower(*program.args).compile()
     except Exception as e:  # noqa: BLE001 - the compiler's refusal for memory is a result
@@ -300,6 +341,10 @@ def compile_program(program: Program, spec: DeviceSpec) -> dict[str, Any]:
             rec["oom_available_bytes"] = float(m["have"]) * _UNITS[m["unit2"]]
             rec["oom_what"] = m["what"].split(" for ")[-1].strip()  # e.g. "HLO temporaries"
         return rec
+    rec["cost_analysis"] = cost_analysis(compiled)
+    if program.flops is None:
+        rec["flops_per_device"] = rec["cost_analysis"]["flops"]
+        rec["flops_per_step"] = rec["flops_per_device"] * n
     mem = compiled.memory_analysis()
     b = {
         "argument": mem.argument_size_in_bytes,
@@ -314,6 +359,22 @@ def compile_program(program: Program, spec: DeviceSpec) -> dict[str, Any]:
     text = compiled.as_text()
     rec["hlo_text"] = text  # written beside compile.json (hlo.txt.gz), not into it
     return analyze(rec, text, spec)
+
+
+def cost_analysis(compiled: Any) -> dict[str, float]:
+    """{"flops", "bytes accessed"} of a compiled per-device program by XLA's HloCostAnalysis
+    (a scanned loop body counted once). The GPU compiler's AOT executable reports none: its
+    optimized module is then costed by the CPU client's HloCostAnalysis, the same generic
+    per-instruction count of operand and output bytes."""
+    cost = compiled.cost_analysis()
+    if not cost:
+        from jax._src.lib import xla_client
+
+        module = compiled.runtime_executable().hlo_modules()[0]
+        cpu = jax.local_devices(backend="cpu")[0].client
+        cost = xla_client._xla.hlo_module_cost_analysis(cpu, module)
+    cost = cost[0] if isinstance(cost, list) else cost
+    return {k: float(cost.get(k, 0.0)) for k in ("flops", "bytes accessed")}
 
 
 def analyze(rec: dict[str, Any], text: str, spec: DeviceSpec) -> dict[str, Any]:

@@ -4,7 +4,8 @@
 #   OUT/tests.log, tests.xml  the cuDNN tests in bf16 (tests/test_cudnn.py: logits, gradients,
 #                             prefill + decode vs xla; the H100 AOT compile; the refusals)
 #   OUT/bench/                launch/benchmark.py on configs/bench_1b.py (1.3B, bf16, cudnn):
-#                             prefill 8K-128K Orthros vs Transformer, decode at 8K / 128K, PT step
+#                             prefill 8K-128K Orthros vs Transformer, decode at 8K / 128K, PT step,
+#                             speculative / plain decode at 8K / 128K (benchmarks/spec_suite.py)
 #   OUT/summary.md            benchmarks/device_report.py: the speedups and the PT step's MFU
 #
 #     benchmarks/device_check.sh runs/device_check
@@ -24,7 +25,8 @@ if [[ "$DRY" == "--dry-run" ]]; then
          --config.model.d_ff=128 --config.model.window=16 --config.model.prefill_chunk=64
          --config.model.attention_impl=xla "--config.prefill_lengths=(128,256)"
          "--config.decode_contexts=(128,)" --config.decode_steps=2 --config.train_len=64
-         --config.train_batch=1 --config.repeats=1 "${@:3}")
+         --config.train_batch=1 --config.repeats=1 "--config.spec_contexts=(128,)"
+         --config.spec_k=2 --config.spec_acceptance=2.79 --config.spec_new_tokens=3 "${@:3}")
 elif [[ -n "$DRY" ]]; then
   echo "device_check.sh: unknown option $DRY (only --dry-run)" >&2; exit 2
 else
@@ -37,7 +39,8 @@ echo "== cuDNN tests" | tee "$OUT/tests.log"
 timeout 200 "$PY" -m pytest -q tests/test_cudnn.py "${TESTS[@]}" --junitxml="$OUT/tests.xml" \
   2>&1 | tee -a "$OUT/tests.log"
 echo "== benchmark"
-timeout 420 "$PY" launch/benchmark.py --config=configs/bench_1b.py --suites=prefill,decode,train \
+timeout 540 "$PY" launch/benchmark.py --config=configs/bench_1b.py \
+  --suites=prefill,decode,train,speculative \
   "${BENCH[@]}" --out="$OUT/bench" 2>&1 | tee "$OUT/bench.log"
 "$PY" -m benchmarks.device_report "$OUT/bench/bench.json" > "$OUT/summary.md"
 cat "$OUT/summary.md"

@@ -1,6 +1,7 @@
 """The device check's summary (benchmarks/device_check.sh): prefill Orthros vs the Transformer
-arm per prompt length, decode step times, and the PT step's MFU at the chip's peak bf16 FLOP/s
-(device_specs.py), from a launch/benchmark.py bench.json.
+arm per prompt length, decode step times, the PT step's MFU at the chip's peak bf16 FLOP/s
+(device_specs.py), and speculative / plain decode per arm (a round in plain steps and the
+projection at the trained acceptance), from a launch/benchmark.py bench.json.
 
     python -m benchmarks.device_report OUT/bench/bench.json > OUT/summary.md
 """
@@ -40,7 +41,23 @@ def summary(bench: dict) -> str:
             s, g = r[arm]["median_s"], r[arm]["gflop"]
             mfu = f"{g * 1e9 / s / spec.peak_bf16_flops:.1%}" if spec else "no peak for device"
             lines.append(f"| {arm} | {s:.4f} | {g:.1f} | {mfu} |")
-    return "\n".join(lines) + "\n"
+        lines.append("")
+    if "speculative" in bench:
+        lines += [
+            "| context | arm | k | plain tok/s | speculative tok/s | tokens / verify | "
+            "round / step | measured ratio | projected ratio |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in bench["speculative"]:
+            for arm in (ORTHROS, TRANSFORMER):
+                a = r[arm]
+                lines.append(
+                    f"| {r['context']} | {arm} | {r['k']} | {a['plain_tok_s']:.1f} | "
+                    f"{a['spec_tok_s']:.1f} | {a['tokens_per_verify']:.2f} | "
+                    f"{a['round_over_step']:.2f} | {a['measured_ratio']:.2f}x | "
+                    f"{a['projected_ratio']:.2f}x at a = {a['acceptance']} (projection) |"
+                )
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 if __name__ == "__main__":

@@ -35,6 +35,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.window_blocks = (32, 64, 128)  # suite 'window': query block sizes of the window kernel
     c.inference_len = 8192  # suite 'inference': TTFT prompt tokens
     c.inference_new_tokens = 32  # suite 'inference': decode tokens per timed run
+    # Suite 'speculative' (benchmarks/spec_suite.py): k drafts per round, draft window = w; the
+    # projection's tokens per verify, measured on the trained default job's model at k = 4
+    # (docs/speculative.md).
+    c.spec_contexts = (1024, 16384)
+    c.spec_k = 4
+    c.spec_acceptance = 4.33
+    c.spec_new_tokens = 16
     # Suite 'table4' (benchmarks/table4.py): the hybrid arms are this model with the
     # (gdn, gdn, gdn, attention) cycle and Qwen3.5's GDN proportions at this width (value heads
     # twice the key heads, dims 64); configs/bench_hybrid.py sizes a run of it for this CPU.

@@ -1,7 +1,8 @@
 """The GPU device check's benchmark (benchmarks/device_check.sh): configs/bench.py's suites at
 Table 1's 1.3B shapes (d 2048 x 24 layers, 16 heads of 128, SwiGLU 5632, vocab 32000, window
 128), bf16 on the accelerator, prompts of 8K-128K (Fig. 4's range), decode at 8K and 128K, a PT
-step of 4 x 2048 tokens. Sized for about 6 minutes on one H100."""
+step of 4 x 2048 tokens, speculative / plain decode at 8K and 128K. Sized for about 8 minutes
+on one H100."""
 
 import os
 
@@ -31,6 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.dense_max_len = 8192
     c.decode_contexts = (8192, 131072)
     c.decode_steps = 16
+    c.spec_contexts = (8192, 131072)
     c.train_len = 2048
     c.train_batch = 4
     c.repeats = 3

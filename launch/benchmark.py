@@ -7,6 +7,8 @@
 Suites: prefill (library prefill vs the floor), honesty (Transformer arm vs dense attention),
 memory (compiled prefill temp bytes), decode (decode_step per context), train (a PT step),
 inference (TTFT and decode tokens/s through the serving API: prefill, decode_step, generate),
+speculative (self-speculative / plain decode tokens/s per context, benchmarks/spec_suite.py;
+not run by default),
 window (the window-attention kernel alone; not run by default), sequence (sequence-parallel
 prefill on 8 devices, benchmarks/sequence.py; not run by default; configs/bench_sequence.py
 has its command), table4 (the paper's Table 4 pairs, Linear Hybrid vs Orthros-H and Transformer
@@ -42,6 +44,7 @@ from orthros_jax.model import init_params
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks import common as bench  # noqa: E402
 from benchmarks import sequence as bench_sequence  # noqa: E402
+from benchmarks import spec_suite  # noqa: E402
 from benchmarks import table4 as bench_table4  # noqa: E402
 from benchmarks.common import ORTHROS, TRANSFORMER  # noqa: E402
 from benchmarks.report import write_report  # noqa: E402
@@ -255,6 +258,7 @@ SUITE_FNS = {
     "decode": decode_suite,
     "train": train_suite,
     "inference": inference_suite,
+    "speculative": spec_suite.speculative_suite,
     "window": window_suite,
     "sequence": bench_sequence.sequence_suite,
     "table4": bench_table4.table4_suite,

@@ -12,6 +12,9 @@ version, --no-deps). --mesh.<axis>=N is --config.mesh.<axis>=N. Writes --out/com
 --out/compile.md (the table: per-device memory vs HBM, analytic FLOPs, collective bytes,
 roofline step time and MFU bound) and --out/hlo.txt.gz (the optimized program). A bad target,
 a mesh that does not match the target's device count or a missing compiler exits with one line.
+An inference config of mode "speculative" (configs/decode_8b.py:speculative) compiles the
+decode, draft and verify programs of self-speculative decoding and projects bytes per accepted
+token (benchmarks/aot_spec.py).
 """
 
 from __future__ import annotations
@@ -46,14 +49,17 @@ flags.mark_flags_as_required(["target", "out"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from benchmarks import aot, aot_table
+    from benchmarks import aot, aot_spec, aot_table
     from orthros_jax.parallel.device_specs import spec_of
 
+    speculative = aot_spec.is_speculative(_CONFIG.value)
     try:
         devices = aot.target_devices(_TARGET.value)
         spec = spec_of(devices[0].device_kind)
-        program = aot.program_of(_CONFIG.value, devices)
-        rec = aot.compile_program(program, spec)
+        if speculative:  # several programs, one record
+            rec = aot_spec.compile_speculative(_CONFIG.value, devices, spec)
+        else:
+            rec = aot.compile_program(aot.program_of(_CONFIG.value, devices), spec)
     except ValueError as e:
         raise SystemExit(f"compile.py: {e}") from None
     rec["target"] = _TARGET.value
@@ -61,13 +67,19 @@ def main(argv: list[str]) -> None:
         "--config.mesh.", "--mesh."
     )
     os.makedirs(_OUT.value, exist_ok=True)
-    hlo = rec.pop("hlo_text", None)
-    if hlo is not None:  # the optimized program, for reading its collectives and kernels
-        with gzip.open(os.path.join(_OUT.value, "hlo.txt.gz"), "wt") as f:
-            f.write(hlo)
+    # The optimized programs, for reading their collectives and kernels: hlo.txt.gz, or
+    # hlo_<program>.txt.gz for a speculative record's programs.
+    hlos = {"hlo": rec.pop("hlo_text", None)}
+    for name, r in rec.get("programs", {}).items():
+        hlos[f"hlo_{name}"] = r.pop("hlo_text", None)
+    for name, hlo in hlos.items():
+        if hlo is not None:
+            with gzip.open(os.path.join(_OUT.value, f"{name}.txt.gz"), "wt") as f:
+                f.write(hlo)
     with open(os.path.join(_OUT.value, "compile.json"), "w") as f:
         json.dump(rec, f, indent=1)
-    table = aot_table.markdown(rec, rec["command"])
+    markdown = aot_spec.markdown if speculative else aot_table.markdown
+    table = markdown(rec, rec["command"])
     with open(os.path.join(_OUT.value, "compile.md"), "w") as f:
         f.write(table)
     print(table)

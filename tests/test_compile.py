@@ -207,3 +207,58 @@ ENTRY %main (a: f32[4]) -> f32[4] {
     )
     assert multiline.count("\n}}") == 1
     assert loop_weighted_collective_bytes(multiline)["all-reduce"] == 3 * 16
+
+
+def _speculative(**inference) -> ml_collections.ConfigDict:
+    c = _inference("decode")
+    c.inference = {
+        "mode": "speculative",
+        "batch_size": 2,
+        "max_len": 1024,
+        "spec_ks": (2,),
+        "acceptance": (2.5,),
+        "draft_window": 0,
+    } | inference
+    return c
+
+
+@pytest.mark.slow
+def test_speculative_programs_compile_and_project(devices):
+    from benchmarks import aot_spec
+
+    c = _speculative()
+    c.model.n_layers = 1  # five programs, layers unrolled: the compile's cost grows with them
+    rec = aot_spec.compile_speculative(c, devices, spec_of(devices[0].device_kind))
+    progs = rec["programs"]
+    assert list(progs) == ["decode", "decode_reads", "draft", "draft_reads", "verify_k2"]
+    assert rec["summary"]["draft_window"] == 128  # 0: the model's window
+    # One slot of every row in every layer: 1 layer x 2 rows x 2 kv heads x 128 x (K, V) x bf16.
+    assert rec["slot_bytes"] == 2 * 2 * 128 * 2 * 2
+    b = {n: r["cost_analysis"]["bytes accessed"] for n, r in progs.items()}
+    # Plain decode's global queries read all 1024 slots, the draft's only the last 128.
+    assert b["draft_reads"] < b["decode_reads"] < b["decode"]
+    (row,) = rec["rounds"]
+    want = b["decode"] * 2.5 / (3 * b["draft"] + b["verify_k2"])  # k + 1 = 3 draft steps
+    assert row["compiled"]["projected_speedup"] == pytest.approx(want, rel=1e-12)
+    step, draft = b["decode_reads"] + 2048, b["draft_reads"] + 2048  # reads + the slot written
+    assert row["in_place"]["round_bytes"] == pytest.approx(3 * draft + b["verify_k2"], rel=1e-12)
+    assert row["in_place"]["plain_bytes_per_token"] == pytest.approx(step, rel=1e-12)
+    assert "| 2 | 2.5 |" in aot_spec.markdown(rec)
+
+
+@pytest.mark.parametrize(
+    ("inference", "model", "match"),
+    [
+        ({"acceptance": (2.5, 3.0)}, {}, r"inference.acceptance=\(2.5, 3.0\) needs one value"),
+        ({"acceptance": (3.5,)}, {}, r"acceptance 3.5 \(tokens per verify\) in \[1, k \+ 1\]"),
+        ({"draft_window": 2048}, {}, r"draft_window=2048 exceeds the cache \(1024 slots\)"),
+        ({}, {"architecture": "orthros_h", "layer_types": ("gdn", "attention")}, "roll back"),
+    ],
+)
+def test_speculative_bad_input_before_compile(devices, inference, model, match):
+    from benchmarks import aot_spec
+
+    c = _speculative(**inference)
+    c.model.update(model)
+    with pytest.raises(ValueError, match=match):
+        aot_spec.speculative_programs(c, devices)

@@ -2,7 +2,8 @@
 files under the one output folder; the summary is built from the benchmark's own numbers. Its
 launch/benchmark.py run is also launch/benchmark.py's end-to-end test: the flags after
 --dry-run add every other suite (honesty, memory, inference, window, table4) to the dry run's
-prefill, decode and train, so one process compiles the bench model once for all of them."""
+prefill, decode, train and speculative, so one process compiles the bench model once for all of
+them."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The other suites' sizes (the dry run's model: d 64, 2 layers, window 16, prefill chunk 64).
 OTHER_SUITES = [
-    "--suites=prefill,decode,train,honesty,memory,inference,window,table4",
+    "--suites=prefill,decode,train,speculative,honesty,memory,inference,window,table4",
     "--config.window_blocks=(4,8)",
     "--config.inference_len=24",
     "--config.inference_new_tokens=2",
@@ -68,6 +69,15 @@ def test_dry_run_writes_every_output_and_every_suite_runs(tmp_path):
     assert (out / "bench" / "bench.png").stat().st_size > 1000
     md = (out / "bench" / "bench.md").read_text()
     assert "| T |" in md and "| orthros | " in md
+    # The speculative decode (k = 2, 3 new tokens: the first, then rounds of at most 1 draft).
+    (spec,) = bench["speculative"]
+    assert (spec["context"], spec["k"], spec["new_tokens"]) == (128, 2, 3)
+    for arm in ("orthros", "transformer"):
+        a = spec[arm]
+        assert a["plain_tok_s"] > 0 and a["spec_tok_s"] > 0 and a["round_over_step"] > 0
+        assert a["tokens_per_verify"] >= 1
+        assert a["projected_ratio"] == pytest.approx(2.79 / a["round_over_step"], rel=1e-12)
+    assert "| 128 | orthros | 2 |" in (out / "summary.md").read_text()
     # The other suites (they were tests/test_benchmark.py's end-to-end run).
     assert [r["T"] for r in bench["honesty"]] == [128, 256]
     assert all(r["ours_over_dense"] > 0 for r in bench["honesty"])

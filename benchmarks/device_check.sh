@@ -26,7 +26,8 @@ if [[ "$DRY" == "--dry-run" ]]; then
          --config.model.attention_impl=xla "--config.prefill_lengths=(128,256)"
          "--config.decode_contexts=(128,)" --config.decode_steps=2 --config.train_len=64
          --config.train_batch=1 --config.repeats=1 "--config.spec_contexts=(128,)"
-         --config.spec_k=2 --config.spec_acceptance=2.79 --config.spec_new_tokens=3 "${@:3}")
+         --config.spec_k=2 --config.spec_acceptance=2.79 --config.spec_new_tokens=3
+         "--config.spec_arms=('orthros',)" "${@:3}")
 elif [[ -n "$DRY" ]]; then
   echo "device_check.sh: unknown option $DRY (only --dry-run)" >&2; exit 2
 else

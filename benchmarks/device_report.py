@@ -49,7 +49,7 @@ def summary(bench: dict) -> str:
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in bench["speculative"]:
-            for arm in (ORTHROS, TRANSFORMER):
+            for arm in [a for a in (ORTHROS, TRANSFORMER) if a in r]:
                 a = r[arm]
                 lines.append(
                     f"| {r['context']} | {arm} | {r['k']} | {a['plain_tok_s']:.1f} | "

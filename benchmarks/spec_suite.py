@@ -60,14 +60,15 @@ def _loop_calls(
 
 
 def speculative_suite(c: Any, cfgs: dict[str, ModelConfig], params: dict, results: dict) -> None:
-    """Per context and arm: plain and speculative tokens/s (k = c.spec_k, draft window = the
+    """Per context and arm of c.spec_arms: plain and speculative tokens/s (k = c.spec_k, draft window = the
     model's window), tokens per verify, a round's time in plain steps, the measured ratio
     (median of per-round ratios) and the projection at c.spec_acceptance."""
     bsz, new = c.batch_size, c.spec_new_tokens
     rows = []
     for context in c.spec_contexts:
         row: dict[str, Any] = {"context": context, "k": c.spec_k, "new_tokens": new}
-        for name, cfg in cfgs.items():
+        for name in c.spec_arms:
+            cfg = cfgs[name]
             spec = Speculative(c.spec_k, cfg.window)
             calls, out = _loop_calls(cfg, params[name], context, c, spec)
             timing = bench.time_interleaved(calls, c.repeats)  # one arm's cache at a time

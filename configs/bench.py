@@ -42,6 +42,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.spec_k = 4
     c.spec_acceptance = 4.33
     c.spec_new_tokens = 16
+    c.spec_arms = ("orthros", "transformer")
     # Suite 'table4' (benchmarks/table4.py): the hybrid arms are this model with the
     # (gdn, gdn, gdn, attention) cycle and Qwen3.5's GDN proportions at this width (value heads
     # twice the key heads, dims 64); configs/bench_hybrid.py sizes a run of it for this CPU.

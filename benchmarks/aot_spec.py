@@ -4,23 +4,25 @@ step, the draft step (drivers.decode with draft_window) and the verify pass of e
 (inference/spec_passes.py) as the target's compiler builds them, and the bytes each reads per
 accepted token (docs/speculative.md "On accelerators, by compilation").
 
-Bytes and FLOPs are XLA's cost analysis of each compiled per-device program: "bytes accessed",
-every instruction's operand and output bytes (a dynamic slice counts its slice, an in-place
-update its update). It counts a scanned loop body once, so the programs are compiled with the
-layers unrolled (model.scan_layers=False): every layer is counted. A round of a two-stream
-model is k + 1 draft steps and one verify pass (a single-stream arm, MagicDec-style: k draft
-steps and a verify pass that rewrites the k + 1 tokens' K/V); at a tokens per verify (the
-acceptance measured on a trained model, inference.acceptance) it emits a tokens, so
+Bytes and FLOPs are XLA's cost analysis of compiled per-device programs: "bytes accessed",
+every instruction's operand and output bytes. It counts a scanned loop body once, and an
+unrolled 8B program at 128K takes minutes to compile here, so the counts come from the same
+programs with 1 and 2 layers unrolled, extrapolated to the model's n layers: x(n) = x(1) +
+(n - 1) (x(2) - x(1)) (every layer is the same program; the embedding and head are the
+rest). XLA's count charges a cache write (a scatter of one slot per row into a layer's stack of
+every slot, done in place) with the whole stack, and a compiler may relayout the whole cache
+around it (docs/tpu-gpu.md), so the counted programs return their logits only (the write is
+dead code) and the bytes the write stores are added: one slot per row and written token in
+every layer. The programs as configured (n layers, scanned) are compiled too, for their
+memory: whether the target holds them.
+
+A round of a two-stream model is k + 1 draft steps and one verify pass (a single-stream arm,
+MagicDec-style: k draft steps and a verify pass that rewrites the k + 1 tokens' K/V); at a
+tokens per verify (the acceptance measured on a trained model, inference.acceptance) it emits
+a tokens, so
 
     bytes per accepted token = (drafts * draft + verify) / a,
-    projected speedup = plain decode's bytes / that  (a projection: bytes, not time)
-
-XLA's count charges a cache write (a scatter of one slot per row into a layer's stack of every
-slot) with the whole stack it updates in place, and a compiler may relayout the whole cache
-around it (the TPU compiler's copies; the GPU one's transposes, docs/tpu-gpu.md). So each
-program that writes the cache is also compiled returning its logits only ("<name>_reads": the
-write is dead code), and the "in place" figures are those reads plus the bytes the write
-itself stores (one slot per row and token in every layer).
+    projected speedup = plain decode's bytes per token / that  (a projection: bytes, not time)
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ from orthros_jax.parallel import sharding
 from orthros_jax.parallel.device_specs import DeviceSpec
 
 PLAIN, DRAFT = "decode", "draft"
-READS = "_reads"  # the suffix of a writing program's logits-only twin
 
 
 def verify_name(k: int) -> str:
@@ -67,13 +68,13 @@ def _check(inf: aot.InferenceConfig) -> tuple[tuple[int, ...], tuple[float, ...]
     return ks, acc
 
 
-def speculative_programs(config: Any, devices: list[Any]) -> dict[str, aot.Program]:
+def speculative_programs(
+    config: Any, devices: list[Any], reads: bool = False
+) -> dict[str, aot.Program]:
     """The decode step, the draft step and one verify pass per k of a speculative inference
-    config, layers unrolled (cost analysis counts every layer); ValueError (before any compile)
-    for a speculation this model, cache or mesh cannot run."""
-    plain = to_plain(config)
-    plain["model"] = dict(plain["model"], scan_layers=False)
-    st = aot.inference_setup(plain, devices)
+    config (reads: each returning its logits only, its cache write dead code); ValueError
+    (before any compile) for a speculation this model, cache or mesh cannot run."""
+    st = aot.inference_setup(config, devices)
     cfg, inf, mesh = st.cfg, st.inf, st.mesh
     ks, _ = _check(inf)
     window = inf.draft_window or cfg.window
@@ -85,11 +86,10 @@ def speculative_programs(config: Any, devices: list[Any]) -> dict[str, aot.Progr
 
     def add(name: str, fn: Any, args: tuple, writes: bool) -> None:
         """fn(params, cache, ...) -> (logits, cache) if it writes, else logits."""
+        if writes and reads:
+            fn, writes = (lambda f: lambda *a: f(*a)[0])(fn), False
         jitted = jax.jit(sharding.traced_under(fn, mesh), donate_argnums=(1,) if writes else ())
         progs[name] = aot.Program(jitted, args, mesh, name, None, summary | {"program": name})
-        if writes:  # its logits only: the cache write is dead code
-            reads = jax.jit(sharding.traced_under(lambda *a: fn(*a)[0], mesh))
-            progs[name + READS] = aot.Program(reads, args, mesh, name, None, summary)
 
     step = (st.params, st.cache, st.vec(jnp.int32), st.vec(jnp.bool_))
     add(PLAIN, lambda p, c, t, a: drivers.decode(p, c, t, a, cfg=cfg), step, True)
@@ -118,18 +118,38 @@ def slot_bytes(cache: Any) -> float:
     return total
 
 
+def _layers(config: Any, n: int) -> dict[str, Any]:
+    plain = to_plain(config)
+    plain["model"] = dict(plain["model"], n_layers=n, scan_layers=False)
+    return plain
+
+
 def compile_speculative(config: Any, devices: list[Any], spec: DeviceSpec) -> dict[str, Any]:
-    """Compiles every program of speculative_programs and projects each k's bytes per accepted
-    token: the compile.json record ({"programs": name -> compile_program's record, "rounds":
-    one row per k})."""
-    progs = speculative_programs(config, devices)
+    """Compiles the programs of speculative_programs as configured (their memory) and, logits
+    only, with 1 and 2 layers unrolled (their cost, extrapolated to the model's layers), and
+    projects each k's bytes per accepted token: the compile.json record ({"programs": name ->
+    compile_program's record with "cost_analysis" the extrapolated count, "rounds": per k})."""
+    full = speculative_programs(config, devices)
+    counted = {n: speculative_programs(_layers(config, n), devices, reads=True) for n in (1, 2)}
     inf = aot.InferenceConfig(**to_plain(config)["inference"])
     ks, acc = _check(inf)
-    plain = progs[PLAIN]
+    plain = full[PLAIN]
+    layers = aot.ModelConfig.from_dict(to_plain(config)["model"]).n_layers
     recs: dict[str, Any] = {}
-    for name, prog in progs.items():
-        recs[name] = aot.compile_program(prog, spec)
-        print(f"{name}: {recs[name].get('cost_analysis')}", flush=True)
+    for name, prog in full.items():
+        rec = aot.compile_program(prog, spec)
+        c1, c2 = (
+            aot.cost_analysis(counted[n][name].fn.lower(*counted[n][name].args).compile())
+            for n in (1, 2)
+        )
+        rec["cost_1_2_layers"] = [c1, c2]
+        rec["cost_analysis"] = {k: c1[k] + (layers - 1) * (c2[k] - c1[k]) for k in c1}
+        if "hlo_text" in rec:  # the roofline at the counted FLOPs
+            rec["flops_per_device"] = rec["cost_analysis"]["flops"]
+            rec["flops_per_step"] = rec["flops_per_device"] * prog.mesh.size
+            rec = aot.analyze(rec, rec["hlo_text"], spec)
+        recs[name] = rec
+        print(f"{name}: {rec['cost_analysis']}", flush=True)
     summary = {k: v for k, v in plain.summary.items() if k != "program"}
     out = {
         "kind": "speculative",
@@ -143,17 +163,16 @@ def compile_speculative(config: Any, devices: list[Any], spec: DeviceSpec) -> di
     return out
 
 
-def _bytes(rec: dict[str, Any], name: str, in_place: bool, tokens: int) -> float | None:
-    """A program's bytes as compiled, or (in_place) its logits-only twin's plus the `tokens`
-    slots per row its write stores; None where the compiler refused one for memory."""
-    progs = rec["programs"]
-    if in_place and name + READS in progs:
-        r = progs[name + READS]
-        if "cost_analysis" not in r:
-            return None
-        return r["cost_analysis"]["bytes accessed"] + tokens * rec["slot_bytes"]
-    r = progs[name]
-    return r["cost_analysis"]["bytes accessed"] if "cost_analysis" in r else None
+def bytes_of(rec: dict[str, Any], name: str) -> float:
+    """A program's counted bytes (logits only) plus the slots its cache write stores: one per
+    row for a decode / draft step, k + 1 for a single-stream arm's verify pass (a two-stream
+    verify writes nothing)."""
+    r = rec["programs"][name]
+    if name in (PLAIN, DRAFT):
+        tokens = 1
+    else:
+        tokens = 0 if rec["summary"]["two_streams"] else int(name.removeprefix("verify_k")) + 1
+    return r["cost_analysis"]["bytes accessed"] + tokens * rec["slot_bytes"]
 
 
 def rounds(
@@ -164,21 +183,19 @@ def rounds(
     spec: DeviceSpec,
 ) -> list[dict[str, Any]]:
     """Per k: a round's bytes (drafts x draft step + verify), bytes per accepted token at the
-    acceptance a, plain decode's bytes per token and their ratio (the projected speedup), as
-    compiled and with the cache writes in place; HBM-bound ms per token at spec's bandwidth."""
+    acceptance a, plain decode's bytes per token and their ratio (the projected speedup);
+    HBM-bound ms per token at spec's bandwidth."""
     rows = []
+    plain, draft = bytes_of(rec, PLAIN), bytes_of(rec, DRAFT)
     for k, a in zip(ks, acc, strict=True):
         drafts = k + 1 if two_streams else k
-        row: dict[str, Any] = {"k": k, "acceptance": a, "draft_steps": drafts}
-        for label, in_place in (("compiled", False), ("in_place", True)):
-            plain = _bytes(rec, PLAIN, in_place, 1)
-            draft = _bytes(rec, DRAFT, in_place, 1)
-            verify = _bytes(rec, verify_name(k), in_place, k + 1)
-            if plain is None or draft is None or verify is None:
-                row[label] = None
-                continue
-            per_round = drafts * draft + verify
-            row[label] = {
+        verify = bytes_of(rec, verify_name(k))
+        per_round = drafts * draft + verify
+        rows.append(
+            {
+                "k": k,
+                "acceptance": a,
+                "draft_steps": drafts,
                 "plain_bytes_per_token": plain,
                 "draft_bytes": draft,
                 "verify_bytes": verify,
@@ -189,7 +206,7 @@ def rounds(
                 "plain_ms_per_token": 1e3 * plain / spec.hbm_bandwidth,
                 "spec_ms_per_token": 1e3 * per_round / a / spec.hbm_bandwidth,
             }
-        rows.append(row)
+        )
     return rows
 
 
@@ -204,39 +221,30 @@ def markdown(rec: dict[str, Any], command: str = "") -> str:
         f"{rec.get('target', '?')}: {rec['devices']} x {dev['name']} "
         f"({', '.join(f'{k}={v}' for k, v in s['mesh'].items())}); per device",
         "",
-        "| program | bytes accessed (as compiled) | cache write in place | GFLOP | peak (HBM) |",
-        "|---|---:|---:|---:|---|",
+        "| program | bytes accessed (cache write in place) | GFLOP | peak (HBM) |",
+        "|---|---:|---:|---|",
     ]
-    names = [n for n in rec["programs"] if not n.endswith(READS)]
-    for name in names:
-        r = rec["programs"][name]
-        if "cost_analysis" not in r:
-            lines.append(f"| {name} | - | - | - | does not fit: {r.get('error', '')[:80]} |")
-            continue
-        k = int(name.removeprefix("verify_k")) if name.startswith("verify") else 0
-        in_place = _bytes(rec, name, True, k + 1)
+    for name, r in rec["programs"].items():
+        fits = (
+            f"{gib(r['bytes_per_device']['peak'])} ({gib(dev['hbm_bytes'])})"
+            if "bytes_per_device" in r
+            else f"does not fit: {r.get('error', '')[:80]}"
+        )
         lines.append(
-            f"| {name} | {gib(r['cost_analysis']['bytes accessed'])} | "
-            f"{'-' if in_place is None else gib(in_place)} | "
-            f"{r['cost_analysis']['flops'] / 1e9:.1f} | "
-            f"{gib(r['bytes_per_device']['peak'])} ({gib(dev['hbm_bytes'])}) |"
+            f"| {name} | {gib(bytes_of(rec, name))} | "
+            f"{r['cost_analysis']['flops'] / 1e9:.1f} | {fits} |"
         )
     lines += [
         "",
         "| k | a | round / plain step | bytes / accepted token | plain bytes / token | "
-        "projected speedup | as compiled |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "projected speedup |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for r in rec["rounds"]:
-        c, p = r["compiled"], r["in_place"]
-        if c is None or p is None:
-            lines.append(f"| {r['k']} | {r['acceptance']} | - | - | - | - | - |")
-            continue
         lines.append(
-            f"| {r['k']} | {r['acceptance']} | {p['round_over_step']:.2f} | "
-            f"{gib(p['spec_bytes_per_token'])} | {gib(p['plain_bytes_per_token'])} | "
-            f"{p['projected_speedup']:.2f}x (projection) | "
-            f"{c['projected_speedup']:.2f}x (projection) |"
+            f"| {r['k']} | {r['acceptance']} | {r['round_over_step']:.2f} | "
+            f"{gib(r['spec_bytes_per_token'])} | {gib(r['plain_bytes_per_token'])} | "
+            f"{r['projected_speedup']:.2f}x (projection) |"
         )
     if command:
         lines += ["", f"`{command}`"]

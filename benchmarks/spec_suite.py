@@ -60,9 +60,9 @@ def _loop_calls(
 
 
 def speculative_suite(c: Any, cfgs: dict[str, ModelConfig], params: dict, results: dict) -> None:
-    """Per context and arm of c.spec_arms: plain and speculative tokens/s (k = c.spec_k, draft window = the
-    model's window), tokens per verify, a round's time in plain steps, the measured ratio
-    (median of per-round ratios) and the projection at c.spec_acceptance."""
+    """Per context and arm of c.spec_arms: plain and speculative tokens/s (k = c.spec_k, draft
+    window = the model's window), tokens per verify, a round's time in plain steps, the
+    measured ratio (median of per-round ratios) and the projection at c.spec_acceptance."""
     bsz, new = c.batch_size, c.spec_new_tokens
     rows = []
     for context in c.spec_contexts:

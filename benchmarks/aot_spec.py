@@ -7,14 +7,15 @@ accepted token (docs/speculative.md "On accelerators, by compilation").
 Bytes and FLOPs are XLA's cost analysis of compiled per-device programs: "bytes accessed",
 every instruction's operand and output bytes. It counts a scanned loop body once, and an
 unrolled 8B program at 128K takes minutes to compile here, so the counts come from the same
-programs with 1 and 2 layers unrolled, extrapolated to the model's n layers: x(n) = x(1) +
-(n - 1) (x(2) - x(1)) (every layer is the same program; the embedding and head are the
-rest). XLA's count charges a cache write (a scatter of one slot per row into a layer's stack of
-every slot, done in place) with the whole stack, and a compiler may relayout the whole cache
-around it (docs/tpu-gpu.md), so the counted programs return their logits only (the write is
-dead code) and the bytes the write stores are added: one slot per row and written token in
-every layer. The programs as configured (n layers, scanned) are compiled too, for their
-memory: whether the target holds them.
+programs with 2 and 3 layers unrolled, extrapolated to the model's n layers: x(n) = x(2) +
+(n - 2) (x(3) - x(2)) (every layer is the same program; the embedding and head are the rest;
+a 1-layer program is not one layer less, XLA fuses it differently, and the count is linear
+from 2 layers on). XLA's count charges a cache write (a scatter of one slot per row into a
+layer's stack of every slot, done in place) with the whole stack, and a compiler may relayout
+the whole cache around it (docs/tpu-gpu.md), so the counted programs return their logits only
+(the write is dead code) and the bytes the write stores are added: one slot per row and
+written token in every layer. The plain decode step as configured (n layers, scanned) is
+compiled too, for its memory: whether the target holds it.
 
 A round of a two-stream model is k + 1 draft steps and one verify pass (a single-stream arm,
 MagicDec-style: k draft steps and a verify pass that rewrites the k + 1 tokens' K/V); at a
@@ -27,6 +28,7 @@ a tokens, so
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -41,6 +43,7 @@ from orthros_jax.parallel import sharding
 from orthros_jax.parallel.device_specs import DeviceSpec
 
 PLAIN, DRAFT = "decode", "draft"
+BASIS = (2, 3)  # the layer counts whose programs' costs are extrapolated
 
 
 def verify_name(k: int) -> str:
@@ -125,28 +128,30 @@ def _layers(config: Any, n: int) -> dict[str, Any]:
 
 
 def compile_speculative(config: Any, devices: list[Any], spec: DeviceSpec) -> dict[str, Any]:
-    """Compiles the programs of speculative_programs as configured (their memory) and, logits
-    only, with 1 and 2 layers unrolled (their cost, extrapolated to the model's layers), and
-    projects each k's bytes per accepted token: the compile.json record ({"programs": name ->
-    compile_program's record with "cost_analysis" the extrapolated count, "rounds": per k})."""
+    """Compiles the plain decode step as configured (its memory: the round's programs hold the
+    same weights and cache, and a step that writes the cache needs the most) and every program
+    of speculative_programs, logits only, with 2 and 3 layers unrolled (their cost,
+    extrapolated to the model's layers), and projects each k's bytes per accepted token: the
+    compile.json record ({"programs": name -> {"cost_analysis": the extrapolated count, ...},
+    the decode step's with compile_program's figures; "rounds": one row per k})."""
     full = speculative_programs(config, devices)
-    counted = {n: speculative_programs(_layers(config, n), devices, reads=True) for n in (1, 2)}
+    counted = {n: speculative_programs(_layers(config, n), devices, reads=True) for n in BASIS}
     inf = aot.InferenceConfig(**to_plain(config)["inference"])
     ks, acc = _check(inf)
     plain = full[PLAIN]
     layers = aot.ModelConfig.from_dict(to_plain(config)["model"]).n_layers
     recs: dict[str, Any] = {}
-    for name, prog in full.items():
-        rec = aot.compile_program(prog, spec)
-        c1, c2 = (
+    for name in full:
+        rec = aot.compile_program(plain, spec) if name == PLAIN else {}
+        c2, c3 = (
             aot.cost_analysis(counted[n][name].fn.lower(*counted[n][name].args).compile())
-            for n in (1, 2)
+            for n in BASIS
         )
-        rec["cost_1_2_layers"] = [c1, c2]
-        rec["cost_analysis"] = {k: c1[k] + (layers - 1) * (c2[k] - c1[k]) for k in c1}
+        rec["cost_2_3_layers"] = [c2, c3]
+        rec["cost_analysis"] = {k: c2[k] + (layers - 2) * (c3[k] - c2[k]) for k in c2}
         if "hlo_text" in rec:  # the roofline at the counted FLOPs
             rec["flops_per_device"] = rec["cost_analysis"]["flops"]
-            rec["flops_per_step"] = rec["flops_per_device"] * prog.mesh.size
+            rec["flops_per_step"] = rec["flops_per_device"] * plain.mesh.size
             rec = aot.analyze(rec, rec["hlo_text"], spec)
         recs[name] = rec
         print(f"{name}: {rec['cost_analysis']}", flush=True)
@@ -155,7 +160,7 @@ def compile_speculative(config: Any, devices: list[Any], spec: DeviceSpec) -> di
         "kind": "speculative",
         "summary": summary | {"spec_ks": list(ks), "acceptance": list(acc)},
         "devices": plain.mesh.size,
-        "device": recs[PLAIN]["device"],
+        "device": dataclasses.asdict(spec),
         "slot_bytes": slot_bytes(plain.args[1]),
         "programs": recs,
     }
@@ -221,15 +226,14 @@ def markdown(rec: dict[str, Any], command: str = "") -> str:
         f"{rec.get('target', '?')}: {rec['devices']} x {dev['name']} "
         f"({', '.join(f'{k}={v}' for k, v in s['mesh'].items())}); per device",
         "",
-        "| program | bytes accessed (cache write in place) | GFLOP | peak (HBM) |",
+        "| program | bytes accessed (cache write in place) | GFLOP | peak as configured (HBM) |",
         "|---|---:|---:|---|",
     ]
     for name, r in rec["programs"].items():
-        fits = (
-            f"{gib(r['bytes_per_device']['peak'])} ({gib(dev['hbm_bytes'])})"
-            if "bytes_per_device" in r
-            else f"does not fit: {r.get('error', '')[:80]}"
-        )
+        if "bytes_per_device" in r:
+            fits = f"{gib(r['bytes_per_device']['peak'])} ({gib(dev['hbm_bytes'])})"
+        else:
+            fits = f"does not fit: {r['error'][:80]}" if "error" in r else "-"
         lines.append(
             f"| {name} | {gib(bytes_of(rec, name))} | "
             f"{r['cost_analysis']['flops'] / 1e9:.1f} | {fits} |"

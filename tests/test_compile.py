@@ -227,20 +227,20 @@ def test_speculative_programs_compile_and_project(devices):
     from benchmarks import aot_spec
 
     c = _speculative()
-    c.model.n_layers = 3  # the programs as configured (scanned); counted at 1 and 2 layers
+    c.model.n_layers = 4  # the programs as configured (scanned); counted at 2 and 3 layers
     rec = aot_spec.compile_speculative(c, devices, spec_of(devices[0].device_kind))
     progs = rec["programs"]
     assert list(progs) == ["decode", "draft", "verify_k2"]
     assert rec["summary"]["draft_window"] == 128  # 0: the model's window
-    assert all(r["fits"] for r in progs.values())
-    # One slot of every row in every layer: 3 layers x 2 rows x 2 kv heads x 128 x (K, V) x bf16.
-    slot = 3 * 2 * 2 * 128 * 2 * 2
+    assert progs["decode"]["fits"]  # compiled as configured for its memory, the others not
+    # One slot of every row in every layer: 4 layers x 2 rows x 2 kv heads x 128 x (K, V) x bf16.
+    slot = 4 * 2 * 2 * 128 * 2 * 2
     assert rec["slot_bytes"] == slot
     b = {}
     for name, r in progs.items():
-        one, two = (x["bytes accessed"] for x in r["cost_1_2_layers"])
+        two, three = (x["bytes accessed"] for x in r["cost_2_3_layers"])
         b[name] = r["cost_analysis"]["bytes accessed"]
-        assert b[name] == one + 2 * (two - one)  # extrapolated to the 3 layers
+        assert b[name] == two + 2 * (three - two)  # extrapolated to the 4 layers
     # Plain decode's global queries read all 1024 slots, the draft's only the last 128.
     assert b["draft"] < b["decode"]
     (row,) = rec["rounds"]

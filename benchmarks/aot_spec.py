@@ -253,3 +253,39 @@ def markdown(rec: dict[str, Any], command: str = "") -> str:
     if command:
         lines += ["", f"`{command}`"]
     return "\n".join(lines) + "\n"
+
+
+def table(recs: list[dict[str, Any]]) -> str:
+    """docs/speculative.md's table from several records: one row per record and k."""
+    from benchmarks.aot_table import gib
+
+    lines = [
+        "| arm | target (mesh) | batch | decode / draft / verify per device | peak (HBM) | k | "
+        "round / plain step | bytes / accepted token vs plain | projected speedup |",
+        "|---|---|---|---|---|---|---:|---:|---:|",
+    ]
+    for rec in recs:
+        s, progs = rec["summary"], rec["programs"]
+        mesh = ", ".join(f"{k}={v}" for k, v in s["mesh"].items() if v > 1) or "1 chip"
+        mem = progs[PLAIN].get("bytes_per_device")
+        peak = f"{gib(mem['peak'])} ({gib(rec['device']['hbm_bytes'])})" if mem else "no"
+        for r in rec["rounds"]:
+            lines.append(
+                f"| {s['architecture']} | {rec['target']} ({mesh}) | {s['batch']} | "
+                f"{gib(r['plain_bytes_per_token'])} / {gib(r['draft_bytes'])} / "
+                f"{gib(r['verify_bytes'])} | {peak} | {r['k']} | {r['round_over_step']:.2f} | "
+                f"{gib(r['spec_bytes_per_token'])} vs {gib(r['plain_bytes_per_token'])} | "
+                f"{r['projected_speedup']:.2f}x at a = {r['acceptance']} (projection) |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    records = []
+    for path in sys.argv[1:]:
+        with open(path) as f:
+            records.append(json.load(f))
+    print(table(records), end="")

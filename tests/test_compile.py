@@ -249,6 +249,11 @@ def test_speculative_programs_compile_and_project(devices):
     assert row["projected_speedup"] == pytest.approx(
         step * 2.5 / (3 * draft + b["verify_k2"]), rel=1e-12
     )
+    # The cost model: Orthros reads W + (T + w) b per plain step, W + (w + w_d) b per draft
+    # step and W + T b per verify pass (T 1024 slots, w = w_d = 128).
+    w_b = rec["weight_bytes"]
+    model_round = 3 * (w_b + 256 * slot) + w_b + 1024 * slot
+    assert row["model_round_over_step"] == pytest.approx(model_round / (w_b + 1152 * slot))
     assert "| 2 | 2.5 |" in aot_spec.markdown(rec)
 
 

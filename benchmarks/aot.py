@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from benchmarks import hlo_stats
 from benchmarks.hlo_loops import loop_weighted_collective_bytes
 from orthros_jax.config import ModelConfig
 from orthros_jax.config.cli import to_plain
@@ -341,7 +342,7 @@ def compile_program(program: Program, spec: DeviceSpec) -> dict[str, Any]:
             rec["oom_available_bytes"] = float(m["have"]) * _UNITS[m["unit2"]]
             rec["oom_what"] = m["what"].split(" for ")[-1].strip()  # e.g. "HLO temporaries"
         return rec
-    rec["cost_analysis"] = cost_analysis(compiled)
+    rec["cost_analysis"] = hlo_stats.cost_analysis(compiled)
     if program.flops is None:
         rec["flops_per_device"] = rec["cost_analysis"]["flops"]
         rec["flops_per_step"] = rec["flops_per_device"] * n
@@ -359,22 +360,6 @@ def compile_program(program: Program, spec: DeviceSpec) -> dict[str, Any]:
     text = compiled.as_text()
     rec["hlo_text"] = text  # written beside compile.json (hlo.txt.gz), not into it
     return analyze(rec, text, spec)
-
-
-def cost_analysis(compiled: Any) -> dict[str, float]:
-    """{"flops", "bytes accessed"} of a compiled per-device program by XLA's HloCostAnalysis
-    (a scanned loop body counted once). The GPU compiler's AOT executable reports none: its
-    optimized module is then costed by the CPU client's HloCostAnalysis, the same generic
-    per-instruction count of operand and output bytes."""
-    cost = compiled.cost_analysis()
-    if not cost:
-        from jax._src.lib import xla_client
-
-        module = compiled.runtime_executable().hlo_modules()[0]
-        cpu = jax.local_devices(backend="cpu")[0].client
-        cost = xla_client._xla.hlo_module_cost_analysis(cpu, module)
-    cost = cost[0] if isinstance(cost, list) else cost
-    return {k: float(cost.get(k, 0.0)) for k in ("flops", "bytes accessed")}
 
 
 def analyze(rec: dict[str, Any], text: str, spec: DeviceSpec) -> dict[str, Any]:

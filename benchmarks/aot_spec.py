@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from benchmarks import aot
+from benchmarks import aot, hlo_stats
 from orthros_jax.config.cli import to_plain
 from orthros_jax.inference import drivers, spec_passes
 from orthros_jax.inference.speculative import Speculative, check
@@ -144,7 +144,7 @@ def compile_speculative(config: Any, devices: list[Any], spec: DeviceSpec) -> di
     for name in full:
         rec = aot.compile_program(plain, spec) if name == PLAIN else {}
         c2, c3 = (
-            aot.cost_analysis(counted[n][name].fn.lower(*counted[n][name].args).compile())
+            hlo_stats.cost_analysis(counted[n][name].fn.lower(*counted[n][name].args).compile())
             for n in BASIS
         )
         rec["cost_2_3_layers"] = [c2, c3]

@@ -1,4 +1,5 @@
-"""Bytes moved by the collectives of a compiled XLA program, read from its HLO text.
+"""Bytes moved by the collectives of a compiled XLA program, read from its HLO text, and XLA's
+cost analysis of a compiled program (cost_analysis).
 
 Used to check communication claims from the program itself (e.g. a halo exchange moves the
 same bytes at any sequence length while an all-gather grows with it), not from a timer.
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import re
 from typing import Any
+
+import jax
 
 COLLECTIVE_KINDS = (
     "all-gather",
@@ -95,3 +98,19 @@ def collective_bytes(compiled_or_hlo_text: Any) -> dict[str, int]:
         if m:
             out[m["op"]] += shape_bytes(m["shape"])
     return out
+
+
+def cost_analysis(compiled: Any) -> dict[str, float]:
+    """{"flops", "bytes accessed"} of a compiled per-device program by XLA's HloCostAnalysis
+    (a scanned loop body counted once). The GPU compiler's AOT executable reports none: its
+    optimized module is then costed by the CPU client's HloCostAnalysis, the same generic
+    per-instruction count of operand and output bytes."""
+    cost = compiled.cost_analysis()
+    if not cost:
+        from jax._src.lib import xla_client
+
+        module = compiled.runtime_executable().hlo_modules()[0]
+        cpu = jax.local_devices(backend="cpu")[0].client
+        cost = xla_client._xla.hlo_module_cost_analysis(cpu, module)
+    cost = cost[0] if isinstance(cost, list) else cost
+    return {k: float(cost.get(k, 0.0)) for k in ("flops", "bytes accessed")}

@@ -13,10 +13,14 @@ Suites:
               embedded corpus, for k in --ks x draft_window in --window_multiples x w (a model
               with draft scale-offsets drafts with them: compare it with its base model).
   speed       decode tokens/s, plain and speculative (k = --speed_k, draft window w), at each
-              context in --contexts and batch in --batches, for both arms at the bench shape
-              (configs/bench.py; a cache of random K/V, so no prefill): the measured ratio at the
-              random weights' acceptance, the time of one round against one plain step, and the
-              projected ratio at the trained acceptance a (a * t_step / t_round), labelled.
+              context in --contexts and batch in --batches, plain and speculative interleaved
+              (the ratio is the median of the per-repeat ratios), with the acceptance (tokens
+              per verify) of the same run. With --speed_models (arm=model, e.g. the two arms of
+              configs/spec_long.py): each trained model on real prompts, slices of the
+              embedded corpus's held-out documents prefilled to the context, greedy output
+              checked identical to plain. Without: both arms at the bench shape (configs/bench.py)
+              with random weights over a cache of random K/V (no prefill; they accept almost
+              nothing), and the ratio projected at the 'acceptance' suite's a, labelled.
 Writes --out/speculative.json (every number) and speculative.md (the tables).
 """
 
@@ -65,6 +69,12 @@ def define_flags() -> None:
     flags.DEFINE_integer("speed_k", 4, "'speed': drafts per round.")
     flags.DEFINE_list("arms", [ORTHROS, TRANSFORMER], "'speed': arms to time.")
     flags.DEFINE_integer("repeats", 3, "'speed': timed runs (the median is kept).")
+    flags.DEFINE_list(
+        "speed_models",
+        [],
+        "'speed': trained models as arm=directory (load_model), timed on held-out prompts; "
+        "empty: the bench shape's random weights.",
+    )
 
 
 STOP = 10  # a byte that ends a line: rows stop at different places
@@ -152,52 +162,95 @@ def _random_cache(cfg: ModelConfig, batch: int, context: int, slots: int) -> Any
     return cache.replace(states=states, lengths=jnp.full((batch,), context, jnp.int32))
 
 
-def _timed_pair(plain: Any, spec: Any, make: Any) -> tuple[float, float, float, Any]:
+def _timed_pair(plain: Any, spec: Any, make: Any) -> tuple[float, float, float, Any, Any]:
     """plain(*make()) and spec(*make()) alternately, --repeats times after one run that
     compiles (make's arguments are built untimed: the cache is donated). Returns the median
     seconds of each, the median of the per-repeat ratios spec / plain (a shared machine's
-    drift hits both) and spec's last result."""
+    drift hits both) and each one's last result."""
     times: list[tuple[float, float]] = []
+    outs: list[Any] = [None, None]
     for _ in range(FLAGS.repeats + 1):
         pair = []
-        for fn in (plain, spec):
+        for i, fn in enumerate((plain, spec)):
             args = jax.block_until_ready(make())
             start = time.perf_counter()
-            out = jax.block_until_ready(fn(*args))
+            outs[i] = jax.block_until_ready(fn(*args))
             pair.append(time.perf_counter() - start)
+            del args
         times.append((pair[0], pair[1]))
     t = np.array(times[1:])
     return (
         float(np.median(t[:, 0])),
         float(np.median(t[:, 1])),
         float(np.median(t[:, 1] / t[:, 0])),
-        out,
+        outs[0],
+        outs[1],
     )
+
+
+def _held_out_prompts(context: int, batch: int) -> np.ndarray:
+    """[batch, context] byte ids: slices at random offsets of distinct held-out documents of the
+    embedded corpus (the training split's complement at the default validation fraction)."""
+    from orthros_jax.data import DataConfig
+    from orthros_jax.data.corpus import embedded_documents, is_validation
+
+    frac = DataConfig().validation_fraction
+    docs = [d.text.encode() for d in embedded_documents() if is_validation(d.id, frac)]
+    long = [d for d in docs if len(d) >= context]
+    if not long:
+        raise ValueError(f"--contexts: no held-out document has {context} bytes")
+    rs = np.random.RandomState(context)
+    rows = []
+    for i in rs.choice(len(long), batch, replace=len(long) < batch):
+        start = rs.randint(0, len(long[i]) - context + 1)
+        rows.append(np.frombuffer(long[i][start : start + context], np.uint8))
+    return np.stack(rows).astype(np.int32)
+
+
+def _speed_arms() -> list[tuple[str, ModelConfig, Any, bool]]:
+    """(arm, cfg, params, trained) of each arm to time: --speed_models, else the bench shape's
+    random weights."""
+    if not FLAGS.speed_models:
+        arms = _arms("configs/bench.py").items()
+        return [(a, cfg, _random_model(cfg), False) for a, cfg in arms if a in FLAGS.arms]
+    from orthros_jax.checkpoint import load_model
+
+    out = []
+    for item in FLAGS.speed_models:
+        arm, _, directory = item.partition("=")
+        if not directory:
+            raise ValueError(f"--speed_models: {item!r} is not arm=directory")
+        loaded = load_model(directory)
+        out.append((arm, loaded.cfg, jax.device_put(loaded.params), True))
+    return out
 
 
 def speed(results: dict) -> None:
     new, k = FLAGS.new, FLAGS.speed_k
-    for arm, cfg in _arms("configs/bench.py").items():
-        if arm not in FLAGS.arms:
-            continue
-        params = _random_model(cfg)
+    batches = sorted(map(int, FLAGS.batches))
+    for arm, cfg, params, trained in _speed_arms():
         spec = Speculative(k, cfg.window)
         for context in map(int, FLAGS.contexts):
-            for batch in map(int, FLAGS.batches):
+            prompts = _held_out_prompts(context, batches[-1]) if trained else None
+            for batch in batches:
                 slots = -(-(context + new + k + 1) // 128) * 128
-                logits = jnp.zeros((batch, cfg.vocab_size), jnp.float32)
                 stops = jnp.full((batch, 1), -1, jnp.int32)
-                make = lambda: (  # noqa: E731
-                    params,
-                    _random_cache(cfg, batch, context, slots),
-                    logits,
-                    jax.random.PRNGKey(0),
-                    stops,
-                )
+                if prompts is None:
+                    logits = jnp.zeros((batch, cfg.vocab_size), jnp.float32)
+                    filled = lambda: _random_cache(cfg, batch, context, slots)  # noqa: E731
+                else:
+                    cache = init_cache(cfg, batch, slots)
+                    lens = np.full((batch,), context)
+                    t0 = time.perf_counter()
+                    logits, ready = inference_api.prefill(params, cache, prompts[:batch], lens, cfg)
+                    ready = jax.block_until_ready(ready)
+                    print(f"{arm} {context}x{batch} prefill {time.perf_counter() - t0:.1f}s")
+                    filled = functools.partial(jax.tree.map, jnp.copy, ready)
+                make = lambda: (params, filled(), logits, jax.random.PRNGKey(0), stops)  # noqa: E731
                 common = dict(cfg=cfg, sampler=Sampler(), max_new_tokens=new)
                 plain_loop = functools.partial(inference_api._generate_jit, **common, mesh=None)
                 spec_loop = functools.partial(spec_lib.generate_jit, **common, spec=spec)
-                plain, sp, time_ratio, out = _timed_pair(plain_loop, spec_loop, make)
+                plain, sp, time_ratio, p_out, out = _timed_pair(plain_loop, spec_loop, make)
                 stats = jax.tree.map(np.asarray, out[5])
                 t_step = plain / (new - 1)
                 t_round = sp / max(1, int(stats.rounds.max()))
@@ -205,14 +258,19 @@ def speed(results: dict) -> None:
                     arm=arm, context=context, batch=batch, k=k, draft_window=spec.draft_window
                 )
                 row.update(
+                    trained=trained,
                     plain_tok_s=batch * (new - 1) / plain,
                     spec_tok_s=batch * (new - 1) / sp,
                     mean_accepted=_mean_accepted(stats),
+                    acceptance_rate=float(stats.accepted.sum() / max(1, stats.drafted.sum())),
                     round_over_step=t_round / t_step,
                 )
                 row["measured_ratio"] = 1 / time_ratio
+                row["identical"] = bool((np.asarray(p_out[0]) == np.asarray(out[0])).all())
                 results["speed"].append(row)
                 print(row, flush=True)
+                if prompts is not None:
+                    del ready
 
 
 def _table(rows: list[dict]) -> str:
@@ -233,7 +291,7 @@ def project(results: dict) -> None:
         if r["k"] == FLAGS.speed_k and r["window_multiple"] == 1
     ]
     for row in results["speed"]:
-        if acc:
+        if acc and not row["trained"]:
             row["projected_ratio_at_trained_acceptance"] = acc[0] / row["round_over_step"]
 
 

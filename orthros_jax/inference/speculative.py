@@ -7,12 +7,12 @@ A round, for every running row at position pos with its pending token (sampled, 
   draft    drivers.decode with draft_window: Orthros's base stream runs exactly (its window;
            it alone writes the K/V, so every drafted token's K/V is the true one) and the
            output copy reads only the last draft_window slots; a single-stream arm reads only
-           those slots in every layer (its K/V are approximate). The pending token and drafts
-           d_1 .. d_k are fed (Orthros: k + 1 steps, the last writes d_k's K/V; single-stream:
-           k steps), each draft drawn from the draft's distribution q_j.
+           those slots in every layer (its K/V are approximate). k steps feed the pending token
+           and drafts d_1 .. d_{k-1}, each draft drawn from the draft's distribution q_j.
   verify   spec_passes: the model's distributions p_1 .. p_{k+1} at pos .. pos + k in one pass
-           (Orthros: k + 1 output copies over the whole cache; single-stream: the k + 1 tokens
-           again through every layer, rewriting their K/V).
+           (Orthros: verify_folded, d_k's base stream writing its K/V, then k + 1 output copies
+           over the whole cache; single-stream: the k + 1 tokens again through every layer,
+           rewriting their K/V).
   accept   greedy: d_j while it is p_j's argmax; sampling: d_j with probability
            min(1, p_j(d_j) / q_j(d_j)), the first rejection resampled from norm(max(0, p - q)),
            after k acceptances a bonus token from p_{k+1}. Every emitted token is then
@@ -212,8 +212,8 @@ def _round(
 
     def draft_step(carry: Any, j: jax.Array) -> tuple[Any, tuple[jax.Array, Any]]:
         cache, feed = carry
-        # Orthros feeds d_k too (its K/V for the verify copies); a single-stream arm stops at
-        # d_{k-1} (its verify pass writes every token's K/V again).
+        # Rows feed the pending token and d_1 .. d_{k_b - 1}; Orthros feeds d_{k_b} too where
+        # k_b < k (its K/V for the verify copies: d_k's is written by verify_folded).
         active = run & ((j <= k_b) if cfg.two_streams else (j < k_b))
         logits, cache = draft(params, cache, feed, active)
         d = jnp.argmax(logits, axis=-1).astype(jnp.int32)
@@ -224,19 +224,21 @@ def _round(
         d = jnp.where(rows.temperature > 0, drawn, d)
         return (cache, d), (d, q)
 
-    steps = jnp.arange(k + 1 if cfg.two_streams else k, dtype=jnp.int32)
-    (cache, _), (d_kB, q_kBV) = jax.lax.scan(draft_step, (cache, st.tok), steps)
-    drafts = d_kB[:k].T  # [B, k]
+    (cache, _), (d_kB, q_kBV) = jax.lax.scan(
+        draft_step, (cache, st.tok), jnp.arange(k, dtype=jnp.int32)
+    )
+    drafts = d_kB.T  # [B, k]
     fed = jnp.concatenate([st.tok[:, None], drafts], axis=1)  # [B, L]
     if cfg.two_streams:
-        p_logits = spec_passes.verify_copies(params, cache, fed, pos, cfg=cfg)
+        last = run & (k_b == k)  # d_k's base stream runs in the verify pass
+        p_logits, cache = spec_passes.verify_folded(params, cache, fed, pos, last, cfg=cfg)
     else:
         valid = run[:, None] & (jnp.arange(k + 1) <= k_b[:, None])
         p_logits, cache = spec_passes.verify_rewrite(params, cache, fed, pos, valid, cfg=cfg)
     if greedy:
         n, e, lp = _accept_greedy(drafts, p_logits, k_b)
     else:
-        q = jnp.swapaxes(q_kBV[:k], 0, 1)  # [B, k, V]
+        q = jnp.swapaxes(q_kBV, 0, 1)  # [B, k, V]
         n, e, lp = _accept(drafts, q, p_logits, k_b, draft_rows)
     # Emit e_1 .. e_{n+1} up to (and with) the first stop id.
     num = jnp.where(run, n + 1, 0)

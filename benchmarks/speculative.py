@@ -69,6 +69,12 @@ def define_flags() -> None:
     flags.DEFINE_integer("speed_k", 4, "'speed': drafts per round.")
     flags.DEFINE_list("arms", [ORTHROS, TRANSFORMER], "'speed': arms to time.")
     flags.DEFINE_integer("repeats", 3, "'speed': timed runs (the median is kept).")
+    flags.DEFINE_float(
+        "temperature",
+        0.0,
+        "'speed': sampling temperature (0: greedy, output checked identical to plain; > 0: "
+        "the speculative-sampling rule, acceptance without greedy's repetition loops).",
+    )
     flags.DEFINE_list(
         "speed_models",
         [],
@@ -247,7 +253,8 @@ def speed(results: dict) -> None:
                     print(f"{arm} {context}x{batch} prefill {time.perf_counter() - t0:.1f}s")
                     filled = functools.partial(jax.tree.map, jnp.copy, ready)
                 make = lambda: (params, filled(), logits, jax.random.PRNGKey(0), stops)  # noqa: E731
-                common = dict(cfg=cfg, sampler=Sampler(), max_new_tokens=new)
+                sampler = Sampler(temperature=FLAGS.temperature)
+                common = dict(cfg=cfg, sampler=sampler, max_new_tokens=new)
                 plain_loop = functools.partial(inference_api._generate_jit, **common, mesh=None)
                 spec_loop = functools.partial(spec_lib.generate_jit, **common, spec=spec)
                 plain, sp, time_ratio, p_out, out = _timed_pair(plain_loop, spec_loop, make)
@@ -259,6 +266,7 @@ def speed(results: dict) -> None:
                 )
                 row.update(
                     trained=trained,
+                    temperature=FLAGS.temperature,
                     plain_tok_s=batch * (new - 1) / plain,
                     spec_tok_s=batch * (new - 1) / sp,
                     mean_accepted=_mean_accepted(stats),
@@ -266,7 +274,8 @@ def speed(results: dict) -> None:
                     round_over_step=t_round / t_step,
                 )
                 row["measured_ratio"] = 1 / time_ratio
-                row["identical"] = bool((np.asarray(p_out[0]) == np.asarray(out[0])).all())
+                same = bool((np.asarray(p_out[0]) == np.asarray(out[0])).all())
+                row["identical"] = same if sampler.is_greedy else None  # sampled: other draws
                 results["speed"].append(row)
                 print(row, flush=True)
                 if prompts is not None:

@@ -17,8 +17,9 @@ the whole cache around it (docs/tpu-gpu.md), so the counted programs return thei
 written token in every layer. The plain decode step as configured (n layers, scanned) is
 compiled too, for its memory: whether the target holds it.
 
-A round of a two-stream model is k + 1 draft steps and one verify pass (a single-stream arm,
-MagicDec-style: k draft steps and a verify pass that rewrites the k + 1 tokens' K/V); at a
+A round is k draft steps and one verify pass (a two-stream model's runs the last draft's base
+stream too, writing its K/V: spec_passes.verify_folded; a single-stream arm's, MagicDec-style,
+rewrites the k + 1 tokens' K/V); at a
 tokens per verify (the acceptance measured on a trained model, inference.acceptance) it emits
 a tokens, so
 
@@ -100,9 +101,9 @@ def speculative_programs(
     add(DRAFT, draft, step, True)
     for k in ks:
         tokens, start = st.vec(jnp.int32, k + 1), st.vec(jnp.int32)
-        if cfg.two_streams:  # read-only: the output copies over the whole cache
-            fn = lambda p, c, t, s: spec_passes.verify_copies(p, c, t, s, cfg=cfg)
-            add(verify_name(k), fn, (st.params, st.cache, tokens, start), False)
+        if cfg.two_streams:  # the last draft's base stream, then the copies over the cache
+            fn = lambda p, c, t, s, v: spec_passes.verify_folded(p, c, t, s, v, cfg=cfg)
+            add(verify_name(k), fn, (st.params, st.cache, tokens, start, st.vec(jnp.bool_)), True)
         else:  # MagicDec-style: the k + 1 tokens through every layer, K/V rewritten
             fn = lambda p, c, t, s, v: spec_passes.verify_rewrite(p, c, t, s, v, cfg=cfg)
             args = (st.params, st.cache, tokens, start, st.vec(jnp.bool_, k + 1))
@@ -174,25 +175,25 @@ def compile_speculative(config: Any, devices: list[Any], spec: DeviceSpec) -> di
 
 def bytes_of(rec: dict[str, Any], name: str) -> float:
     """A program's counted bytes (logits only) plus the slots its cache write stores: one per
-    row for a decode / draft step, k + 1 for a single-stream arm's verify pass (a two-stream
-    verify writes nothing)."""
+    row for a decode / draft step and a two-stream verify pass (the last draft's K/V), k + 1
+    for a single-stream arm's verify pass."""
     r = rec["programs"][name]
     if name in (PLAIN, DRAFT):
         tokens = 1
     else:
-        tokens = 0 if rec["summary"]["two_streams"] else int(name.removeprefix("verify_k")) + 1
+        tokens = 1 if rec["summary"]["two_streams"] else int(name.removeprefix("verify_k")) + 1
     return r["cost_analysis"]["bytes accessed"] + tokens * rec["slot_bytes"]
 
 
 def model_bytes(rec: dict[str, Any], k: int) -> tuple[float, float, float]:
     """docs/speculative.md's cost model per device: (plain step, draft step, verify pass) bytes
     from the weights W and a slot of every row and layer b: Orthros W + (T + w) b, W + (w +
-    w_d) b, W + T b; a single-stream arm W + T b, W + w_d b, W + T b + (k + 1) b (the K/V
+    w_d) b, W + (T + w) b; a single-stream arm W + T b, W + w_d b, W + T b + (k + 1) b (the K/V
     rewritten). T: the cache's slots (a full cache), w: the window, w_d: the draft window."""
     s, w_b, b = rec["summary"], rec["weight_bytes"], rec["slot_bytes"]
     t, w, wd = s["max_len"], s["window"], s["draft_window"]
     if s["two_streams"]:
-        return w_b + (t + w) * b, w_b + (w + wd) * b, w_b + t * b
+        return w_b + (t + w) * b, w_b + (w + wd) * b, w_b + (t + w) * b
     return w_b + t * b, w_b + wd * b, w_b + (t + k + 1) * b
 
 
@@ -209,7 +210,7 @@ def rounds(
     rows = []
     plain, draft = bytes_of(rec, PLAIN), bytes_of(rec, DRAFT)
     for k, a in zip(ks, acc, strict=True):
-        drafts = k + 1 if two_streams else k
+        drafts = k
         verify = bytes_of(rec, verify_name(k))
         per_round = drafts * draft + verify
         m_plain, m_draft, m_verify = model_bytes(rec, k)

@@ -309,5 +309,12 @@ if __name__ == "__main__":
     records = []
     for path in sys.argv[1:]:
         with open(path) as f:
-            records.append(json.load(f))
+            rec = json.load(f)
+        # The round as this code runs it, from the record's programs (a record keeps the
+        # rounds of the code that compiled it).
+        ks = tuple(r["k"] for r in rec["rounds"])
+        acc = tuple(r["acceptance"] for r in rec["rounds"])
+        spec = DeviceSpec(**rec["device"])
+        rec["rounds"] = rounds(rec, ks, acc, rec["summary"]["two_streams"], spec)
+        records.append(rec)
     print(table(records), end="")

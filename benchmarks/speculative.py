@@ -161,13 +161,6 @@ def acceptance(results: dict) -> None:
             print(row, flush=True)
 
 
-def _random_cache(cfg: ModelConfig, batch: int, context: int, slots: int) -> Any:
-    cache = init_cache(cfg, batch, slots)
-    key = jax.random.PRNGKey(context)
-    states = jax.tree.map(lambda a: jax.random.normal(key, a.shape, a.dtype), cache.states)
-    return cache.replace(states=states, lengths=jnp.full((batch,), context, jnp.int32))
-
-
 def _timed_pair(plain: Any, spec: Any, make: Any) -> tuple[float, float, float, Any, Any]:
     """plain(*make()) and spec(*make()) alternately, --repeats times after one run that
     compiles (make's arguments are built untimed: the cache is donated). Returns the median
@@ -243,7 +236,7 @@ def speed(results: dict) -> None:
                 stops = jnp.full((batch, 1), -1, jnp.int32)
                 if prompts is None:
                     logits = jnp.zeros((batch, cfg.vocab_size), jnp.float32)
-                    filled = lambda: _random_cache(cfg, batch, context, slots)  # noqa: E731
+                    filled = lambda: bench.filled_cache(cfg, batch, context, slots - context)  # noqa: E731
                 else:
                     cache = init_cache(cfg, batch, slots)
                     lens = np.full((batch,), context)

@@ -116,3 +116,16 @@ def assert_same_run(full: str, other: str, steps: int, atol: float) -> None:
         np.testing.assert_allclose(b[k], a[k], atol=atol, rtol=0, err_msg=k)
     fa, fb = fingerprints(full), fingerprints(other)
     assert sorted(fa) == list(range(steps)) and fb == fa  # same batches in the same order
+
+
+def signal_at(signum: int, index: int, ds):
+    """ds whose batch number `index` (counting from this iterator's start) sends `signum` to
+    this process as it is made; still a grain IterDataset (its position is checkpointed)."""
+    made = iter(range(10**9))
+
+    def maybe_signal(batch: dict) -> dict:
+        if next(made) == index:
+            os.kill(os.getpid(), signum)
+        return batch
+
+    return ds.map(maybe_signal)

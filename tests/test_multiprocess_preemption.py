@@ -43,22 +43,15 @@ def _train(workdir: str, index: int, count: int, cfg, stop_after: int | None = N
     """train() on this process's rows of the synthetic batches; stop_after: the process
     interrupts itself (SIGINT, as Ctrl-C would) while update `stop_after` runs, so the run
     stops after it, as a preempted one does."""
+    from resume_helpers import signal_at
     from training_helpers import pt_dataset
 
     from orthros_jax.training import train
 
-    it = iter(pt_dataset(batch=ROWS).map(lambda b: _local_rows(b, index, count)))
-
-    def batches():
-        for i, batch in enumerate(it):
-            if i + 1 == stop_after:
-                # Only train()'s watcher may take it (a default handler would end pytest).
-                handler = signal.getsignal(signal.SIGINT)
-                assert getattr(handler, "__self__", None).__class__.__name__ == "PreemptionWatcher"
-                os.kill(os.getpid(), signal.SIGINT)
-            yield batch
-
-    return train(cfg, workdir, train_iterator=batches(), eval_batches=[])  # no eval
+    ds = pt_dataset(batch=ROWS).map(lambda b: _local_rows(b, index, count))
+    if stop_after is not None:
+        ds = signal_at(signal.SIGINT, stop_after - 1, ds)
+    return train(cfg, workdir, train_iterator=iter(ds), eval_batches=[])  # no eval
 
 
 def _gathered(state) -> dict[str, np.ndarray]:

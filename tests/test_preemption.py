@@ -5,28 +5,15 @@ tests/test_prepared_resume.py; two processes: tests/test_multiprocess_preemption
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import signal
 
 import numpy as np
 import pytest
-from resume_helpers import saved_steps
+from resume_helpers import saved_steps, signal_at
 from training_helpers import pt_dataset, tiny_train_config
 
 from orthros_jax.training import train
-
-
-def _signal_at(signum: int, index: int, ds):
-    """ds whose batch number `index` (counting from this iterator's start) sends `signum` to
-    this process as it is made; still a grain IterDataset (its position is checkpointed)."""
-    made = iter(range(10**9))
-
-    def maybe_signal(batch: dict) -> dict:
-        if next(made) == index:
-            os.kill(os.getpid(), signum)
-        return batch
-
-    return ds.map(maybe_signal)
 
 
 def _leaves(tree) -> list[np.ndarray]:
@@ -36,17 +23,23 @@ def _leaves(tree) -> list[np.ndarray]:
 
 
 @pytest.mark.slow
-def test_sigint_in_process_checkpoints_and_resumes(tmp_path):
+@pytest.mark.parametrize("trainable", ["all", "lora"])
+def test_sigint_in_process_checkpoints_and_resumes(tmp_path, trainable):
     """train() itself: SIGINT mid-run returns after a checkpoint (no KeyboardInterrupt); the
-    rerun ends at the uninterrupted run's params; the previous handler is restored."""
+    rerun ends at the uninterrupted run's params; the previous handler is restored. "lora": a
+    LoRA run training adapters + SO only (frozen weights have no optimizer state)."""
     steps = 8
     cfg = tiny_train_config(n_layers=1, steps=steps, checkpoint_every=0, log_every=1)
+    if trainable == "lora":
+        model = cfg.model.replace(lora=dict(rank=2, alpha=4.0, dropout=0.5))
+        loop = dataclasses.replace(cfg.train, trainable="lora")
+        cfg = dataclasses.replace(cfg, model=model, train=loop)
     before = signal.getsignal(signal.SIGINT)
     full = train(
         cfg, str(tmp_path / "full"), train_iterator=iter(pt_dataset(4, 16)), eval_batches=[]
     )
     workdir = str(tmp_path / "cut")
-    it = iter(_signal_at(signal.SIGINT, 3, pt_dataset(4, 16)))
+    it = iter(signal_at(signal.SIGINT, 3, pt_dataset(4, 16)))
     cut = train(cfg, workdir, train_iterator=it, eval_batches=[])
     assert signal.getsignal(signal.SIGINT) is before
     saved = saved_steps(workdir)

@@ -11,6 +11,12 @@ and are the only trained parameters (train.trainable selects them by path; every
 is frozen and gets no optimizer state). The loss is the KL from the output stream (stop-gradient
 teacher) to the draft at train.distill_draft_window keys (= the base window w here), on
 tiny_pt.py's PT batches. The argument `:<window>` sets that window (default 64 = w).
+
+Another base model's draft SO: `:<window>,<base>` takes the model and batches from
+configs/<base>.py instead (an empty window is the base's w), e.g. the bench-shape model's:
+
+    python launch/train.py --config=configs/draft_so.py:128,spec_bench \
+        --config.init_from=runs/spec_bench --config.train.steps=60 --workdir=runs/spec_bench_draft_so
 """
 
 import os
@@ -20,12 +26,16 @@ import ml_collections
 from orthros_jax.config.cli import load_config_file
 
 
-def get_config(window: str = "64") -> ml_collections.ConfigDict:
+def get_config(arg: str = "64") -> ml_collections.ConfigDict:
+    window, _, base = arg.partition(",")
     here = os.path.dirname(os.path.abspath(__file__))
-    c = load_config_file(os.path.join(here, "tiny_pt.py"))
+    path = os.path.join(here, f"{base or 'tiny_pt'}.py")
+    if not os.path.isfile(path):
+        raise ValueError(f"configs/draft_so.py: base config {path!r} does not exist")
+    c = load_config_file(path)
     c.model.draft_scale_offset = True
     c.train.trainable = r"/so_draft_(scale|offset)$"
-    c.train.distill_draft_window = int(window)
+    c.train.distill_draft_window = int(window) if window else c.model.window
     c.train.steps = 150
     c.train.eval_every = 50
     c.train.checkpoint_every = 50

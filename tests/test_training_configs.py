@@ -63,6 +63,22 @@ def test_tiny_configs_build_fully(spec):
     assert cfg.model.window < cfg.data.seq_len and cfg.model.architecture == "orthros"
 
 
+def test_draft_so_takes_another_base_config():
+    """`draft_so.py:<window>,<base>`: the base's model and batches with draft SO; the default
+    argument is still tiny_pt.py's at its w."""
+    default, tiny = _load("draft_so.py"), _load("tiny_pt.py")
+    assert default.train.distill_draft_window == tiny.model.window == 64
+    assert cli.to_plain(default.data) == cli.to_plain(tiny.data)
+    bench = _load("spec_bench.py")
+    for spec, window in [("draft_so.py:256,spec_bench", 256), ("draft_so.py:,spec_bench", 128)]:
+        c = _load(spec)
+        assert c.model.draft_scale_offset and c.train.distill_draft_window == window
+        assert c.model.d_model == bench.model.d_model == 512
+        assert cli.to_plain(c.data) == cli.to_plain(bench.data)
+    with pytest.raises(ValueError, match="no_such"):
+        _load("draft_so.py:64,no_such")
+
+
 @pytest.mark.parametrize(
     "budget, tokens_per_step, steps",
     [("100b", 2_097_152, 47_683), ("10b", 262_144, 38_146)],  # Table 1: 2M; Table 5: 0.25M

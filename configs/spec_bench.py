@@ -22,21 +22,8 @@ from orthros_jax.config.cli import load_config_file
 def get_config() -> ml_collections.ConfigDict:
     here = os.path.dirname(os.path.abspath(__file__))
     c = load_config_file(os.path.join(here, "tiny_pt.py"))
-    bench = load_config_file(os.path.join(here, "bench.py")).model
-    for field in (
-        "d_model",
-        "n_layers",
-        "n_heads",
-        "n_kv_heads",
-        "head_dim",
-        "d_ff",
-        "window",
-        "attention_block_local",
-    ):
-        setattr(c.model, field, bench[field])
-    c.model.prefill_chunk = 1024
-    c.model.attention_block_q = 512
-    c.model.attention_block_k = 512
+    # configs/bench.py's model field for field (its block sizes and prefill chunk included).
+    c.model.update(load_config_file(os.path.join(here, "bench.py")).model)
     c.data.seq_len = 512
     c.data.batch_size = 4
     c.train.steps = 120

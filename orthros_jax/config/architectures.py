@@ -42,6 +42,7 @@ _HYBRID = (GDN, GDN, GDN, ATTENTION)
 
 # The architectures' names, spelled once (the arms' presets name their architecture by them).
 TRANSFORMER, SWA, ORTHROS, ORTHROS_H = "transformer", "swa", "orthros", "orthros_h"
+HYBRID, RETNET = "hybrid", "retnet"
 
 # In the order of results' tables.
 ARCHITECTURES: Mapping[str, Architecture] = types.MappingProxyType(
@@ -50,11 +51,11 @@ ARCHITECTURES: Mapping[str, Architecture] = types.MappingProxyType(
         SWA: Architecture(_ATTENTION, base_window=True),
         ORTHROS: Architecture(_ATTENTION, two_streams=True, base_window=True),
         GDN: Architecture((GDN,)),
-        "hybrid": Architecture(_HYBRID, any_recurrent=True, two_stream_form=ORTHROS_H),
+        HYBRID: Architecture(_HYBRID, any_recurrent=True, two_stream_form=ORTHROS_H),
         ORTHROS_H: Architecture(_HYBRID, two_streams=True, base_window=True, any_recurrent=True),
         # Table 1's other linear baselines (fla's GLA and RetNet) and Mamba-2: pure stacks.
         GLA: Architecture((GLA,)),
-        "retnet": Architecture((RETENTION,)),
+        RETNET: Architecture((RETENTION,)),
         MAMBA2: Architecture((MAMBA2,)),
     }
 )

@@ -14,8 +14,14 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
-from orthros_jax.config.architectures import ORTHROS, SWA, TRANSFORMER
+from orthros_jax.config.architectures import HYBRID, ORTHROS, ORTHROS_H, RETNET, SWA, TRANSFORMER
 from orthros_jax.config.kinds import GDN, GLA, MAMBA2
+from orthros_jax.config.moe import INDEPENDENT, PAIRED
+
+# The variants' names, spelled once (an architecture's arm has the architecture's name).
+ORTHROS_NOSO = "orthros_noso"
+TRANSFORMER_MOE, ORTHROS_MOE = "transformer_moe", "orthros_moe"
+ORTHROS_MOE_INDEPENDENT = "orthros_moe_independent"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +41,11 @@ class Arm:
         return {"architecture": self.architecture, **dict(self.overrides)}
 
 
+def _variant(architecture: str, **overrides: Any) -> Arm:
+    """The architecture with ModelConfig fields `overrides` (keyword arguments: field names)."""
+    return Arm(architecture, tuple(overrides.items()))
+
+
 def _moe(**changes: Any) -> Mapping[str, Any]:
     """The MoE arms' FFN (ModelConfig.moe, read-only): 8 experts, top-2, transformers'
     load-balancing loss at 0.01. d_expert is left to each experiment config, which sizes it at
@@ -49,17 +60,17 @@ ARMS: Mapping[str, Arm] = types.MappingProxyType(
         TRANSFORMER: Arm(TRANSFORMER),
         SWA: Arm(SWA),
         ORTHROS: Arm(ORTHROS),
-        "orthros_noso": Arm(ORTHROS, (("scale_offset", False),)),
+        ORTHROS_NOSO: _variant(ORTHROS, scale_offset=False),
         # Mixture-of-experts variants (docs/moe.md): paired (the copies read their base
         # token's experts) and independent routing of the output copies.
-        "transformer_moe": Arm(TRANSFORMER, (("moe", _moe()),)),
-        "orthros_moe": Arm(ORTHROS, (("moe", _moe(routing="paired")),)),
-        "orthros_moe_independent": Arm(ORTHROS, (("moe", _moe(routing="independent")),)),
+        TRANSFORMER_MOE: _variant(TRANSFORMER, moe=_moe()),
+        ORTHROS_MOE: _variant(ORTHROS, moe=_moe(routing=PAIRED)),
+        ORTHROS_MOE_INDEPENDENT: _variant(ORTHROS, moe=_moe(routing=INDEPENDENT)),
         GDN: Arm(GDN),
-        "hybrid": Arm("hybrid"),
-        "orthros_h": Arm("orthros_h"),
+        HYBRID: Arm(HYBRID),
+        ORTHROS_H: Arm(ORTHROS_H),
         GLA: Arm(GLA),
-        "retnet": Arm("retnet"),
+        RETNET: Arm(RETNET),
         MAMBA2: Arm(MAMBA2),
     }
 )

@@ -28,6 +28,9 @@ from orthros_jax.config.options import (
 # The layer kinds' names, spelled once: each kind (layers/<kind>.py) takes its name from here,
 # and the architectures' cycles and the options sections below name kinds through them.
 ATTENTION, GDN, GLA, RETENTION, MAMBA2 = "attention", "gdn", "gla", "retention", "mamba2"
+# The FFN choices' names, spelled once: layers/ffn.FFNS takes its keys from here (and each
+# FFN stacks its parameters under its name).
+DENSE_FFN, MOE_FFN = "dense", "moe"
 
 # The feature maps a linear-attention kind may put on q and k (layers/linear_mixer.FEATURE_MAP
 # holds their functions; None: the identity).

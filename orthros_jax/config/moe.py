@@ -11,12 +11,14 @@ import dataclasses
 import math
 from typing import Any, ClassVar
 
+from orthros_jax.config.kinds import MOE_FFN
 from orthros_jax.config.options import OptionGroup, check_choice, check_positive_int
 
-ROUTINGS: tuple[str, ...] = ("paired", "independent")
+PAIRED, INDEPENDENT = "paired", "independent"
+ROUTINGS: tuple[str, ...] = (PAIRED, INDEPENDENT)
 MOE_IMPLS: tuple[str, ...] = ("grouped", "dense")  # kernels/moe.py's two implementations
 # The default ffn_cycle: every layer's FFN the routed mixture (a name of layers/ffn.FFNS).
-ROUTED_CYCLE: tuple[str, ...] = ("moe",)
+ROUTED_CYCLE: tuple[str, ...] = (MOE_FFN,)
 
 
 def dense_equivalent_d_expert(d_ff: int, top_k: int) -> int:

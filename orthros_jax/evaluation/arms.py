@@ -11,6 +11,9 @@ import dataclasses
 import types
 from collections.abc import Mapping
 
+from orthros_jax.config import arms as presets
+from orthros_jax.config.architectures import HYBRID, ORTHROS, ORTHROS_H, RETNET, SWA, TRANSFORMER
+from orthros_jax.config.kinds import GDN, GLA, MAMBA2
 from orthros_jax.evaluation.suite import EvalSpec
 
 # The experiments of launch/experiments.py and launch/mqar.py.
@@ -47,19 +50,21 @@ class ArmEntry:
 # In the order of results' tables (config/arms.py's); a table, one arm a row.
 ARMS: Mapping[str, ArmEntry] = types.MappingProxyType(
     {
-        "transformer": ArmEntry("Transformer", "C0", CONVERT_RUNS, EVERYWHERE),
-        "swa": ArmEntry("SWA", "C7", ATTN_RUNS, frozenset({RECALL, LM, MQAR})),
-        "orthros": ArmEntry("Orthros", "C3", CONVERT_RUNS, EVERYWHERE),
-        "orthros_noso": ArmEntry("Orthros w/o SO", "C1", CONVERT_RUNS, frozenset({RECALL, LM})),
-        "transformer_moe": ArmEntry("Transformer-MoE", "navy", ATTN_RUNS),
-        "orthros_moe": ArmEntry("Orthros-MoE", "darkred", ATTN_RUNS),
-        "orthros_moe_independent": ArmEntry("Orthros-MoE (indep.)", "lightcoral", ATTN_RUNS),
-        "gdn": ArmEntry("GDN", "C2"),
-        "hybrid": ArmEntry("Linear Hybrid", "C4"),
-        "orthros_h": ArmEntry("Orthros-H", "C5"),
-        "gla": ArmEntry("GLA", "C6", ATTN_RUNS),
-        "retnet": ArmEntry("RetNet", "C8", ATTN_RUNS),
-        "mamba2": ArmEntry("Mamba-2", "C9", ATTN_RUNS),
+        TRANSFORMER: ArmEntry("Transformer", "C0", CONVERT_RUNS, EVERYWHERE),
+        SWA: ArmEntry("SWA", "C7", ATTN_RUNS, frozenset({RECALL, LM, MQAR})),
+        ORTHROS: ArmEntry("Orthros", "C3", CONVERT_RUNS, EVERYWHERE),
+        presets.ORTHROS_NOSO: ArmEntry(
+            "Orthros w/o SO", "C1", CONVERT_RUNS, frozenset({RECALL, LM})
+        ),
+        presets.TRANSFORMER_MOE: ArmEntry("Transformer-MoE", "navy", ATTN_RUNS),
+        presets.ORTHROS_MOE: ArmEntry("Orthros-MoE", "darkred", ATTN_RUNS),
+        presets.ORTHROS_MOE_INDEPENDENT: ArmEntry("Orthros-MoE (indep.)", "lightcoral", ATTN_RUNS),
+        GDN: ArmEntry("GDN", "C2"),
+        HYBRID: ArmEntry("Linear Hybrid", "C4"),
+        ORTHROS_H: ArmEntry("Orthros-H", "C5"),
+        GLA: ArmEntry("GLA", "C6", ATTN_RUNS),
+        RETNET: ArmEntry("RetNet", "C8", ATTN_RUNS),
+        MAMBA2: ArmEntry("Mamba-2", "C9", ATTN_RUNS),
     }
 )
 

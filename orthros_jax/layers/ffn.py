@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.kinds import DENSE_FFN, MOE_FFN
 from orthros_jax.layers import moe
 from orthros_jax.layers import primitives as nnl
 from orthros_jax.layers.kind import (
@@ -63,8 +64,8 @@ class FFN:
 
 
 FFNS: dict[str, FFN] = {
-    "dense": FFN("dense", "ffn", dense_ffn_params, _dense_active, _dense_flops),
-    "moe": FFN("moe", "moe", moe.params, moe.active_params, moe.flops_per_token, routed=True),
+    DENSE_FFN: FFN(DENSE_FFN, "ffn", dense_ffn_params, _dense_active, _dense_flops),
+    MOE_FFN: FFN(MOE_FFN, MOE_FFN, moe.params, moe.active_params, moe.flops_per_token, routed=True),
 }
 
 
@@ -78,7 +79,7 @@ def layer_flops(cfg: ModelConfig) -> list[int]:
     the dense SwiGLU without moe, else each layer's FFN choice's declared flops_per_token
     (layers/flops.py hands them to the kinds' counts as Work.ffn)."""
     per = len(cfg.layer_types)
-    choices = cfg.ffn_types or ("dense",) * per
+    choices = cfg.ffn_types or (DENSE_FFN,) * per
     return [FFNS[choices[i % per]].flops_per_token(cfg) for i in range(cfg.n_layers)]
 
 
@@ -126,7 +127,7 @@ def finish_layer(
         return base, out if ho is None else out.replace(x=ho)  # type: ignore[union-attr]
     if hb is None and ho is None:  # no stream runs this layer's FFN (a dead last layer)
         return base, out
-    if "moe" in p:
+    if MOE_FFN in p:
         nb = None if hb is None else norm(p, hb, "mlp_norm", cfg)
         no = None if ho is None else norm(p, ho, "mlp_norm", cfg)
         valid_b = valid_o = None

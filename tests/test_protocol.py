@@ -306,3 +306,37 @@ def test_penalty_processing_matches_numpy_row_by_row():
     np.testing.assert_array_equal(
         np.asarray(lp.apply(jnp.asarray(logits), hist, idle, 0 * pen.min_tokens)), logits
     )
+
+
+def test_positions_are_processed_as_successive_decode_steps():
+    """apply_positions (a speculative round's L verified positions at once) equals L plain
+    steps, each recording its fed token then processing its logits; record_outputs the same
+    history as recording the kept tokens one by one."""
+    rng = np.random.default_rng(1)
+    b, length, v = 2, 4, 9
+    logits = jnp.asarray(rng.normal(size=(b, length, v)).astype(np.float32))
+    fed = jnp.asarray(rng.integers(0, v, (b, length)).astype(np.int32))
+    hist = lp.record_output(lp.init_history(b, v), jnp.array([3, 3]), jnp.array([True, True]))
+    pen = lp.Penalties(
+        presence=jnp.array([0.7, 0.0]),
+        frequency=jnp.array([0.3, 1.1]),
+        repetition=jnp.array([1.0, 1.9]),
+        min_tokens=jnp.array([3, 0]),
+        bias_ids=jnp.array([[2], [5]]),
+        bias_values=jnp.array([[1.5], [-0.5]]),
+        stops=jnp.array([[4], [-1]]),
+    )
+    step = jnp.array([1, 6])
+    got = np.asarray(lp.apply_positions(logits, hist, pen, fed, step))
+    h = hist
+    for j in range(length):
+        h = lp.record_output(h, fed[:, j], jnp.ones(b, bool))
+        want = np.asarray(lp.apply(logits[:, j], h, pen, step + j))
+        np.testing.assert_allclose(got[:, j], want, rtol=0, atol=0)
+    kept = jnp.arange(length)[None] <= jnp.array([[1], [3]])
+    h2 = lp.record_outputs(hist, fed, kept)
+    for i, n in enumerate((2, 4)):
+        np.testing.assert_array_equal(
+            np.asarray(h2.counts[i]),
+            np.asarray(hist.counts[i]) + np.bincount(np.asarray(fed[i, :n]), minlength=v),
+        )

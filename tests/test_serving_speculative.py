@@ -1,7 +1,7 @@
 """Speculative decoding through the serving engine (engine.py with speculative=) and the server:
 greedy output equals generate's (so the plain engine's) with continuous batching, the steady
-state never compiles, the metrics are sane, streaming stays token by token, refused request
-fields (400) and bad settings fail by name."""
+state never compiles, the metrics are sane, streaming stays token by token, penalties /
+logit_bias / min_tokens / log-probs act as in plain decode, and bad settings fail by name."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from orthros_jax.inference import Speculative
 from orthros_jax.serving import device
 from orthros_jax.serving.engine import Engine
 from orthros_jax.serving.metrics import Metrics
-from orthros_jax.serving.requests import RequestError, SamplingParams
+from orthros_jax.serving.requests import SamplingParams
 
 GREEDY = lambda n: SamplingParams(max_tokens=n, temperature=0.0)  # noqa: E731
 
@@ -74,22 +74,58 @@ def test_speculative_engine_greedy_matches_plain_engine_and_generate():
         assert f"orthros_spec_{name} " in page, name
 
 
-@pytest.mark.parametrize(
-    "field,value",
-    [
-        ("logprobs", 2),
-        ("presence_penalty", 0.5),
-        ("repetition_penalty", 1.2),
-        ("logit_bias", ((1, 2.0),)),
-        ("min_tokens", 2),
-    ],
-)
-def test_speculative_engine_refuses_unsupported_request_fields_by_name(field, value):
+def _processed_requests(cfg, params, prompts: list[list[int]]) -> list[SamplingParams]:
+    """Greedy requests whose logits every step processes (penalties, logit_bias, min_tokens) and
+    that ask for log-probs; a stop id the model would emit early (its plain greedy token 1)."""
+    early = int(inference.generate(params, [prompts[2]], cfg, max_new_tokens=3).tokens[0, 1])
+    return [
+        SamplingParams(
+            max_tokens=8, temperature=0.0, presence_penalty=1.5, frequency_penalty=0.5, logprobs=3
+        ),
+        SamplingParams(
+            max_tokens=9, temperature=0.0, repetition_penalty=1.8, logit_bias=((7, 4.0), (3, -2.0))
+        ),
+        SamplingParams(
+            max_tokens=6, temperature=0.0, min_tokens=4, stop_token_ids=(early,), logprobs=2
+        ),
+    ]
+
+
+def _serve_all(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]):
+    got = [Collect() for _ in prompts]
+    for prompt, p, c in zip(prompts, params, got, strict=True):
+        engine.submit(prompt, p, c)
+    _run(engine)
+    return got
+
+
+@pytest.mark.slow
+def test_speculative_engine_processes_logits_and_reports_logprobs_as_plain_decode():
+    """Under speculation every verified position's logits get the penalties, logit_bias and
+    min_tokens of plain decode's step there, and log-probs are the verifier's: the speculative
+    engine's greedy tokens and log-probs equal the plain engine's."""
     cfg, params = arm_model("orthros")
-    engine = Engine(params, cfg, **ENGINE_SHAPE, speculative=Speculative(2, 4))
-    with pytest.raises(RequestError, match=field) as e:
-        engine.submit([1, 2, 3], SamplingParams(**{field: value}), Collect())
-    assert e.value.param == field and e.value.status == 400
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (11, 5, 8)]
+    reqs = _processed_requests(cfg, params, prompts)
+    plain = _serve_all(Engine(params, cfg, **ENGINE_SHAPE, decode_steps=2), prompts, reqs)
+    spec = Engine(params, cfg, **ENGINE_SHAPE, decode_steps=2, speculative=Speculative(3, 4))
+    got = _serve_all(spec, prompts, reqs)
+    for k, (want, have) in enumerate(zip(plain, got, strict=True)):
+        assert have.tokens == want.tokens, k
+        pairs = [(w, h) for w, h in zip(want.events, have.events, strict=True) if w.kind == "token"]
+        for w, h in pairs:
+            assert (h.logprob is None) == (reqs[k].logprobs is None), k
+            if w.logprob is not None:
+                np.testing.assert_allclose(h.logprob, w.logprob, atol=1e-5, rtol=0)
+                assert [i for i, _ in h.top] == [i for i, _ in w.top], k
+                np.testing.assert_allclose(
+                    [x for _, x in h.top], [x for _, x in w.top], atol=1e-5, rtol=0
+                )
+    # The processing acted: the biased id is emitted, the early stop id waited for min_tokens.
+    assert 7 in got[1].tokens
+    assert reqs[2].stop_token_ids[0] not in got[2].tokens[:4]
+    assert spec.metrics.spec_rounds > 0
 
 
 @pytest.mark.parametrize(
@@ -109,7 +145,7 @@ def test_speculative_engine_bad_settings_raise_before_any_compile(arch, spec, kw
 
 
 @pytest.mark.slow
-def test_speculative_server_streams_token_by_token_refuses_by_name_and_reports_metrics():
+def test_speculative_server_streams_token_by_token_reports_logprobs_and_metrics():
     cfg, params = arm_model("orthros")
     spec = dict(decode_steps=2, speculative=Speculative(3, 4), prefix_caching=False)
     prompt, n = [5, 17, 3, 9, 30, 2, 11], 9
@@ -118,9 +154,13 @@ def test_speculative_server_streams_token_by_token_refuses_by_name_and_reports_m
         _server(cfg, params, **spec) as server,
         httpx.Client(base_url=server.url, timeout=60) as http,
     ):
-        body = {"model": NAME, "prompt": "ab", "logit_bias": {"3": 1.0}}
+        body = {"model": NAME, "prompt": "ab", "max_tokens": 3, "logprobs": 2}
         r = http.post("/v1/completions", json=body)
-        assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
+        assert r.status_code == 200, r.text
+        lps = r.json()["choices"][0]["logprobs"]
+        # Byte tokens that are not valid UTF-8 alone share the key "\ufffd": 1 or 2 entries.
+        assert len(lps["token_logprobs"]) == 3 and max(lps["token_logprobs"]) <= 0, lps
+        assert all(1 <= len(t) <= 2 for t in lps["top_logprobs"]), lps
         body = {"model": NAME, "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True}
         with http.stream("POST", "/v1/completions", json=body) as r:
             assert r.status_code == 200

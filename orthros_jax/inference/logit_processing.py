@@ -5,7 +5,10 @@ The history (`History`) lives beside the cache, one row per cache row: `counts` 
 each row's generated tokens, `in_prompt` [B, V] marks its prompt's tokens. record_prompt adds a
 prefill chunk's tokens (a reset row starts empty), record_output a decode step's fed token, so
 the logits of a row's (n+1)-th token see its n tokens so far. `apply` is the per-row sampler's
-first step; a batch whose rows use none of it skips it (lax.cond).
+first step; a batch whose rows use none of it skips it (lax.cond). Speculative decoding
+(speculative.py) processes a round's L verified positions at once (apply_positions: position j
+sees the round's first j + 1 fed tokens recorded) and records the tokens a round kept
+(record_outputs), so every emitted token's logits are processed as plain decode's would be.
 
 Rules (vLLM's / the OpenAI API's): repetition_penalty r > 0 divides the positive logits and
 multiplies the negative ones of every token in the prompt or the output (1: off);
@@ -13,7 +16,8 @@ frequency_penalty f and presence_penalty p subtract f * count + p * (count > 0) 
 logit_bias adds its value at its token; min_tokens m sets the row's stop ids to -inf while it has
 sampled fewer than m tokens.
 
-Shapes: B rows, V vocab, T prompt tokens, N bias entries, M stop ids (-1 padded).
+Shapes: B rows, V vocab, T prompt tokens, N bias entries, M stop ids (-1 padded), L positions
+of a speculative round.
 """
 
 from __future__ import annotations
@@ -70,8 +74,14 @@ def record_prompt(
 
 def record_output(hist: History, tokens_B: jax.Array, fed_B: jax.Array) -> History:
     """hist with each fed row's token counted once more."""
-    rows = jnp.arange(tokens_B.shape[0])
-    ids = jnp.where(fed_B, tokens_B, hist.counts.shape[1])  # not fed: dropped
+    return record_outputs(hist, tokens_B[:, None], fed_B[:, None])
+
+
+def record_outputs(hist: History, tokens_BL: jax.Array, fed_BL: jax.Array) -> History:
+    """hist with each row's fed tokens (a speculative round's kept ones) counted once more."""
+    b, length = tokens_BL.shape
+    rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, length))
+    ids = jnp.where(fed_BL, tokens_BL, hist.counts.shape[1])  # not fed: dropped
     return hist.replace(counts=hist.counts.at[rows, ids].add(1, mode="drop"))
 
 
@@ -86,7 +96,7 @@ def in_use(p: Penalties) -> jax.Array:
     )
 
 
-def _process(logits_BV: jax.Array, hist: History, p: Penalties, step_B: jax.Array) -> jax.Array:
+def process(logits_BV: jax.Array, hist: History, p: Penalties, step_B: jax.Array) -> jax.Array:
     x = logits_BV.astype(jnp.float32)
     vocab = x.shape[1]
     r = p.repetition.astype(jnp.float32)[:, None]
@@ -107,9 +117,31 @@ def apply(logits_BV: jax.Array, hist: History, p: Penalties, step_B: jax.Array) 
     tokens the row has sampled so far); the logits unchanged (as float32) when no row uses any."""
     return jax.lax.cond(
         in_use(p),
-        lambda: _process(logits_BV, hist, p, step_B),
+        lambda: process(logits_BV, hist, p, step_B),
         lambda: logits_BV.astype(jnp.float32),
     )
+
+
+def apply_positions(
+    logits_BLV: jax.Array, hist: History, p: Penalties, fed_BL: jax.Array, step_B: jax.Array
+) -> jax.Array:
+    """float32 logits [B, L, V] of L consecutive positions, each processed as plain decode
+    processes its step: position j's logits follow fed_BL[:, j] (fed_BL[:, :j + 1] recorded on
+    top of hist) and sample the row's token step_B + j. Unchanged when no row uses any."""
+    b, length, vocab = logits_BLV.shape
+
+    def each() -> jax.Array:
+        seen = jnp.cumsum(jax.nn.one_hot(fed_BL, vocab, dtype=jnp.int32), axis=1)  # [B, L, V]
+        flat = History(
+            (hist.counts[:, None] + seen).reshape(b * length, vocab),
+            jnp.repeat(hist.in_prompt, length, axis=0),
+        )
+        rep = jax.tree.map(lambda a: jnp.repeat(a, length, axis=0), p)
+        steps = (step_B[:, None] + jnp.arange(length)).reshape(-1)
+        x = process(logits_BLV.reshape(b * length, vocab), flat, rep, steps)
+        return x.reshape(b, length, vocab)
+
+    return jax.lax.cond(in_use(p), each, lambda: logits_BLV.astype(jnp.float32))
 
 
 def gather(hist: History, rows_P: jax.Array) -> History:

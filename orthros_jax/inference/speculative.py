@@ -13,7 +13,7 @@ A round, for every running row at position pos with its pending token (sampled, 
            (Orthros: verify_folded, d_k's base stream writing its K/V, then k + 1 output copies
            over the whole cache; single-stream: the k + 1 tokens again through every layer,
            rewriting their K/V).
-  accept   greedy: d_j while it is p_j's argmax; sampling: d_j with probability
+  accept   (spec_accept.py) greedy: d_j while it is p_j's argmax; sampling: d_j with probability
            min(1, p_j(d_j) / q_j(d_j)), the first rejection resampled from norm(max(0, p - q)),
            after k acceptances a bonus token from p_{k+1}. Every emitted token is then
            distributed exactly as plain decode's (p: the sampler's filtered distribution).
@@ -37,19 +37,19 @@ import jax.numpy as jnp
 
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import drivers as fwd
+from orthros_jax.inference import logit_processing as lp
+from orthros_jax.inference import spec_accept as acc
 from orthros_jax.inference import spec_passes
 from orthros_jax.inference.cache import KVCache
 from orthros_jax.inference.sampling import (
+    TOP_LOGPROBS,
     RowSampling,
+    Sampled,
     Sampler,
-    filter_rows,
     first_draw,
 )
 from orthros_jax.layers.registry import kinds_of
 from orthros_jax.model import Params
-
-# Salts folded into a step's key for the draws a round adds to plain decode's one draw.
-_DRAFT, _ACCEPT = 1, 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,91 +103,9 @@ class _State(flax.struct.PyTreeNode):
     count: jax.Array  # [B] the row's sampling step (tokens it sampled so far)
     hit: jax.Array  # [B] bool: stopped for want of a cache slot
     emitted: jax.Array  # [B] tokens written to the buffers
-    tokens: jax.Array  # [B, M] (-1 past the end)
-    logprobs: jax.Array  # [B, M]
+    out: Sampled  # buffers [B, M, ...]: tokens (-1 past the end), log-probs
     stats: SpecStats
-
-
-def _keys(seed_B: jax.Array, step_B: jax.Array, salt: int) -> jax.Array:
-    """[B] keys of each row's step, salted (0: plain decode's key itself)."""
-
-    def one(seed: jax.Array, step: jax.Array) -> jax.Array:
-        key = jax.random.fold_in(jax.random.PRNGKey(seed), step)
-        return key if salt == 0 else jax.random.fold_in(key, salt)
-
-    return jax.vmap(one)(seed_B, step_B)
-
-
-def _categorical(keys_B: jax.Array, logits_BV: jax.Array) -> jax.Array:
-    draw = lambda key, x: jax.random.categorical(key, x[None], axis=-1)[0]
-    return jax.vmap(draw)(keys_B, logits_BV).astype(jnp.int32)
-
-
-def _filtered(logits_BLV: jax.Array, rows: RowSampling) -> jax.Array:
-    """float32 [B, L, V]: filter_rows with each row's settings on each of its L positions."""
-    b, length, v = logits_BLV.shape
-    rep = lambda a: jnp.repeat(a, length)
-    flat = filter_rows(
-        logits_BLV.reshape(b * length, v), rep(rows.temperature), rep(rows.top_k), rep(rows.top_p)
-    )
-    return flat.reshape(b, length, v)
-
-
-def _leading(ok_Bk: jax.Array) -> jax.Array:
-    """[B] how many leading entries of each row are True."""
-    return jnp.cumprod(ok_Bk, axis=1).sum(axis=1, dtype=jnp.int32)
-
-
-def _accept_greedy(
-    drafts_Bk: jax.Array, p_logits_BLV: jax.Array, k_B: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """_accept for a greedy batch: the drafts while they are the verifier's argmax; the emitted
-    tokens are the argmaxes themselves (an accepted draft is one)."""
-    k = drafts_Bk.shape[1]
-    best = jnp.argmax(p_logits_BLV, axis=-1).astype(jnp.int32)  # [B, L]
-    n = _leading((drafts_Bk == best[:, :k]) & (jnp.arange(k) < k_B[:, None]))
-    return n, best, jnp.zeros(best.shape, jnp.float32)
-
-
-def _accept(
-    drafts_Bk: jax.Array,
-    q_BkV: jax.Array,
-    p_logits_BLV: jax.Array,
-    k_B: jax.Array,
-    rows: RowSampling,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(accepted n [B], emitted e [B, L]: d_1 .. d_n then the verifier's token, log-prob of
-    each emitted token under p [B, L]). q: the drafts' filtered logits; rows.step: the step of
-    d_1. Greedy rows compare argmaxes; sampled rows run the speculative-sampling rule."""
-    bsz, k = drafts_Bk.shape
-    p_BLV = _filtered(p_logits_BLV, rows)
-    logp = jax.nn.log_softmax(p_BLV, axis=-1)
-    logq = jax.nn.log_softmax(q_BkV, axis=-1)
-    at = lambda x, ids: jnp.take_along_axis(x, ids[..., None], axis=-1)[..., 0]
-    sampled = rows.temperature > 0
-    steps = rows.step[:, None] + jnp.arange(k)  # [B, k]
-    u = jax.vmap(lambda s: jax.random.uniform(s, ()))(
-        _keys(jnp.repeat(rows.seed, k), steps.reshape(-1), _ACCEPT)
-    ).reshape(bsz, k)
-    lp_d, lq_d = at(logp[:, :k], drafts_Bk), at(logq, drafts_Bk)
-    ok_sampled = jnp.log(u) <= lp_d - lq_d  # u < p/q
-    ok_greedy = drafts_Bk == jnp.argmax(p_logits_BLV[:, :k], axis=-1)
-    ok = jnp.where(sampled[:, None], ok_sampled, ok_greedy) & (jnp.arange(k) < k_B[:, None])
-    n = _leading(ok)
-    # The token after the accepted drafts: from norm(max(0, p - q)) after a rejection, from p
-    # after all k_B drafts (a bonus token).
-    p_n = jnp.take_along_axis(p_BLV, n[:, None, None], axis=1)[:, 0]
-    q_n = jnp.take_along_axis(q_BkV, jnp.minimum(n, k - 1)[:, None, None], axis=1)[:, 0]
-    residual = jnp.maximum(jax.nn.softmax(p_n, -1) - jax.nn.softmax(q_n, -1), 0.0)
-    rejected = (n < k_B) & (residual.sum(-1) > 0)
-    from_ = jnp.where(rejected[:, None], jnp.log(residual), p_n)
-    drawn = _categorical(_keys(rows.seed, rows.step + n, 0), from_)
-    greedy = jnp.argmax(jnp.take_along_axis(p_logits_BLV, n[:, None, None], 1)[:, 0], -1)
-    nxt = jnp.where(sampled, drawn, greedy.astype(jnp.int32))
-    e = jnp.concatenate([drafts_Bk, nxt[:, None]], axis=1)
-    e = jnp.where(jnp.arange(k + 1) == n[:, None], nxt[:, None], e)
-    lp = jnp.where(sampled[:, None], at(logp, e), 0.0)
-    return n, e, lp
+    hist: Any = None  # lp.History: the engine's logit processing (None: none)
 
 
 def _round(
@@ -195,13 +113,17 @@ def _round(
     st: _State,
     rows: RowSampling,
     stops_BN: jax.Array,
+    pen: lp.Penalties | None,
     *,
     cfg: ModelConfig,
     spec: Speculative,
     greedy: bool,
 ) -> _State:
     """One draft / verify / accept / rollback round of every running row (module docstring).
-    greedy: every row is greedy (static: no draft distributions, draws or filters)."""
+    greedy: every row is greedy (static: no draft distributions, draws or filters). With
+    st.hist and pen (the engine's logit processing), every draft and verified position's logits
+    are processed as plain decode's step there would be (logit_processing.apply_positions), and
+    the round's kept tokens are recorded."""
     k, cache = spec.k, st.cache
     s, pos = cache.max_len, cache.lengths
     full = pos >= s
@@ -211,21 +133,24 @@ def _round(
     draft_rows = rows.replace(step=st.count)
 
     def draft_step(carry: Any, j: jax.Array) -> tuple[Any, tuple[jax.Array, Any]]:
-        cache, feed = carry
+        cache, feed, hist = carry
         # Rows feed the pending token and d_1 .. d_{k_b - 1}; Orthros feeds d_{k_b} too where
         # k_b < k (its K/V for the verify copies: d_k's is written by verify_folded).
         active = run & ((j <= k_b) if cfg.two_streams else (j < k_b))
         logits, cache = draft(params, cache, feed, active)
+        if pen is not None:  # the draft sees the history the verifier's position j will
+            hist = lp.record_output(hist, feed, active)
+            logits = lp.apply(logits, hist, pen, st.count + j)
         d = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         if greedy:
-            return (cache, d), (d, None)
-        q = _filtered(logits[:, None], draft_rows)[:, 0]
-        drawn = _categorical(_keys(rows.seed, st.count + j, _DRAFT), q)
+            return (cache, d, hist), (d, None)
+        q = acc.filtered(logits[:, None], draft_rows)[:, 0]
+        drawn = acc.categorical(acc.keys(rows.seed, st.count + j, acc.DRAFT), q)
         d = jnp.where(rows.temperature > 0, drawn, d)
-        return (cache, d), (d, q)
+        return (cache, d, hist), (d, q)
 
-    (cache, _), (d_kB, q_kBV) = jax.lax.scan(
-        draft_step, (cache, st.tok), jnp.arange(k, dtype=jnp.int32)
+    (cache, _, _), (d_kB, q_kBV) = jax.lax.scan(
+        draft_step, (cache, st.tok, st.hist), jnp.arange(k, dtype=jnp.int32)
     )
     drafts = d_kB.T  # [B, k]
     fed = jnp.concatenate([st.tok[:, None], drafts], axis=1)  # [B, L]
@@ -235,11 +160,13 @@ def _round(
     else:
         valid = run[:, None] & (jnp.arange(k + 1) <= k_b[:, None])
         p_logits, cache = spec_passes.verify_rewrite(params, cache, fed, pos, valid, cfg=cfg)
+    if pen is not None:
+        p_logits = lp.apply_positions(p_logits, st.hist, pen, fed, st.count)
     if greedy:
-        n, e, lp = _accept_greedy(drafts, p_logits, k_b)
+        n, e, lp_e = acc.accept_greedy(drafts, p_logits, k_b)
     else:
         q = jnp.swapaxes(q_kBV, 0, 1)  # [B, k, V]
-        n, e, lp = _accept(drafts, q, p_logits, k_b, draft_rows)
+        n, e, lp_e = acc.accept(drafts, q, p_logits, k_b, draft_rows)
     # Emit e_1 .. e_{n+1} up to (and with) the first stop id.
     num = jnp.where(run, n + 1, 0)
     live = jnp.arange(k + 1) < num[:, None]
@@ -247,13 +174,18 @@ def _round(
     stopped = is_stop.any(axis=1)
     num = jnp.where(stopped, jnp.argmax(is_stop, axis=1) + 1, num)
     live = jnp.arange(k + 1) < num[:, None]
-    m = st.tokens.shape[1]
+    m = st.out.tokens.shape[1]
     at = jnp.where(live, st.emitted[:, None] + jnp.arange(k + 1), m)  # m: dropped
     rows_idx = jnp.arange(at.shape[0])[:, None]
-    tokens = st.tokens.at[rows_idx, at].set(e, mode="drop")
-    logprobs = st.logprobs.at[rows_idx, at].set(lp, mode="drop")
+    got = Sampled(e, lp_e)
+    if st.out.logprob is not None:
+        got = acc.api_logprobs(p_logits, e).replace(sample_logprob=lp_e)
+    put = lambda buf, x: buf.at[rows_idx, at].set(x, mode="drop")
+    out = jax.tree.map(put, st.out, got)
     # Rollback: the row keeps pos .. pos + n (the pending token and the accepted drafts).
     cache = cache.replace(lengths=jnp.where(run, pos + n + 1, pos))
+    kept = run[:, None] & (jnp.arange(k + 1) <= n[:, None])
+    hist = None if pen is None else lp.record_outputs(st.hist, fed, kept)
     stats = st.stats
     return _State(
         cache=cache,
@@ -262,13 +194,13 @@ def _round(
         count=st.count + num,
         hit=st.hit | ((st.left > 0) & full),
         emitted=st.emitted + num,
-        tokens=tokens,
-        logprobs=logprobs,
+        out=out,
         stats=SpecStats(
             rounds=stats.rounds + run,
             drafted=stats.drafted + k_b,
             accepted=stats.accepted + jnp.where(run, n, 0),
         ),
+        hist=hist,
     )
 
 
@@ -297,15 +229,24 @@ def generate_loop(
         count=zeros + 1,
         hit=jnp.zeros((bsz,), bool),
         emitted=zeros + 1,
-        tokens=jnp.full((bsz, max_new_tokens), -1, jnp.int32).at[:, 0].set(first.tokens),
-        logprobs=jnp.zeros((bsz, max_new_tokens), jnp.float32).at[:, 0].set(first.sample_logprob),
+        out=Sampled(
+            jnp.full((bsz, max_new_tokens), -1, jnp.int32).at[:, 0].set(first.tokens),
+            jnp.zeros((bsz, max_new_tokens), jnp.float32).at[:, 0].set(first.sample_logprob),
+        ),
         stats=SpecStats(zeros, zeros, zeros),
     )
     body = functools.partial(
-        _round, params, rows=rows, stops_BN=stops, cfg=cfg, spec=spec, greedy=sampler.is_greedy
+        _round,
+        params,
+        rows=rows,
+        stops_BN=stops,
+        pen=None,
+        cfg=cfg,
+        spec=spec,
+        greedy=sampler.is_greedy,
     )
     st = jax.lax.while_loop(lambda st: (st.left > 0).any(), body, st)
-    return st.tokens, st.emitted, st.hit, st.logprobs, st.cache, st.stats
+    return st.out.tokens, st.emitted, st.hit, st.out.sample_logprob, st.cache, st.stats
 
 
 generate_jit = jax.jit(
@@ -322,19 +263,24 @@ def decode_rounds(
     budget_B: jax.Array,
     stops_BN: jax.Array,
     rows: RowSampling,
+    hist: lp.History,
+    pen: lp.Penalties,
     *,
     cfg: ModelConfig,
     spec: Speculative,
     rounds: int,
-) -> tuple[jax.Array, jax.Array, jax.Array, KVCache, SpecStats]:
+) -> tuple[Sampled, jax.Array, KVCache, lp.History, SpecStats]:
     """The serving engine's multi-step decode under speculation: at most `rounds` rounds (static)
     of every row with budget, each feeding its pending token tokens_B (sampled, not yet fed);
     rows.step: the row's sampling step; budget_B: tokens the row may still emit (0: idle).
-    Greedy and sampled rows mix (greedy=False). Returns (tokens [B, M], M = rounds * (k + 1),
-    -1 past each row's end; log-prob of each under the filtered p (0 for greedy rows) [B, M];
-    emitted [B]; the cache; SpecStats of these rounds)."""
+    Greedy and sampled rows mix (greedy=False); each row's logits are processed with hist / pen
+    as plain decode's (logit_processing). Returns (Sampled with leaves [B, M, ...], M = rounds *
+    (k + 1): tokens (-1 past each row's end), sample_logprob (under the filtered p, 0 for greedy
+    rows) and the API's logprob / top_ids / top_logprobs (sampling.sample_rows'); emitted [B];
+    the cache; the history with the kept tokens recorded; SpecStats of these rounds)."""
     bsz, m = cache.batch_size, rounds * (spec.k + 1)
     zeros = jnp.zeros((bsz,), jnp.int32)
+    n_top = min(TOP_LOGPROBS, cfg.vocab_size)
     st = _State(
         cache=cache,
         tok=jnp.asarray(tokens_B, jnp.int32),
@@ -342,14 +288,22 @@ def decode_rounds(
         count=jnp.asarray(rows.step, jnp.int32),
         hit=jnp.zeros((bsz,), bool),
         emitted=zeros,
-        tokens=jnp.full((bsz, m), -1, jnp.int32),
-        logprobs=jnp.zeros((bsz, m), jnp.float32),
+        out=Sampled(
+            jnp.full((bsz, m), -1, jnp.int32),
+            jnp.zeros((bsz, m), jnp.float32),
+            jnp.zeros((bsz, m), jnp.float32),
+            jnp.zeros((bsz, m, n_top), jnp.int32),
+            jnp.zeros((bsz, m, n_top), jnp.float32),
+        ),
         stats=SpecStats(zeros, zeros, zeros),
+        hist=hist,
     )
-    body = functools.partial(_round, params, rows=rows, stops_BN=stops_BN, cfg=cfg, spec=spec)
+    body = functools.partial(
+        _round, params, rows=rows, stops_BN=stops_BN, pen=pen, cfg=cfg, spec=spec
+    )
     _, st = jax.lax.while_loop(
         lambda c: (c[0] < rounds) & (c[1].left > 0).any(),
         lambda c: (c[0] + 1, body(c[1], greedy=False)),
         (jnp.zeros((), jnp.int32), st),
     )
-    return st.tokens, st.logprobs, st.emitted, st.cache, st.stats
+    return st.out, st.emitted, st.cache, st.hist, st.stats

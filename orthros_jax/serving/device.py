@@ -233,16 +233,24 @@ def _spec_decode_rows(
     steps: int,
     spec: speculative.Speculative,
 ) -> tuple[Sampled, jax.Array, KVCache, lp.History, speculative.SpecStats]:
-    """decode_rows under speculation: `steps` rounds of inference/speculative.decode_rounds,
-    laid out as decode_rows' (Sampled [K, B], fed [K, B]) with K = steps * (k + 1) tokens. The
-    engine refuses penalties and log-probs under speculation, so pen is unused and hist passes
-    through unchanged (same signature: the engine calls either)."""
-    del pen
-    tokens, logprobs, emitted, cache, stats = speculative.decode_rounds(
-        params, cache, tokens_B, budget_B, stops_BN, sampling, cfg=cfg, spec=spec, rounds=steps
+    """decode_rows under speculation: `steps` rounds of inference/speculative.decode_rounds
+    (the same logit processing and log-probs), laid out as decode_rows' (Sampled [K, B, ...],
+    fed [K, B]) with K = steps * (k + 1) tokens."""
+    out, emitted, cache, hist, stats = speculative.decode_rounds(
+        params,
+        cache,
+        tokens_B,
+        budget_B,
+        stops_BN,
+        sampling,
+        hist,
+        pen,
+        cfg=cfg,
+        spec=spec,
+        rounds=steps,
     )
-    fed = jnp.arange(tokens.shape[1])[:, None] < emitted[None, :]
-    return Sampled(tokens=tokens.T, sample_logprob=logprobs.T), fed, cache, hist, stats
+    fed = jnp.arange(out.tokens.shape[1])[:, None] < emitted[None, :]
+    return jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), out), fed, cache, hist, stats
 
 
 DONATED = ("cache", "hist")

@@ -131,7 +131,7 @@ class Engine:
     ) -> Request:
         """Queues a request (ids: a valid, non-empty prompt; see requests.prompt_ids). Raises
         RequestError 429 when the queue is full, 503 when the engine is shutting down."""
-        check_request(ids, params, self.max_len, speculative=self.speculative is not None)
+        check_request(ids, params, self.max_len)
         with self._cond:
             if self._closed:
                 self.metrics.rejected("shutting_down")

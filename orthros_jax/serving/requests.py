@@ -46,35 +46,13 @@ class SamplingParams:
     min_tokens: int = 0
 
 
-def check_request(
-    ids: list[int], params: SamplingParams, max_len: int, speculative: bool = False
-) -> None:
+def check_request(ids: list[int], params: SamplingParams, max_len: int) -> None:
     """RequestError (400) unless ids is a prompt of 1 to max_len tokens and the stop ids fit
-    the engine's stop table; with speculative, unless check_speculative passes."""
+    the engine's stop table."""
     if not ids or len(ids) > max_len:
         raise RequestError(f"prompt must have 1 to {max_len} tokens, got {len(ids)}", "prompt")
     if len(params.stop_token_ids) > MAX_STOP_IDS:
         raise RequestError(f"at most {MAX_STOP_IDS} stop_token_ids", "stop_token_ids")
-    if speculative:
-        check_speculative(params)
-
-
-def check_speculative(params: SamplingParams) -> None:
-    """RequestError (400) naming the first field a speculative engine does not apply: the
-    verifier's logits are not processed (penalties, logit_bias, min_tokens) and carry no API
-    log-probs, so such a request would come back silently different; refused instead."""
-    used = {
-        "logprobs": params.logprobs is not None,
-        "presence_penalty": params.presence_penalty != 0.0,
-        "frequency_penalty": params.frequency_penalty != 0.0,
-        "repetition_penalty": params.repetition_penalty != 1.0,
-        "logit_bias": bool(params.logit_bias),
-        "min_tokens": params.min_tokens != 0,
-    }
-    for field in (f for f, on in used.items() if on):
-        raise RequestError(
-            f"'{field}' is not supported with speculative decoding on this server", field
-        )
 
 
 def _is_int(x: Any) -> bool:

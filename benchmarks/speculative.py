@@ -13,20 +13,21 @@ Suites:
               embedded corpus, for k in --ks x draft_window in --window_multiples x w (a model
               with draft scale-offsets drafts with them: compare it with its base model).
   speed       decode tokens/s, plain and speculative (k = --speed_k, draft window w), at each
-              context in --contexts and batch in --batches, plain and speculative interleaved
-              (the ratio is the median of the per-repeat ratios), with the acceptance (tokens
-              per verify) of the same run. With --speed_models (arm=model, e.g. the two arms of
-              configs/spec_long.py): each trained model on real prompts, slices of the
-              embedded corpus's held-out documents prefilled to the context, greedy output
-              checked identical to plain. Without: both arms at the bench shape (configs/bench.py)
-              with random weights over a cache of random K/V (no prefill; they accept almost
-              nothing), and the ratio projected at the 'acceptance' suite's a, labelled.
+              context in --contexts and batch in --batches, timed by
+              benchmarks/spec_timing.time_loops (launch/benchmark.py's suite "speculative"
+              too: plain and speculative interleaved over one cache, the ratio the median of
+              the per-repeat ratios), with the acceptance (tokens per verify) of the same
+              run. With --speed_models (arm=model, e.g. the two arms of configs/spec_long.py):
+              each trained model on real prompts, slices of the embedded corpus's held-out
+              documents prefilled to the context, greedy output checked identical to plain.
+              Without: both arms at the bench shape (configs/bench.py) with random weights
+              over a cache of random K/V (no prefill; they accept almost nothing), and the
+              ratio projected at the 'acceptance' suite's a, labelled.
 Writes --out/speculative.json (every number) and speculative.md (the tables).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import pathlib
@@ -43,12 +44,12 @@ from orthros_jax.config import ModelConfig
 from orthros_jax.config.cli import load_config_file
 from orthros_jax.inference import Speculative, generate, init_cache
 from orthros_jax.inference import api as inference_api
-from orthros_jax.inference import speculative as spec_lib
 from orthros_jax.inference.sampling import Sampler
 from orthros_jax.model import init_params
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks import common as bench  # noqa: E402
+from benchmarks import spec_timing  # noqa: E402
 from benchmarks.common import ORTHROS, TRANSFORMER  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -105,17 +106,15 @@ def _arms(config: str) -> dict[str, ModelConfig]:
     )
 
 
-def _mean_accepted(stats: Any) -> float:
-    return float((stats.accepted.sum() + stats.rounds.sum()) / max(1, stats.rounds.sum()))
-
-
 def _acceptance_row(stats: Any, k: int, emitted: np.ndarray) -> dict:
     """Mean accepted length (tokens per verify), the drafts' acceptance rate, and the ceiling of
     the former (every draft accepted: the budget's last round is short)."""
     rounds = -(-(emitted - 1) // (k + 1))
     ceiling = float((emitted - 1).sum() / max(1, rounds.sum()))
-    rate = float(stats.accepted.sum() / max(1, stats.drafted.sum()))
-    return dict(mean_accepted=_mean_accepted(stats), acceptance_rate=rate, ceiling=ceiling)
+    rate = spec_timing.acceptance_rate(stats)
+    return dict(
+        mean_accepted=spec_timing.tokens_per_verify(stats), acceptance_rate=rate, ceiling=ceiling
+    )
 
 
 def lossless(results: dict) -> None:
@@ -129,7 +128,7 @@ def lossless(results: dict) -> None:
             out = generate(params, prompts, cfg, speculative=Speculative(k, cfg.window), **kw)
             same = bool((out.tokens == plain.tokens).all() and (out.lengths == plain.lengths).all())
             row = dict(arm=arm, k=k, prompts=len(prompts), identical=same)
-            row["mean_accepted"] = _mean_accepted(out.speculation)
+            row["mean_accepted"] = spec_timing.tokens_per_verify(out.speculation)
             results["lossless"].append(row)
             print(row, flush=True)
             assert same, f"{arm} k={k}: speculative greedy differs from plain greedy"
@@ -159,32 +158,6 @@ def acceptance(results: dict) -> None:
             row["identical"] = bool((out.tokens == plain.tokens).all())
             results["acceptance"].append(row)
             print(row, flush=True)
-
-
-def _timed_pair(plain: Any, spec: Any, make: Any) -> tuple[float, float, float, Any, Any]:
-    """plain(*make()) and spec(*make()) alternately, --repeats times after one run that
-    compiles (make's arguments are built untimed: the cache is donated). Returns the median
-    seconds of each, the median of the per-repeat ratios spec / plain (a shared machine's
-    drift hits both) and each one's last result."""
-    times: list[tuple[float, float]] = []
-    outs: list[Any] = [None, None]
-    for _ in range(FLAGS.repeats + 1):
-        pair = []
-        for i, fn in enumerate((plain, spec)):
-            args = jax.block_until_ready(make())
-            start = time.perf_counter()
-            outs[i] = jax.block_until_ready(fn(*args))
-            pair.append(time.perf_counter() - start)
-            del args
-        times.append((pair[0], pair[1]))
-    t = np.array(times[1:])
-    return (
-        float(np.median(t[:, 0])),
-        float(np.median(t[:, 1])),
-        float(np.median(t[:, 1] / t[:, 0])),
-        outs[0],
-        outs[1],
-    )
 
 
 def _held_out_prompts(context: int, batch: int) -> np.ndarray:
@@ -227,52 +200,51 @@ def _speed_arms() -> list[tuple[str, ModelConfig, Any, bool]]:
 def speed(results: dict) -> None:
     new, k = FLAGS.new, FLAGS.speed_k
     batches = sorted(map(int, FLAGS.batches))
+    sampler = Sampler(temperature=FLAGS.temperature)
     for arm, cfg, params, trained in _speed_arms():
         spec = Speculative(k, cfg.window)
         for context in map(int, FLAGS.contexts):
             prompts = _held_out_prompts(context, batches[-1]) if trained else None
+            slots = spec_timing.cache_slots(context, new, spec)
             for batch in batches:
-                slots = -(-(context + new + k + 1) // 128) * 128
-                stops = jnp.full((batch, 1), -1, jnp.int32)
                 if prompts is None:
                     logits = jnp.zeros((batch, cfg.vocab_size), jnp.float32)
-                    filled = lambda: bench.filled_cache(cfg, batch, context, slots - context)  # noqa: E731
+                    cache = bench.filled_cache(cfg, batch, context, slots - context)
                 else:
-                    cache = init_cache(cfg, batch, slots)
                     lens = np.full((batch,), context)
                     t0 = time.perf_counter()
-                    logits, ready = inference_api.prefill(params, cache, prompts[:batch], lens, cfg)
-                    ready = jax.block_until_ready(ready)
+                    logits, cache = inference_api.prefill(
+                        params, init_cache(cfg, batch, slots), prompts[:batch], lens, cfg
+                    )
+                    cache = jax.block_until_ready(cache)
                     print(f"{arm} {context}x{batch} prefill {time.perf_counter() - t0:.1f}s")
-                    filled = functools.partial(jax.tree.map, jnp.copy, ready)
-                make = lambda: (params, filled(), logits, jax.random.PRNGKey(0), stops)  # noqa: E731
-                sampler = Sampler(temperature=FLAGS.temperature)
-                common = dict(cfg=cfg, sampler=sampler, max_new_tokens=new)
-                plain_loop = functools.partial(inference_api._generate_jit, **common, mesh=None)
-                spec_loop = functools.partial(spec_lib.generate_jit, **common, spec=spec)
-                plain, sp, time_ratio, p_out, out = _timed_pair(plain_loop, spec_loop, make)
-                stats = jax.tree.map(np.asarray, out[5])
-                t_step = plain / (new - 1)
-                t_round = sp / max(1, int(stats.rounds.max()))
+                t = spec_timing.time_loops(
+                    params,
+                    cache,
+                    logits,
+                    cfg,
+                    spec,
+                    new_tokens=new,
+                    repeats=FLAGS.repeats,
+                    sampler=sampler,
+                )
+                del cache  # donated to the loops; its last copy was freed with them
                 row = dict(
                     arm=arm, context=context, batch=batch, k=k, draft_window=spec.draft_window
                 )
                 row.update(
                     trained=trained,
                     temperature=FLAGS.temperature,
-                    plain_tok_s=batch * (new - 1) / plain,
-                    spec_tok_s=batch * (new - 1) / sp,
-                    mean_accepted=_mean_accepted(stats),
-                    acceptance_rate=float(stats.accepted.sum() / max(1, stats.drafted.sum())),
-                    round_over_step=t_round / t_step,
+                    plain_tok_s=t.plain_tok_s,
+                    spec_tok_s=t.spec_tok_s,
+                    mean_accepted=spec_timing.tokens_per_verify(t.stats),
+                    acceptance_rate=spec_timing.acceptance_rate(t.stats),
+                    round_over_step=t.round_over_step,
                 )
-                row["measured_ratio"] = 1 / time_ratio
-                same = bool((np.asarray(p_out[0]) == np.asarray(out[0])).all())
-                row["identical"] = same if sampler.is_greedy else None  # sampled: other draws
+                row["measured_ratio"] = t.measured_ratio
+                row["identical"] = t.identical  # None when sampled: other draws
                 results["speed"].append(row)
                 print(row, flush=True)
-                if prompts is not None:
-                    del ready
 
 
 def _table(rows: list[dict]) -> str:

@@ -1,0 +1,178 @@
+"""The one timing harness of plain against speculative decode loops: benchmarks/speculative.py's
+suite "speed" and launch/benchmark.py's suite "speculative" (benchmarks/spec_suite.py) both
+call `time_loops`, so their figures mean the same thing.
+
+`time_loops` times generate's two on-device loops, `inference.api._generate_jit` (plain decode)
+and `inference.speculative.generate_jit` (rounds of k drafts and one verify), from the same
+cache and the same first-token logits, interleaved by `common.time_interleaved` (one warm-up
+call each, then rounds that call plain and speculative in turn) and compared by `common.ratio`
+(the median of the per-round ratios: a shared machine's drift hits both loops alike).
+
+Shapes: B rows, V vocab, M = new_tokens tokens per row, S cache slots per row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import common as bench
+from orthros_jax.config import ModelConfig
+from orthros_jax.inference import api as inference_api
+from orthros_jax.inference import speculative as spec_lib
+from orthros_jax.inference.cache import KVCache
+from orthros_jax.inference.sampling import Sampler
+from orthros_jax.inference.speculative import SpecStats, Speculative
+from orthros_jax.model import Params
+
+SLOT_UNIT = 128  # cache sizes round up to this, as generate's default cache_size does
+
+
+def tokens_per_verify(stats: SpecStats) -> float:
+    """Mean accepted length: tokens emitted per verify pass, (accepted + rounds) / rounds over
+    every row (1: no draft ever accepted; k + 1: all of them; 0: no round ran)."""
+    rounds = int(stats.rounds.sum())
+    return (int(stats.accepted.sum()) + rounds) / max(1, rounds)
+
+
+def acceptance_rate(stats: SpecStats) -> float:
+    """Drafts accepted / drafts proposed, over every row."""
+    return int(stats.accepted.sum()) / max(1, int(stats.drafted.sum()))
+
+
+def cache_room(new_tokens: int, spec: Speculative) -> int:
+    """Free slots a row needs past its length in `time_loops`: new_tokens tokens plus a last
+    round's k drafts and bonus token, so no round drafts fewer for want of a slot."""
+    return new_tokens + spec.k + 2
+
+
+def cache_slots(context: int, new_tokens: int, spec: Speculative) -> int:
+    """Slots per row for `time_loops` of rows filled to `context`: context + cache_room,
+    rounded up to SLOT_UNIT as generate's default cache is."""
+    return -(-(context + cache_room(new_tokens, spec)) // SLOT_UNIT) * SLOT_UNIT
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopTiming:
+    """What `time_loops` measured. plain / speculative: `common.time_interleaved`'s entries
+    (median_s, min_s, repeats, times_s: one per round); measured_ratio: speculative speed over
+    plain, `common.ratio(plain, speculative)`; stats: the last speculative call's SpecStats
+    (host arrays [B]); plain_tokens / spec_tokens: the last calls' tokens [B, M] (-1 past a
+    row's end), for the greedy-identical check; greedy: whether the sampler was greedy."""
+
+    plain: dict[str, Any]
+    speculative: dict[str, Any]
+    measured_ratio: float
+    stats: SpecStats
+    plain_tokens: np.ndarray
+    spec_tokens: np.ndarray
+    greedy: bool
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens a call's decode produces, B x (M - 1): the first token of each row is drawn
+        from the given logits (the prefill's), not decoded."""
+        bsz, new = self.plain_tokens.shape
+        return bsz * (new - 1)
+
+    @property
+    def plain_tok_s(self) -> float:
+        return self.decode_tokens / self.plain["median_s"]
+
+    @property
+    def spec_tok_s(self) -> float:
+        return self.decode_tokens / self.speculative["median_s"]
+
+    @property
+    def round_over_step(self) -> float:
+        """A speculative round's time in plain decode steps (medians; rounds: the most any row
+        ran): what a round costs whatever it accepts."""
+        rounds = max(1, int(self.stats.rounds.max()))
+        steps = max(1, self.plain_tokens.shape[1] - 1)
+        return (self.speculative["median_s"] / rounds) / (self.plain["median_s"] / steps)
+
+    @property
+    def identical(self) -> bool | None:
+        """Greedy: whether speculative decode emitted plain decode's tokens; sampled: None
+        (the two loops make different draws)."""
+        if not self.greedy:
+            return None
+        return bool((self.plain_tokens == self.spec_tokens).all())
+
+
+def time_loops(
+    params: Params,
+    cache: KVCache,
+    logits: jax.Array,
+    cfg: ModelConfig,
+    spec: Speculative,
+    *,
+    new_tokens: int,
+    repeats: int,
+    sampler: Sampler | None = None,
+) -> LoopTiming:
+    """Times plain and speculative decode of new_tokens tokens per row (no stop ids, row seeds
+    from PRNGKey(0)), `repeats` interleaved rounds after a warm-up call each, every call
+    starting from `cache` (rows filled to its lengths, cache_room free slots past them) and
+    logits [B, V] (the prefill's: the first token's). sampler: default greedy.
+
+    The cache is donated (do not reuse it) and handed from call to call with its lengths put
+    back, rather than rebuilt untimed before each call: a call writes only slots at or past a
+    row's length (slot s holds position s; the kinds that speculate keep no other per-row
+    state), so putting the lengths back restores the state every call starts from, exactly as
+    a rejected draft's rollback does; and only one cache is ever held (a rebuilt copy would
+    double the device memory of a long-context cache, and re-copy it every call)."""
+    lengths = np.asarray(cache.lengths)
+    need = int(lengths.max()) + cache_room(new_tokens, spec)
+    if cache.max_len < need:
+        raise ValueError(
+            f"time_loops: cache of {cache.max_len} slots; rows of {int(lengths.max())} tokens "
+            f"with new_tokens={new_tokens} at k={spec.k} need {need} (cache_slots)"
+        )
+    spec_lib.check(spec, cfg, cache.max_len, sequence_split=False)
+    sampler = sampler or Sampler()
+    stops = jnp.full((lengths.shape[0], 1), -1, jnp.int32)  # no stop ids: every row runs M
+    state: dict[str, Any] = {"cache": cache}
+    last: dict[str, tuple] = {}
+    loops: dict[str, tuple[Any, dict[str, Any]]] = {
+        "plain": (inference_api._generate_jit, dict(mesh=None)),
+        "speculative": (spec_lib.generate_jit, dict(spec=spec)),
+    }
+
+    def call_of(name: str) -> Any:
+        loop, how = loops[name]
+
+        def call() -> jax.Array:
+            res = loop(
+                params,
+                state["cache"],
+                logits,
+                jax.random.PRNGKey(0),
+                stops,
+                cfg=cfg,
+                sampler=sampler,
+                max_new_tokens=new_tokens,
+                **how,
+            )
+            # A new lengths array: the returned cache's leaves are donated to the next call.
+            state["cache"] = res[4].replace(lengths=jnp.asarray(lengths))
+            last[name] = (res[0], *res[5:])  # tokens, and speculation's SpecStats
+            return res[0]
+
+        return call
+
+    timing = bench.time_interleaved({name: call_of(name) for name in loops}, repeats)
+    plain, speculative = timing["plain"], timing["speculative"]
+    return LoopTiming(
+        plain=plain,
+        speculative=speculative,
+        measured_ratio=bench.ratio(plain, speculative),
+        stats=jax.tree.map(np.asarray, last["speculative"][1]),
+        plain_tokens=np.asarray(last["plain"][0]),
+        spec_tokens=np.asarray(last["speculative"][0]),
+        greedy=sampler.is_greedy,
+    )

@@ -38,6 +38,7 @@ BASE = dict(
     n_layers=2,
     attention_block_q=8,
     attention_block_k=8,
+    attention_block_cache_kib=1,
 )
 # The bench model's head shape (8 heads of 64, 8 layers), where XLA:CPU's copy decisions are
 # those of a real model: the compiled-decode check runs there.

@@ -21,7 +21,15 @@ from orthros_jax.layers import registry
 # 2 layers, d_model 32, 4 query / 2 kv heads of 8 (G = 2), SwiGLU 64, window 8: GQA and two
 # streams at a size that compiles in seconds. Tests override what they are about.
 TINY = dict(
-    vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, window=8
+    vocab_size=256,
+    d_model=32,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    d_ff=64,
+    window=8,
+    attention_block_cache_kib=2,  # cached reads over several blocks, as at long context
 )
 
 

@@ -14,7 +14,7 @@ from orthros_jax import inference as inf
 from orthros_jax.config import ModelConfig
 from orthros_jax.inference import drivers as fwd
 from orthros_jax.inference import sampling
-from orthros_jax.kernels.attention import few_query_attention
+from orthros_jax.kernels.few_queries import few_query_attention
 from orthros_jax.model import OrthrosLM, init_params
 
 ARCHS = ("orthros", "transformer", "swa")

@@ -45,6 +45,7 @@ RUNTIME_FIELDS = frozenset(
         "attention_block_q",
         "attention_block_k",
         "attention_block_local",
+        "attention_block_cache_kib",
         "prefill_chunk",
         "attention_impl",
         "init_std",
@@ -108,6 +109,11 @@ class ModelConfig:
     # backend bigger dots to spread over threads; the best size is the backend's
     # (docs/performance.md: 128 under default XLA:CPU on 2 cores, 64 with multi-threaded dots).
     attention_block_local: int = 64
+    # KiB of one K (or V) block of a few queries' read over the cache on CPU (decode, a verify
+    # pass): blocks of every row's slots sliced straight out of the layer stack, up to the
+    # longest row's last key (kernels/few_queries.few_query_stacked; docs/performance.md:
+    # 1-2 MiB, about a core's L2, was best on this CPU at batch 1, 4 and 8).
+    attention_block_cache_kib: int = 2048
     # Prefill processes prompts in chunks of this many tokens (memory = cache + O(chunk*D)).
     prefill_chunk: int = 2048
     attention_impl: str = "xla"
@@ -149,6 +155,7 @@ class ModelConfig:
             "attention_block_q",
             "attention_block_k",
             "attention_block_local",
+            "attention_block_cache_kib",
             "prefill_chunk",
         )
         for name in positive:

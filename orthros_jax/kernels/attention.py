@@ -11,7 +11,8 @@ garbage that callers slice away. Scores and softmax are float32 whatever the inp
 block i reads key blocks i-nb+1..i (nb = 1 + ceil((w-1)/b), i.e. 2 when b = w), so time and
 memory are O(T * w). `global_attention` is blocked over queries and keys with an online
 softmax and skips key blocks that no query of the block can see, so memory is
-O(block_q * block_k) per step; with a single query per row it is one dot over the keys.
+O(block_q * block_k) per step; with a single query per row it is one dot over the keys
+(few_queries.py: a few queries per row, e.g. decode and its cache reads).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_MASKED = -1e30  # finite, so rows with no visible key stay finite (and are sliced away)
+from orthros_jax.kernels.few_queries import MASKED as _MASKED
+from orthros_jax.kernels.few_queries import few_query_attention
+
 # A key position no query reaches (padding keys; a halo before the sequence start).
 PAD_POSITION = jnp.iinfo(jnp.int32).max // 2
 KEY_PAD_SEGMENT = -1
@@ -335,37 +338,6 @@ def visibility(
     if window is not None:
         mask &= qp - kp < window
     return mask
-
-
-def few_query_partial(
-    q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Unnormalised attention of a few queries per row over head-major keys, with its
-    statistics: q [B, Q, N, H]; k, v [B, K, S, H]; visible [B, Q, S] bool. Returns float32
-    acc [B, Q, N, H] = sum_j p_j v_j with p_j = exp(s_j - max), max and sum [B, Q, N]; invisible
-    keys weigh exactly 0 (a query that sees nothing has acc = sum = 0, max = -1e30), so shards
-    of a key set combine by log-sum-exp (sequence_parallel.merge_partials)."""
-    bsz, nq, n, h = q.shape
-    kv = k.shape[1]
-    qg = q.reshape(bsz, nq, kv, n // kv, h)
-    s = jnp.einsum("bqkgh,bksh->bkgqs", qg, k, preferred_element_type=jnp.float32)
-    mask = visible[:, None, None]
-    s = jnp.where(mask, s / math.sqrt(h), _MASKED)
-    m = s.max(axis=-1)
-    p = jnp.where(mask, jnp.exp(s - m[..., None]), 0.0)
-    # [B, K, G, Q, H] then transposed (small): XLA:CPU has no bf16 x bf16 -> f32 dot for the
-    # "bqkgh" output order.
-    acc = jnp.einsum("bkgqs,bksh->bkgqh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    to_bqn = lambda a: jnp.moveaxis(a, 3, 1).reshape(bsz, nq, n, *a.shape[4:])
-    return to_bqn(acc), to_bqn(m), to_bqn(p.sum(axis=-1))
-
-
-def few_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
-    """A few queries per row over head-major keys (decode, a prompt's last token, a window read
-    from a cache): q [B, Q, N, H]; k, v [B, K, S, H]; visible [B, Q, S] bool.
-    Returns [B, Q, N, H] in q's dtype (0 for a query that sees no key). Softmax in float32."""
-    acc, _, total = few_query_partial(q, k, v, visible)
-    return (acc / jnp.where(total > 0, total, 1.0)[..., None]).astype(q.dtype)
 
 
 def check_positions_contract(positions: Any, segment_ids: Any | None = None) -> None:

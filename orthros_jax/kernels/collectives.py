@@ -23,7 +23,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from orthros_jax.kernels.attention import few_query_partial, visibility
+from orthros_jax.kernels.attention import visibility
+from orthros_jax.kernels.few_queries import few_query_partial
 
 
 def check_sequence_split(length: int, n_shards: int, what: str = "sequence length") -> int:

@@ -105,6 +105,33 @@ def read(cache_kv: Stack, layer: jax.Array | int, slots_BT: jax.Array) -> jax.Ar
     return jnp.moveaxis(cache_kv[at], 2, 1)
 
 
+def layer_block(
+    cache_kv: Stack, layer: jax.Array | int, start: jax.Array | int, size: int
+) -> jax.Array:
+    """Slots start .. start + size - 1 of one layer's K or V, [B, K, size, H] (dequantized for a
+    QuantKV): one dynamic slice of the stack, so a block is read without the whole layer being
+    copied out first (start is clamped into the stack as dynamic_slice does)."""
+
+    def take(a: jax.Array) -> jax.Array:
+        at = (layer, 0, 0, start) + (0,) * (a.ndim - 4)
+        return jax.lax.dynamic_slice(a, at, (1, *a.shape[1:3], size, *a.shape[4:]))[0]
+
+    if isinstance(cache_kv, QuantKV):
+        return dequantize(take(cache_kv.values), take(cache_kv.scale))
+    return take(cache_kv)
+
+
+def block_slots(cache_kv: Stack, kib: int) -> int:
+    """Slots per block of layer_block reads of about kib KiB each (every row and kv head, in
+    the dtype the block is read in), at least one."""
+    quant = isinstance(cache_kv, QuantKV)
+    values = cache_kv.values if quant else cache_kv
+    dtype = cache_kv.scale.dtype if quant else cache_kv.dtype
+    _, b, k, _, h = values.shape
+    per_slot = b * k * h * jnp.dtype(dtype).itemsize
+    return max(1, kib * 1024 // per_slot)
+
+
 def layer_view(cache_kv: Stack, layer: jax.Array | int) -> jax.Array:
     """One layer's K or V, [B, K, S, H] (dequantized for a QuantKV)."""
     take = lambda a: jax.lax.dynamic_index_in_dim(a, layer, axis=0, keepdims=False)

@@ -28,19 +28,20 @@ Every mask is "same segment, key position <= query position (and > query positio
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.kernels import slots as slot_ops
 from orthros_jax.kernels.attention import (
-    few_query_attention,
     global_attention,
     local_attention,
     visibility,
 )
+from orthros_jax.kernels.few_queries import few_query_attention, few_query_stacked
 
 # A query count up to which a plain dot over the keys beats the blocked kernels.
 FEW_QUERIES = 8
@@ -59,6 +60,9 @@ class Keys(flax.struct.PyTreeNode):
     output stream over the sequence; `splash` attends them at their tokens' places).
     split=True: these are only this shard's keys of a set split over a mesh axis (a
     sequence-sharded cache); only sequence parallelism's implementation combines the shards.
+    stack (k, v, layer): head-major keys that are layer `layer` of these cache stacks
+    [layers, B, K, S, H] (kernels/slots.py): xla's few-query read on CPU reads them block by
+    block out of the stacks (kernels/few_queries.few_query_stacked) instead of k and v.
     """
 
     k: jax.Array
@@ -67,6 +71,7 @@ class Keys(flax.struct.PyTreeNode):
     segment_ids: jax.Array
     prefix: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None = None
     q_index: jax.Array | None = None
+    stack: tuple[Any, Any, Any] | None = None
     head_major: bool = flax.struct.field(pytree_node=False, default=False)
     aligned: bool = flax.struct.field(pytree_node=False, default=False)
     default_positions: bool = flax.struct.field(pytree_node=False, default=False)
@@ -99,13 +104,26 @@ class Keys(flax.struct.PyTreeNode):
 
 
 def few(
-    q: jax.Array, q_pos: jax.Array, q_seg: jax.Array, keys: Keys, window: int | None
+    q: jax.Array,
+    q_pos: jax.Array,
+    q_seg: jax.Array,
+    keys: Keys,
+    window: int | None,
+    block_kib: int,
 ) -> jax.Array:
-    """A plain dot over the keys for a few queries per row (decode, a prompt's last token)."""
+    """A plain dot over the keys for a few queries per row (decode, a prompt's last token). Keys
+    read from a cache stack (keys.stack) are read block by block out of it on CPU (blocks of
+    block_kib KiB, up to the last visible key: few_query_stacked); the whole layer elsewhere
+    (TPU reads the slice in place; on GPU a block is copied out like the layer)."""
     keys = keys.with_prefix()
-    k, v = keys.head_major_kv()
     mask = visibility(q_pos, q_seg, keys.positions, keys.segment_ids, window)
-    return few_query_attention(q, k, v, mask)
+    whole = lambda: few_query_attention(q, *keys.head_major_kv(), mask)  # noqa: E731
+    if keys.stack is None:
+        return whole()
+    k_stack, v_stack, layer = keys.stack
+    block = slot_ops.block_slots(k_stack, block_kib)
+    blocks = lambda: few_query_stacked(q, k_stack, v_stack, layer, mask, block)  # noqa: E731
+    return jax.lax.platform_dependent(cpu=blocks, default=whole)
 
 
 def xla(
@@ -132,7 +150,7 @@ def xla(
             block_size=cfg.attention_block_local,
         )
     if q.shape[1] <= FEW_QUERIES:
-        return few(q, q_pos, q_seg, keys, window)
+        return few(q, q_pos, q_seg, keys, window, cfg.attention_block_cache_kib)
     if window is not None:
         raise ValueError(
             f"window attention of {q.shape[1]} queries needs keys aligned with them "

@@ -96,6 +96,7 @@ class SlotView(flax.struct.PyTreeNode):
             slot_ops.layer_view(cv, li),
             slot_ids,
             self.slot_segments,
+            stack=(ck, cv, li),
             head_major=True,
         )
         if self.global_slots is not None:

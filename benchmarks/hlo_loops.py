@@ -30,7 +30,8 @@ _COLLECTIVE = re.compile(
 )
 
 
-def _computations(text: str) -> dict[str, list[str]]:
+def computations(text: str) -> dict[str, list[str]]:
+    """{computation name: its instruction lines} of an HLO module text."""
     comps: dict[str, list[str]] = {}
     current = None
     for line in text.splitlines():
@@ -47,6 +48,15 @@ def _computations(text: str) -> dict[str, list[str]]:
             continue
         comps[current].append(line)
     return comps
+
+
+def callees(line: str) -> list[tuple[str, str]]:
+    """(attribute, computation) of every computation an instruction line calls: a loop's
+    body / condition, a fusion's calls, a reduction's to_apply, a conditional's branches."""
+    out = [(m["attr"], m["name"]) for m in _CALLEE.finditer(line)]
+    b = _BRANCHES.search(line)
+    out += [("branch", c.strip().lstrip("%")) for c in (b["names"].split(",") if b else ())]
+    return out
 
 
 def _condition_bound(lines: list[str]) -> int | None:
@@ -67,7 +77,7 @@ def loop_weighted_collective_bytes(text: str) -> dict[str, int]:
     result bytes times the trip counts of the loops around it (1 where XLA knows no count)."""
     if "HloModule" not in text:
         raise ValueError("loop_weighted_collective_bytes: not an XLA HLO module text")
-    comps = _computations(text)
+    comps = computations(text)
     parent: dict[str, tuple[str, int]] = {}
     for name, lines in comps.items():
         for line in lines:
@@ -76,12 +86,9 @@ def loop_weighted_collective_bytes(text: str) -> dict[str, int]:
             cond = _COND.search(line) if " while(" in line else None
             if count is None and cond and cond["name"] in comps:
                 count = _condition_bound(comps[cond["name"]])
-            for m in _CALLEE.finditer(line):
-                n = count or 1 if m["attr"] in ("body", "condition") else 1
-                parent.setdefault(m["name"], (name, n))
-            b = _BRANCHES.search(line)
-            for callee in b["names"].split(",") if b else ():
-                parent.setdefault(callee.strip().lstrip("%"), (name, 1))
+            for attr, callee in callees(line):
+                n = count or 1 if attr in ("body", "condition") else 1
+                parent.setdefault(callee, (name, n))
 
     def weight(name: str, depth: int = 0) -> int:
         if name not in parent or depth > 64:

@@ -1,0 +1,142 @@
+"""The per-layer K/V copy of a stacked cache, isolated (decode_profile.py's suite 'slices'):
+the attention of a few queries over one layer of a cache, the layer read three ways.
+
+  stacked_index   out of a stacked [layers, B, K, S, H] cache by a traced layer index, inside
+                  a fori_loop (as layers/stack.layer_loop reads the cached modes' layers)
+  stacked_static  out of the same stack by static indices (the loop unrolled)
+  per_layer       from separate [B, K, S, H] buffers, one per layer (the loop unrolled)
+
+Each call runs `reads` such attentions, the next query fed by the last output (nothing hoisted
+or merged). XLA:CPU copies the slice of a stack out before a dot reads it; the per-layer
+buffers are read in place. `aot_row` compiles the stacked read for an accelerator target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import common as bench
+from benchmarks import hlo_profile
+from benchmarks.hlo_profile import Part
+from orthros_jax.config import ModelConfig
+from orthros_jax.kernels.attention import few_query_attention
+
+VARIANTS = {
+    "stacked_index": (True, False),
+    "stacked_static": (True, True),
+    "per_layer": (False, False),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadShape:
+    """The cache read: layers, rows, kv heads, slots S, head dim H, query heads N."""
+
+    layers: int
+    batch: int
+    kv_heads: int
+    slots: int
+    head_dim: int
+    heads: int
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, batch: int, slots: int) -> ReadShape:
+        """A model's attention shape at `batch` rows and `slots` slots."""
+        return cls(cfg.n_layers, batch, cfg.n_kv_heads, slots, cfg.head_dim, cfg.n_heads)
+
+    @property
+    def stack(self) -> tuple[int, ...]:
+        """Dims of the stacked K (or V): [layers, B, K, S, H]."""
+        return (self.layers, self.batch, self.kv_heads, self.slots, self.head_dim)
+
+
+def read_layers(stacked: bool, static: bool, reads: int, layers: int) -> Any:
+    """A jitted fn(k, v, q [B, Q, N, H], visible [B, Q, S]) -> [B, Q, N, H] running `reads`
+    attentions over one layer each (module docstring). stacked: k, v are [layers, B, K, S, H],
+    read by a traced index (static: by static indices); else lists of [B, K, S, H]."""
+
+    def read(kc: Any, vc: Any, q: jax.Array, vis: jax.Array) -> jax.Array:
+        if stacked and not static:
+
+            def body(i: jax.Array, acc: jax.Array) -> jax.Array:
+                k = jax.lax.dynamic_index_in_dim(kc, i % layers, 0, keepdims=False)
+                v = jax.lax.dynamic_index_in_dim(vc, i % layers, 0, keepdims=False)
+                return acc + few_query_attention(q + acc, k, v, vis)
+
+            return jax.lax.fori_loop(0, reads, body, jnp.zeros_like(q))
+        acc = jnp.zeros_like(q)
+        for i in range(reads):
+            acc = acc + few_query_attention(q + acc, kc[i % layers], vc[i % layers], vis)
+        return acc
+
+    return jax.jit(read)
+
+
+def read_args(shape: ReadShape, queries: int, stacked: bool) -> tuple:
+    """Random float32 (k, v, q, visible) for read_layers: every slot but the last 100 visible."""
+    kc = jax.random.normal(jax.random.PRNGKey(0), shape.stack)
+    vc = 0.5 * kc
+    q_shape = (shape.batch, queries, shape.heads, shape.head_dim)
+    q = jax.random.normal(jax.random.PRNGKey(1), q_shape)
+    vis = jnp.arange(shape.slots)[None, None] < jnp.full(
+        (shape.batch, queries, 1), shape.slots - 100
+    )
+    if stacked:
+        return kc, vc, q, vis
+    return list(kc), list(vc), q, vis
+
+
+def copies(compiled: Any, shape: ReadShape) -> int:
+    """Top-level instructions of a compiled read that copy one layer of the stack out."""
+    module = hlo_profile.Module.of(compiled)
+    parts = hlo_profile.classify(module, {shape.stack}, set(), shape.slots)
+    return sum(p is Part.KV_COPY for p in parts.values())
+
+
+def ab_row(shape: ReadShape, queries: int, reads: int, repeats: int) -> dict[str, Any]:
+    """The three variants compiled and timed interleaved: per variant the layer-slice copies
+    in its HLO, its temporary MiB and ms per layer read; the stacked ones over per_layer (the
+    median of the per-round ratios)."""
+    row: dict[str, Any] = {"slots": shape.slots, "queries": queries, "batch": shape.batch}
+    calls: dict[str, Callable[[], Any]] = {}
+    for name, (stacked, static) in VARIANTS.items():
+        args = read_args(shape, queries, stacked)
+        compiled = read_layers(stacked, static, reads, shape.layers).lower(*args).compile()
+        row[f"{name}_copies"] = copies(compiled, shape)
+        row[f"{name}_temp_mib"] = compiled.memory_analysis().temp_size_in_bytes / 2**20
+        calls[name] = functools.partial(compiled, *args)
+    timing = bench.time_interleaved(calls, repeats)
+    for name in VARIANTS:
+        row[f"{name}_ms"] = timing[name]["median_s"] * 1e3 / reads
+    for name in ("stacked_index", "stacked_static"):
+        row[f"{name}_over_per_layer"] = bench.ratio(timing[name], timing["per_layer"])
+    return row
+
+
+def aot_row(shape: ReadShape, target: str) -> dict[str, Any]:
+    """The stacked read (traced index, one query, bfloat16) compiled for `target`
+    (benchmarks/aot.target_devices), nothing run: the layer-slice copies left in its HLO and
+    its temporary bytes over one layer's K + V."""
+    from benchmarks.aot import target_devices
+
+    sharding = jax.sharding.SingleDeviceSharding(target_devices(target)[0])
+    bf16 = lambda *dims: jax.ShapeDtypeStruct(dims, jnp.bfloat16, sharding=sharding)  # noqa: E731
+    q = bf16(shape.batch, 1, shape.heads, shape.head_dim)
+    vis = jax.ShapeDtypeStruct((shape.batch, 1, shape.slots), jnp.bool_, sharding=sharding)
+    fn = read_layers(True, False, shape.layers, shape.layers)
+    compiled = fn.lower(bf16(*shape.stack), bf16(*shape.stack), q, vis).compile()
+    layer_kv = 2 * 2 * shape.batch * shape.kv_heads * shape.slots * shape.head_dim
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    return {
+        "target": target,
+        "slots": shape.slots,
+        "kv_copies": copies(compiled, shape),
+        "temp_mib": temp / 2**20,
+        "temp_over_layer_kv": temp / layer_kv,
+    }

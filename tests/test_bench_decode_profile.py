@@ -1,0 +1,87 @@
+"""benchmarks/decode_profile.py at a tiny model: the K/V layer-slice copies found in the
+compiled HLO (benchmarks/hlo_profile.py) where a layer is read out of a stacked cache and not
+where each layer has its own buffer, and the profile's JSON counting them per decode step and
+per speculative round."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import pytest
+from helpers import tiny_config
+
+from orthros_jax.model import init_params
+
+
+def _compiled_reads(stacked: bool, static: bool, slots: int) -> tuple:
+    from benchmarks import hlo_profile, layer_slices
+
+    cfg = tiny_config()
+    shape = layer_slices.ReadShape.of(cfg, 2, slots)
+    args = layer_slices.read_args(shape, 1, stacked)
+    fn = layer_slices.read_layers(stacked, static, reads=2, layers=cfg.n_layers)
+    module = hlo_profile.Module.parse(fn.lower(*args).compile().as_text())
+    return module, hlo_profile.classify(module, {shape.stack}, set(), slots)
+
+
+def test_layer_slice_copy_found_in_stacked_reads_only():
+    from benchmarks.hlo_profile import Part
+
+    module, parts = _compiled_reads(stacked=True, static=False, slots=96)
+    copies = [n for n, p in parts.items() if p is Part.KV_COPY]
+    # The loop body copies the layer's K and the layer's V out of their stacks.
+    assert len(copies) == 2, copies
+    assert {module.instructions[n].dims for n in copies} == {(2, 2, 96, 8)}
+    assert any(p is Part.ATTENTION_DOT for p in parts.values())
+    _, per_layer = _compiled_reads(stacked=False, static=False, slots=96)
+    assert not [n for n, p in per_layer.items() if p is Part.KV_COPY]
+    assert any(p is Part.ATTENTION_DOT for p in per_layer.values())
+
+
+@pytest.mark.slow  # ~8 s: two generate loops and two decode steps compile
+def test_decode_profile_tiny(tmp_path):
+    from benchmarks import decode_profile
+
+    cfg = tiny_config(vocab_size=64)
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    s = decode_profile.Settings(contexts=(200,), batch=2, k=2, new=5, repeats=1, reads=2)
+    decode_profile.run(str(tmp_path), cfg, params, "tiny", ["profile", "slices"], s)
+    res = json.loads((tmp_path / "decode_profile.json").read_text())
+    plain, spec = res["profile"]
+    assert (plain["loop"], spec["loop"]) == ("plain", "speculative")
+    assert plain["slots"] == spec["slots"] == 256
+    layers, steps, rounds = cfg.n_layers, s.new - 1, spec["steps"]
+    for row in (plain, spec):
+        assert set(row["parts"]) == {
+            "kv_copy",
+            "weight_copy",
+            "attention_dot",
+            "slots_other",
+            "rest",
+        }
+        assert [tuple(d) for _, d in row["kv_copies"]] == [(2, cfg.n_kv_heads, 256, 8)] * 2
+        total = sum(p["ms"] for p in row["parts"].values())
+        assert row["thunks_ms"] == pytest.approx(total) and total > 0 and row["wall_ms"] > 0
+    # Every decode step copies each layer's K and V once.
+    assert plain["parts"]["kv_copy"]["calls"] == 2 * layers * steps
+    assert plain["parts"]["weight_copy"]["calls"] > 0
+    # Speculative: the draft steps read the window only; the verify pass copies each layer's
+    # K and V once per round.
+    assert 1 <= rounds <= steps
+    regions = spec["regions"]
+    assert regions["draft"]["kv_copy"]["calls"] == 0
+    assert regions["verify"]["kv_copy"]["calls"] == 2 * layers * rounds
+    assert regions["draft"]["rest"]["calls"] > 0
+    assert spec["draft_step_in_loop_ms"] == pytest.approx(spec["draft_ms_per_round"] / s.k)
+    (alone,) = res["standalone"]
+    for step in ("decode_step", "draft_step"):
+        assert alone[step]["wall_ms"] > 0 and alone[step]["thunks_ms"] > 0
+    one, five = res["slices"]
+    assert (one["queries"], five["queries"]) == (1, s.k + 1)
+    for row in (one, five):
+        assert row["stacked_index_copies"] == 2 and row["per_layer_copies"] == 0
+        assert row["stacked_static_copies"] >= 2
+        assert row["stacked_index_over_per_layer"] > 0
+    md = (tmp_path / "decode_profile.md").read_text()
+    assert "| 200 | speculative |" in md and "## slices" in md

@@ -58,6 +58,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks import common as bench  # noqa: E402
 from benchmarks import hlo_profile, layer_slices  # noqa: E402
+from benchmarks.aot import GPU_TARGET, TARGETS_HELP, TPU_TARGET  # noqa: E402
 from benchmarks.hlo_profile import Part  # noqa: E402
 from benchmarks.run_record import run_record  # noqa: E402
 
@@ -98,6 +99,9 @@ class Settings:
         for name, least in (("batch", 1), ("k", 1), ("repeats", 1), ("reads", 1), ("new", 2)):
             if getattr(self, name) < least:
                 raise ValueError(f"--{name} must be >= {least}, got {getattr(self, name)}")
+        for t in self.aot_targets:
+            if not (TPU_TARGET.match(t) or GPU_TARGET.match(t)):
+                raise ValueError(f"--aot_targets: unknown target {t!r}; allowed: {TARGETS_HELP}")
         if not self.contexts or min(self.contexts) < 1:
             raise ValueError(f"--contexts must be positive token counts, got {self.contexts}")
 
@@ -327,12 +331,9 @@ def markdown(results: dict) -> str:
         rows = [[r[key] for key in keys] for r in results["slices"]]
         md.append("## slices\n\n" + _table(keys, rows) + "\n")
     if results["aot"]:
-        keys = list(results["aot"][0])
-        md.append(
-            "### compiled for accelerators\n\n"
-            + _table(keys, [list(r.values()) for r in results["aot"]])
-            + "\n"
-        )
+        keys = list(dict.fromkeys(key for r in results["aot"] for key in r))
+        rows = [[r.get(key, "") for key in keys] for r in results["aot"]]
+        md.append("### compiled for accelerators\n\n" + _table(keys, rows) + "\n")
     return "\n".join(md)
 
 

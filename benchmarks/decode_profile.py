@@ -48,11 +48,13 @@ import numpy as np
 from absl import app, flags
 
 from orthros_jax.config import ModelConfig
+from orthros_jax.config.cli import load_config_file
 from orthros_jax.inference import Speculative, drivers
 from orthros_jax.inference import api as inference_api
 from orthros_jax.inference import speculative as spec_lib
 from orthros_jax.inference.sampling import Sampler
 from orthros_jax.layers.registry import kinds_of
+from orthros_jax.model import init_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -339,17 +341,14 @@ def markdown(results: dict) -> str:
 
 def load(model: str | None, config: str) -> tuple[ModelConfig, Any]:
     """(cfg, params) of a trained model directory (load_model), or, model None, the Orthros
-    arm at config's bench shape with random weights (its output stream's scale-offsets
-    randomized, as benchmarks/speculative.py's)."""
+    arm at config's model shape with random weights (the timings do not depend on them)."""
     if model:
         from orthros_jax.checkpoint import load_model
 
         loaded = load_model(model)
         return loaded.cfg, jax.device_put(loaded.params)
-    from benchmarks.speculative import _arms, _random_model
-
-    cfg = _arms(config)[bench.ORTHROS]
-    return cfg, _random_model(cfg)
+    cfg = bench.model_configs(load_config_file(config).model, {bench.ORTHROS: {}})[bench.ORTHROS]
+    return cfg, jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0))
 
 
 SUITES = {"profile": profile, "slices": slices}

@@ -39,7 +39,18 @@ def test_layer_slice_copy_found_in_stacked_reads_only():
     assert any(p is Part.ATTENTION_DOT for p in per_layer.values())
 
 
-@pytest.mark.slow  # ~8 s: two generate loops and two decode steps compile
+def test_settings_refuse_bad_input_by_flag_name():
+    from benchmarks.decode_profile import Settings
+
+    with pytest.raises(ValueError, match="--k must be >= 1"):
+        Settings(k=0)
+    with pytest.raises(ValueError, match="--new must be >= 2"):
+        Settings(new=1)
+    with pytest.raises(ValueError, match="--aot_targets: unknown target 'h200x1'"):
+        Settings(aot_targets=("h200x1",))
+
+
+@pytest.mark.slow  # 5-8 s: two generate loops and two decode steps compile and run
 def test_decode_profile_tiny(tmp_path):
     from benchmarks import decode_profile
 

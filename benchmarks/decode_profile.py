@@ -130,19 +130,34 @@ def _traced(compiled: Any, args: tuple) -> tuple[Any, dict[str, list[float]]]:
         return out, hlo_profile.thunk_times(trace_dir, module)
 
 
-Stacks = tuple[set[tuple[int, ...]], set[tuple[int, ...]]]
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What hlo_profile.classify is told of a program: the dims of the stacked cache leaves and
+    of the stacked layer weights, and the slot axes (S, and the blocked read's key block where
+    no weight has that axis)."""
 
+    cache: frozenset[tuple[int, ...]]
+    weights: frozenset[tuple[int, ...]]
+    axes: frozenset[int]
 
-def _stacks(cfg: ModelConfig, params: Any, cache: Any) -> Stacks:
-    """Dims of the stacked cache leaves and of the stacked layer weights."""
-    cache_dims = {tuple(a.shape) for a in jax.tree.leaves(cache.states)}
-    weights = [params[kind.params_key] for kind in kinds_of(cfg)]
-    return cache_dims, {tuple(a.shape) for a in jax.tree.leaves(weights)}
+    @classmethod
+    def of(cls, cfg: ModelConfig, params: Any, cache: Any) -> Layout:
+        weights = [params[kind.params_key] for kind in kinds_of(cfg)]
+        taken = {d for a in jax.tree.leaves(params) for d in a.shape}
+        block = min(cfg.attention_block_cache, cache.max_len)
+        return cls(
+            frozenset(tuple(a.shape) for a in jax.tree.leaves(cache.states)),
+            frozenset(tuple(a.shape) for a in jax.tree.leaves(weights)),
+            frozenset({cache.max_len} | ({block} - taken)),
+        )
+
+    def classify(self, module: hlo_profile.Module) -> dict[str, Part]:
+        return hlo_profile.classify(module, set(self.cache), set(self.weights), set(self.axes))
 
 
 def _slots(context: int, room: int, params: Any) -> int:
     """Cache slots: context + room rounded up to 128, moved on until no weight has that axis
-    (the profile finds the attention by the slot axis)."""
+    (the profile finds the attention by its slot axes)."""
     taken = {d for a in jax.tree.leaves(params) for d in a.shape}
     slots = -(-(context + room) // 128) * 128
     while slots in taken:
@@ -150,51 +165,12 @@ def _slots(context: int, room: int, params: Any) -> int:
     return slots
 
 
-def _parts(
-    module: hlo_profile.Module, parts: dict[str, Part], times: dict[str, list[float]], comps: Any
-) -> dict[str, dict[str, float]]:
-    """{part: {"ms", "calls"}} of the thunks of instructions in computations `comps` (None:
-    all), control flow left out (hlo_profile's docstring)."""
-    out = {p.value: {"ms": 0.0, "calls": 0} for p in Part}
-    for name, durs in times.items():
-        inst = module.instructions.get(name)
-        if inst is None or inst.op in hlo_profile.CONTROL_FLOW or name not in parts:
-            continue
-        if comps is not None and inst.computation not in comps:
-            continue
-        out[parts[name].value]["ms"] += sum(durs) / 1e3
-        out[parts[name].value]["calls"] += len(durs)
-    return out
-
-
-def _top(
-    module: hlo_profile.Module, parts: dict[str, Part], times: dict[str, list[float]], n: int = 8
-) -> list[dict]:
-    """The n thunks that took longest in all: name, part, dims, calls, ms."""
-    ran = [
-        (name, durs)
-        for name, durs in times.items()
-        if name in parts and module.instructions[name].op not in hlo_profile.CONTROL_FLOW
-    ]
-    ran.sort(key=lambda item: -sum(item[1]))
-    return [
-        dict(
-            name=name,
-            part=parts[name].value,
-            dims=module.instructions[name].dims,
-            calls=len(durs),
-            ms=sum(durs) / 1e3,
-        )
-        for name, durs in ran[:n]
-    ]
-
-
 def _total(parts: dict[str, dict[str, float]]) -> float:
     return sum(p["ms"] for p in parts.values())
 
 
 def _profile_loop(
-    name: str, fn: Any, kw: dict, make: Callable[[], tuple], stacks: Stacks, slots: int, s: Settings
+    name: str, fn: Any, kw: dict, make: Callable[[], tuple], layout: Layout, s: Settings
 ) -> tuple[dict, Any]:
     t0 = time.perf_counter()
     compiled = fn.lower(*make(), **kw).compile()
@@ -202,12 +178,14 @@ def _profile_loop(
     row["wall_ms"] = _median_ms(compiled, make, s.repeats)
     out, times = _traced(compiled, make())
     module = hlo_profile.Module.of(compiled)
-    parts = hlo_profile.classify(module, stacks[0], stacks[1], slots)
-    row["parts"] = _parts(module, parts, times, None)
+    parts = layout.classify(module)
+    row["parts"] = hlo_profile.sum_parts(module, parts, times, None)
     row["thunks_ms"] = _total(row["parts"])
-    row["top"] = _top(module, parts, times)
+    row["top"] = hlo_profile.top_thunks(module, parts, times)
     row["kv_copies"] = sorted(
-        {n: module.instructions[n].dims for n, p in parts.items() if p is Part.KV_COPY}.items()
+        (n, module.instructions[n].dims, p.value)
+        for n, p in parts.items()
+        if p in (Part.KV_COPY, Part.KV_BLOCK)
     )
     return row, (module, parts, times, out)
 
@@ -225,13 +203,11 @@ def _standalone(
     wall = _median_ms(compiled, make, s.repeats)
     _, times = _traced(compiled, make())
     module = hlo_profile.Module.of(compiled)
-    cache = make_cache()
-    cache_dims, weight_dims = _stacks(cfg, params, cache)
-    parts = hlo_profile.classify(module, cache_dims, weight_dims, cache.max_len)
+    parts = Layout.of(cfg, params, make_cache()).classify(module)
     return {
         "wall_ms": wall,
-        "thunks_ms": _total(_parts(module, parts, times, None)),
-        "top": _top(module, parts, times, 4),
+        "thunks_ms": _total(hlo_profile.sum_parts(module, parts, times, None)),
+        "top": hlo_profile.top_thunks(module, parts, times, 4),
     }
 
 
@@ -241,25 +217,27 @@ def profile(results: dict, cfg: ModelConfig, params: Any, s: Settings) -> None:
     for context in s.contexts:
         slots = _slots(context, new + k + 1, params)
         make_cache = functools.partial(bench.filled_cache, cfg, batch, context, slots - context)
-        stacks = _stacks(cfg, params, make_cache())
+        layout = Layout.of(cfg, params, make_cache())
         logits = jnp.zeros((batch, cfg.vocab_size), jnp.float32)
         stops = jnp.full((batch, 1), -1, jnp.int32)
         make = lambda: (params, make_cache(), logits, jax.random.PRNGKey(0), stops)  # noqa: E731
         common = dict(cfg=cfg, sampler=Sampler(), max_new_tokens=new)
         plain, _ = _profile_loop(
-            "plain", inference_api._generate_jit, {**common, "mesh": None}, make, stacks, slots, s
+            "plain", inference_api._generate_jit, {**common, "mesh": None}, make, layout, s
         )
         plain["steps"] = new - 1
         sp, (module, parts, times, out) = _profile_loop(
-            "speculative", spec_lib.generate_jit, {**common, "spec": spec}, make, stacks, slots, s
+            "speculative", spec_lib.generate_jit, {**common, "spec": spec}, make, layout, s
         )
         rounds = int(np.asarray(out[5].rounds).max())
         draft_comps, round_comps = hlo_profile.while_regions(module, DRAFT_MARKER)
         regions = {
-            "draft": _parts(module, parts, times, draft_comps),
-            "verify": _parts(module, parts, times, round_comps - draft_comps),
+            "draft": hlo_profile.sum_parts(module, parts, times, draft_comps),
+            "verify": hlo_profile.sum_parts(module, parts, times, round_comps - draft_comps),
         }
-        regions["outside"] = _parts(module, parts, times, set(module.by_computation) - round_comps)
+        regions["outside"] = hlo_profile.sum_parts(
+            module, parts, times, set(module.by_computation) - round_comps
+        )
         sp.update(steps=rounds, k=k, draft_window=spec.draft_window, regions=regions)
         sp["draft_ms_per_round"] = _total(regions["draft"]) / rounds
         sp["verify_ms_per_round"] = _total(regions["verify"]) / rounds

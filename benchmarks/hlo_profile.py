@@ -7,10 +7,13 @@ The parts, from the optimized HLO itself rather than from fusion names:
                  ([layers, ...] -> one layer's elements) and whose computation holds a
                  dynamic-slice (or a static slice) of that leaf: the layer's K or V copied
                  out of the stack.
-  weight_copy    the same for a stacked layer weight (params[kind.params_key]).
-  attention_dot  a dot (or a fusion holding one) with the slot axis (the cache's S) in an
-                 operand or its result: the attention over the cache.
-  slots_other    any other instruction with the slot axis in its result: masks, softmax, the
+  kv_block       the same for a part of one layer's slots (a block of a blocked read, a
+                 window): a copy of that part only.
+  weight_copy    kv_copy for a stacked layer weight (params[kind.params_key]).
+  attention_dot  a dot (or a fusion holding one) with a slot axis (the cache's S, a blocked
+                 read's key block) in an operand or its result, or reading a kv_copy / kv_block:
+                 the attention over the cache.
+  slots_other    any other instruction with a slot axis in its result: masks, softmax, the
                  cache writes.
   rest           everything else (the weights' matmuls, norms, sampling, loop bookkeeping).
 Control-flow thunks (while, conditional, call) are left out of every sum: XLA:CPU may time a
@@ -37,6 +40,7 @@ class Part(enum.Enum):
     """What a top-level instruction of a cached decode program does (module docstring)."""
 
     KV_COPY = "kv_copy"
+    KV_BLOCK = "kv_block"
     WEIGHT_COPY = "weight_copy"
     ATTENTION_DOT = "attention_dot"
     SLOTS_OTHER = "slots_other"
@@ -164,51 +168,93 @@ class Module:
         return out
 
 
-def _layer_slice(module: Module, inst: Instruction, stacks: set[tuple[int, ...]]) -> bool:
-    """inst's result holds one layer of one of `stacks` ([layers, ...] dims), cut by a
-    dynamic-slice (a static slice, for an unrolled loop) of that leaf inside inst's
-    computation (or by inst itself)."""
+def _stack_slice(module: Module, inst: Instruction, stacks: set[tuple[int, ...]]) -> str | None:
+    """ "layer" where inst's result holds one layer of one of `stacks` ([layers, ...] dims), cut
+    by a dynamic-slice (a static slice, for an unrolled loop) of that leaf inside inst's
+    computation (or by inst itself); "block" where it holds such a cut of part of one layer;
+    None otherwise."""
     if inst.dims is None:
-        return False
+        return None
     size = math.prod(inst.dims)
     for ds in module.holds(inst, "dynamic-slice") + module.holds(inst, "slice"):
         if not ds.operands or ds.dims is None:
             continue
         src = module.instructions.get(ds.operands[0])
-        if src is None or src.dims not in stacks:
+        if src is None or src.dims not in stacks or ds.dims[0] != 1:
             continue
-        if ds.dims == (1, *src.dims[1:]) and size == math.prod(src.dims[1:]):
-            return True
-    return False
+        if size == math.prod(ds.dims):
+            return "layer" if ds.dims[1:] == src.dims[1:] else "block"
+    return None
 
 
 def classify(
     module: Module,
     cache_stacks: set[tuple[int, ...]],
     weight_stacks: set[tuple[int, ...]],
-    slots: int,
+    slot_axes: set[int],
 ) -> dict[str, Part]:
     """{instruction name: Part} for every top-level instruction (module docstring). cache_stacks
     / weight_stacks: the dims of the stacked cache leaves and layer weights ([layers, ...]);
-    slots: the cache's slot count S (choose one no other axis of the program has)."""
+    slot_axes: the cache's slot count S and the key block of a blocked read (choose sizes no
+    other axis of the program has)."""
     out: dict[str, Part] = {}
     for inst in module.top_level():
-        if _layer_slice(module, inst, cache_stacks):
-            part = Part.KV_COPY
-        elif _layer_slice(module, inst, weight_stacks):
-            part = Part.WEIGHT_COPY
+        cut = _stack_slice(module, inst, cache_stacks)
+        if cut is not None:
+            out[inst.name] = Part.KV_COPY if cut == "layer" else Part.KV_BLOCK
+            continue
+        if _stack_slice(module, inst, weight_stacks) == "layer":
+            out[inst.name] = Part.WEIGHT_COPY
+            continue
+        dims = [inst.dims or ()] + [module.instructions[o].dims or () for o in inst.operands]
+        over_slots = any(a in d for d in dims for a in slot_axes)
+        reads_kv = any(out.get(o) in (Part.KV_COPY, Part.KV_BLOCK) for o in inst.operands)
+        if (over_slots or reads_kv) and module.holds(inst, "dot"):
+            out[inst.name] = Part.ATTENTION_DOT
+        elif any(a in (inst.dims or ()) for a in slot_axes):
+            out[inst.name] = Part.SLOTS_OTHER
         else:
-            operand_dims = [module.instructions[o].dims for o in inst.operands]
-            in_dims = [d for d in operand_dims if d is not None]
-            over_slots = slots in (inst.dims or ()) or any(slots in d for d in in_dims)
-            if over_slots and module.holds(inst, "dot"):
-                part = Part.ATTENTION_DOT
-            elif slots in (inst.dims or ()):
-                part = Part.SLOTS_OTHER
-            else:
-                part = Part.REST
-        out[inst.name] = part
+            out[inst.name] = Part.REST
     return out
+
+
+def sum_parts(
+    module: Module, parts: dict[str, Part], times: dict[str, list[float]], comps: Any = None
+) -> dict[str, dict[str, float]]:
+    """{part: {"ms", "calls"}} of the thunks (`thunk_times`) of the instructions `classify`
+    sorted (`parts`) that lie in computations `comps` (None: all); control flow left out."""
+    out = {p.value: {"ms": 0.0, "calls": 0} for p in Part}
+    for name, durs in times.items():
+        inst = module.instructions.get(name)
+        if inst is None or inst.op in CONTROL_FLOW or name not in parts:
+            continue
+        if comps is not None and inst.computation not in comps:
+            continue
+        out[parts[name].value]["ms"] += sum(durs) / 1e3
+        out[parts[name].value]["calls"] += len(durs)
+    return out
+
+
+def top_thunks(
+    module: Module, parts: dict[str, Part], times: dict[str, list[float]], n: int = 8
+) -> list[dict[str, Any]]:
+    """The n instructions whose thunks took longest in all: name, part, dims, calls, ms."""
+    ran = [
+        (k, d)
+        for k, d in times.items()
+        if k in parts and module.instructions[k].op not in CONTROL_FLOW
+    ]
+    ran.sort(key=lambda item: -sum(item[1]))
+    return [
+        dict(
+            name=k,
+            part=parts[k].value,
+            dims=module.instructions[k].dims,
+            calls=len(d),
+            ms=sum(d) / 1e3,
+        )
+        for k, d in ran[:n]
+    ]
 
 
 def while_regions(module: Module, marker: str) -> tuple[set[str], set[str]]:

@@ -25,7 +25,7 @@ from benchmarks import common as bench
 from benchmarks import hlo_profile
 from benchmarks.hlo_profile import Part
 from orthros_jax.config import ModelConfig
-from orthros_jax.kernels.attention import few_query_attention
+from orthros_jax.kernels.few_queries import few_query_attention
 
 VARIANTS = {
     "stacked_index": (True, False),
@@ -95,7 +95,7 @@ def read_args(shape: ReadShape, queries: int, stacked: bool) -> tuple:
 def copies(compiled: Any, shape: ReadShape) -> int:
     """Top-level instructions of a compiled read that copy one layer of the stack out."""
     module = hlo_profile.Module.of(compiled)
-    parts = hlo_profile.classify(module, {shape.stack}, set(), shape.slots)
+    parts = hlo_profile.classify(module, {shape.stack}, set(), {shape.slots})
     return sum(p is Part.KV_COPY for p in parts.values())
 
 

@@ -249,7 +249,8 @@ def profile(results: dict, cfg: ModelConfig, params: Any, s: Settings) -> None:
         for row in (plain, sp):
             row.update(context=context, batch=batch, slots=slots)
             row["ms_per_step"] = row["wall_ms"] / row["steps"]
-            row["kv_copy_share"] = row["parts"]["kv_copy"]["ms"] / row["thunks_ms"]
+            copied = row["parts"]["kv_copy"]["ms"] + row["parts"]["kv_block"]["ms"]
+            row["kv_copy_share"] = copied / row["thunks_ms"]  # layers and blocks
             results["profile"].append(row)
             print({key: v for key, v in row.items() if key not in ("parts", "regions", "top")})
         results["standalone"].append({"context": context, "batch": batch, **standalone})
@@ -279,7 +280,7 @@ def markdown(results: dict) -> str:
     md = [f"`{results['run']['command']}`\n"]
     if results["profile"]:
         head = ["context", "loop", "steps / rounds", "wall ms", "thunks ms"]
-        head += [f"{p.value} ms" for p in Part] + ["kv_copy share"]
+        head += [f"{p.value} ms" for p in Part] + ["K/V copies share"]
         rows = [
             [r["context"], r["loop"], r["steps"], r["wall_ms"], r["thunks_ms"]]
             + [r["parts"][p.value]["ms"] for p in Part]

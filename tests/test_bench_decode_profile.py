@@ -6,6 +6,7 @@ per speculative round."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import jax
 import pytest
@@ -14,29 +15,39 @@ from helpers import tiny_config
 from orthros_jax.model import init_params
 
 
-def _compiled_reads(stacked: bool, static: bool, slots: int) -> tuple:
+def _compiled_reads(read: Any, slots: int) -> tuple:
     from benchmarks import hlo_profile, layer_slices
 
-    cfg = tiny_config()
-    shape = layer_slices.ReadShape.of(cfg, 2, slots)
-    args = layer_slices.read_args(shape, 1, stacked)
-    fn = layer_slices.read_layers(stacked, static, reads=2, layers=cfg.n_layers)
-    module = hlo_profile.Module.parse(fn.lower(*args).compile().as_text())
-    return module, hlo_profile.classify(module, {shape.stack}, set(), {slots})
+    shape = layer_slices.ReadShape.of(tiny_config(attention_block_cache=32), 2, slots)
+    args = layer_slices.read_args(shape, 1, read.stacked)
+    fn = layer_slices.read_layers(read, reads=2, layers=shape.layers, block=shape.block)
+    module = hlo_profile.Module.of(fn.lower(*args).compile())
+    return module, hlo_profile.classify(module, {shape.stack}, set(), {slots, shape.block})
 
 
 def test_layer_slice_copy_found_in_stacked_reads_only():
     from benchmarks.hlo_profile import Part
+    from benchmarks.layer_slices import Read
 
-    module, parts = _compiled_reads(stacked=True, static=False, slots=96)
-    copies = [n for n, p in parts.items() if p is Part.KV_COPY]
+    def cut(parts: dict, part: Any) -> list[str]:
+        return [n for n, p in parts.items() if p is part]
+
+    module, parts = _compiled_reads(Read.STACKED_INDEX, slots=96)
     # The loop body copies the layer's K and the layer's V out of their stacks.
-    assert len(copies) == 2, copies
-    assert {module.instructions[n].dims for n in copies} == {(2, 2, 96, 8)}
-    assert any(p is Part.ATTENTION_DOT for p in parts.values())
-    _, per_layer = _compiled_reads(stacked=False, static=False, slots=96)
-    assert not [n for n, p in per_layer.items() if p is Part.KV_COPY]
-    assert any(p is Part.ATTENTION_DOT for p in per_layer.values())
+    assert len(cut(parts, Part.KV_COPY)) == 2, parts
+    assert {module.instructions[n].dims for n in cut(parts, Part.KV_COPY)} == {(2, 2, 96, 8)}
+    assert cut(parts, Part.ATTENTION_DOT)
+    module, parts = _compiled_reads(Read.STACKED_BLOCKS, slots=96)
+    # The blocked read copies 32-slot blocks of the layer's K and V, never the whole layer.
+    assert not cut(parts, Part.KV_COPY) and len(cut(parts, Part.KV_BLOCK)) == 2, parts
+    blocks = {
+        tuple(n for n in module.instructions[i].dims if n != 1) for i in cut(parts, Part.KV_BLOCK)
+    }
+    assert blocks == {(2, 2, 32, 8)}
+    assert cut(parts, Part.ATTENTION_DOT)
+    _, parts = _compiled_reads(Read.PER_LAYER, slots=96)
+    assert not cut(parts, Part.KV_COPY) and not cut(parts, Part.KV_BLOCK)
+    assert cut(parts, Part.ATTENTION_DOT)
 
 
 def test_settings_refuse_bad_input_by_flag_name():
@@ -98,6 +109,9 @@ def test_decode_profile_tiny(tmp_path):
     for row in (one, five):
         assert row["stacked_index_copies"] == 2 and row["per_layer_copies"] == 0
         assert row["stacked_static_copies"] >= 2
-        assert row["stacked_index_over_per_layer"] > 0
+        # (one key block as long as the cache here: the blocked read's block is the layer)
+        assert row["stacked_blocks_copies"] + row["stacked_blocks_block_copies"] == 2
+        assert row["per_layer_block_copies"] == 0
+        assert row["stacked_index_over_per_layer"] > 0 and row["stacked_blocks_over_per_layer"] > 0
     md = (tmp_path / "decode_profile.md").read_text()
     assert "| 200 | speculative |" in md and "## slices" in md

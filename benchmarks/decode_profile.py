@@ -18,11 +18,12 @@ Suites:
            them, one draft step and one plain decode step as standalone jitted calls (a cache
            passed in and out), wall against the sum of their thunks.
   slices   the attention of 1 and k + 1 queries over one layer of a cache, --reads times in
-           one jitted call, three ways, timed interleaved: the layer read by a traced index
-           out of a stacked [layers, B, K, S, H] cache (as stack.layer_loop reads it), by a
-           static index, and from separate per-layer buffers (a loop unrolled over a list); at
+           one jitted call, four ways, timed interleaved (benchmarks/layer_slices.py): the
+           layer read by a traced index out of a stacked [layers, B, K, S, H] cache (as
+           stack.layer_loop reads it), by a static index, block by block (the library's CPU
+           read, key block attention_block_cache), and from separate per-layer buffers; at
            the model's K, H and N heads, --batch rows, S = each context. Per variant the
-           layer-slice copies found in its compiled HLO and its temporary bytes. With
+           layer and block copies found in its compiled HLO and its temporary bytes. With
            --aot_targets (e.g. h100x1, v5e:2x2; benchmarks/aot.target_devices), the stacked
            read compiled for each target at --aot_context in bfloat16, nothing run.
 Writes --out/decode_profile.json (every number) and decode_profile.md (the tables).

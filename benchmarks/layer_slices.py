@@ -1,5 +1,5 @@
 """The per-layer K/V copy of a stacked cache, isolated (decode_profile.py's suite 'slices'):
-the attention of a few queries over one layer of a cache, the layer read three ways.
+the attention of a few queries over one layer of a cache, the layer read four ways (Read).
 
   stacked_index   out of a stacked [layers, B, K, S, H] cache by a traced layer index, inside
                   a fori_loop (as layers/stack.layer_loop reads the cached modes' layers)
@@ -9,8 +9,9 @@ the attention of a few queries over one layer of a cache, the layer read three w
   per_layer       from separate [B, K, S, H] buffers, one per layer (the loop unrolled)
 
 Each call runs `reads` such attentions, the next query fed by the last output (nothing hoisted
-or merged). XLA:CPU copies the slice of a stack out before a dot reads it; the per-layer
-buffers are read in place. `aot_row` compiles the stacked read for an accelerator target.
+or merged). XLA:CPU copies the slice of a stack (a layer, or a block of one) out before a dot
+reads it; the per-layer buffers are read in place. `aot_row` compiles the stacked read for
+an accelerator target.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Suites:
            one jitted call, four ways, timed interleaved (benchmarks/layer_slices.py): the
            layer read by a traced index out of a stacked [layers, B, K, S, H] cache (as
            stack.layer_loop reads it), by a static index, block by block (the library's CPU
-           read, key block attention_block_cache), and from separate per-layer buffers; at
+           read, blocks of attention_block_cache_kib), and from separate per-layer buffers; at
            the model's K, H and N heads, --batch rows, S = each context. Per variant the
            layer and block copies found in its compiled HLO and its temporary bytes. With
            --aot_targets (e.g. h100x1, v5e:2x2; benchmarks/aot.target_devices), the stacked
@@ -54,6 +54,7 @@ from orthros_jax.inference import Speculative, drivers
 from orthros_jax.inference import api as inference_api
 from orthros_jax.inference import speculative as spec_lib
 from orthros_jax.inference.sampling import Sampler
+from orthros_jax.kernels import slots as slot_ops
 from orthros_jax.layers.registry import kinds_of
 from orthros_jax.model import init_params
 
@@ -145,7 +146,8 @@ class Layout:
     def of(cls, cfg: ModelConfig, params: Any, cache: Any) -> Layout:
         weights = [params[kind.params_key] for kind in kinds_of(cfg)]
         taken = {d for a in jax.tree.leaves(params) for d in a.shape}
-        block = min(cfg.attention_block_cache, cache.max_len)
+        stack = next(a for a in jax.tree.leaves(cache.states) if a.ndim == 5)  # a K or V
+        block = min(slot_ops.block_slots(stack, cfg.attention_block_cache_kib), cache.max_len)
         return cls(
             frozenset(tuple(a.shape) for a in jax.tree.leaves(cache.states)),
             frozenset(tuple(a.shape) for a in jax.tree.leaves(weights)),

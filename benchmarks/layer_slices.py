@@ -5,7 +5,7 @@ the attention of a few queries over one layer of a cache, the layer read four wa
                   a fori_loop (as layers/stack.layer_loop reads the cached modes' layers)
   stacked_static  out of the same stack by static indices (the loop unrolled)
   stacked_blocks  out of the same stack block by block by a traced index (the library's CPU
-                  read, kernels/few_queries.few_query_stacked, key block `block`)
+                  read, kernels/few_queries.few_query_stacked, `block` slots a block)
   per_layer       from separate [B, K, S, H] buffers, one per layer (the loop unrolled)
 
 Each call runs `reads` such attentions, the next query fed by the last output (nothing hoisted
@@ -30,6 +30,7 @@ from benchmarks import common as bench
 from benchmarks import hlo_profile
 from benchmarks.hlo_profile import Part
 from orthros_jax.config import ModelConfig
+from orthros_jax.kernels import slots as slot_ops
 from orthros_jax.kernels.few_queries import few_query_attention, few_query_stacked
 
 
@@ -61,7 +62,10 @@ class ReadShape:
     @classmethod
     def of(cls, cfg: ModelConfig, batch: int, slots: int) -> ReadShape:
         """A model's attention shape at `batch` rows and `slots` slots."""
-        block = min(cfg.attention_block_cache, slots)
+        stack = jax.ShapeDtypeStruct(
+            (cfg.n_layers, batch, cfg.n_kv_heads, slots, cfg.head_dim), jnp.float32
+        )
+        block = min(slot_ops.block_slots(stack, cfg.attention_block_cache_kib), slots)
         return cls(cfg.n_layers, batch, cfg.n_kv_heads, slots, cfg.head_dim, cfg.n_heads, block)
 
     @property

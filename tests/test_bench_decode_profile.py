@@ -18,7 +18,8 @@ from orthros_jax.model import init_params
 def _compiled_reads(read: Any, slots: int) -> tuple:
     from benchmarks import hlo_profile, layer_slices
 
-    shape = layer_slices.ReadShape.of(tiny_config(attention_block_cache=32), 2, slots)
+    cfg = tiny_config(attention_block_cache_kib=4)  # 32 slots a block at batch 2
+    shape = layer_slices.ReadShape.of(cfg, 2, slots)
     args = layer_slices.read_args(shape, 1, read.stacked)
     fn = layer_slices.read_layers(read, reads=2, layers=shape.layers, block=shape.block)
     module = hlo_profile.Module.of(fn.lower(*args).compile())
@@ -67,7 +68,7 @@ def test_decode_profile_tiny(tmp_path):
 
     # One key block as long as the cache: the cached read copies whole layers (as before the
     # blocked read), so the copies per step are known exactly.
-    cfg = tiny_config(vocab_size=64, attention_block_cache=256)
+    cfg = tiny_config(vocab_size=64, attention_block_cache_kib=32)  # 256 slots
     params = init_params(cfg, jax.random.PRNGKey(0))
     s = decode_profile.Settings(contexts=(200,), batch=2, k=2, new=5, repeats=1, reads=2)
     decode_profile.run(str(tmp_path), cfg, params, "tiny", ["profile", "slices"], s)

@@ -54,7 +54,6 @@ from orthros_jax.inference import Speculative, drivers
 from orthros_jax.inference import api as inference_api
 from orthros_jax.inference import speculative as spec_lib
 from orthros_jax.inference.sampling import Sampler
-from orthros_jax.kernels import slots as slot_ops
 from orthros_jax.layers.registry import kinds_of
 from orthros_jax.model import init_params
 
@@ -135,27 +134,23 @@ def _traced(compiled: Any, args: tuple) -> tuple[Any, dict[str, list[float]]]:
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """What hlo_profile.classify is told of a program: the dims of the stacked cache leaves and
-    of the stacked layer weights, and the slot axes (S, and the blocked read's key block where
-    no weight has that axis)."""
+    of the stacked layer weights, and the cache's slot count S."""
 
     cache: frozenset[tuple[int, ...]]
     weights: frozenset[tuple[int, ...]]
-    axes: frozenset[int]
+    slots: int
 
     @classmethod
     def of(cls, cfg: ModelConfig, params: Any, cache: Any) -> Layout:
         weights = [params[kind.params_key] for kind in kinds_of(cfg)]
-        taken = {d for a in jax.tree.leaves(params) for d in a.shape}
-        stack = next(a for a in jax.tree.leaves(cache.states) if a.ndim == 5)  # a K or V
-        block = min(slot_ops.block_slots(stack, cfg.attention_block_cache_kib), cache.max_len)
         return cls(
             frozenset(tuple(a.shape) for a in jax.tree.leaves(cache.states)),
             frozenset(tuple(a.shape) for a in jax.tree.leaves(weights)),
-            frozenset({cache.max_len} | ({block} - taken)),
+            cache.max_len,
         )
 
     def classify(self, module: hlo_profile.Module) -> dict[str, Part]:
-        return hlo_profile.classify(module, set(self.cache), set(self.weights), set(self.axes))
+        return hlo_profile.classify(module, set(self.cache), set(self.weights), {self.slots})
 
 
 def _slots(context: int, room: int, params: Any) -> int:

@@ -10,9 +10,9 @@ The parts, from the optimized HLO itself rather than from fusion names:
   kv_block       the same for a part of one layer's slots (a block of a blocked read, a
                  window): a copy of that part only.
   weight_copy    kv_copy for a stacked layer weight (params[kind.params_key]).
-  attention_dot  a dot (or a fusion holding one) with a slot axis (the cache's S, a blocked
-                 read's key block) in an operand or its result, or reading a kv_copy / kv_block:
-                 the attention over the cache.
+  attention_dot  a dot (or a fusion holding one) with a slot axis (the cache's S, the slots
+                 of a kv_block cut) in an operand or its result, or reading a kv_copy /
+                 kv_block: the attention over the cache.
   slots_other    any other instruction with a slot axis in its result: masks, softmax, the
                  cache writes.
   rest           everything else (the weights' matmuls, norms, sampling, loop bookkeeping).
@@ -168,11 +168,12 @@ class Module:
         return out
 
 
-def _stack_slice(module: Module, inst: Instruction, stacks: set[tuple[int, ...]]) -> str | None:
-    """ "layer" where inst's result holds one layer of one of `stacks` ([layers, ...] dims), cut
-    by a dynamic-slice (a static slice, for an unrolled loop) of that leaf inside inst's
-    computation (or by inst itself); "block" where it holds such a cut of part of one layer;
-    None otherwise."""
+def _stack_cut(
+    module: Module, inst: Instruction, stacks: set[tuple[int, ...]]
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(the leaf's dims, the cut's dims) where inst's result holds a cut of one layer (all of it
+    or part) of one of `stacks` ([layers, ...] dims), made by a dynamic-slice (a static slice,
+    for an unrolled loop) of that leaf inside inst's computation (or by inst itself)."""
     if inst.dims is None:
         return None
     size = math.prod(inst.dims)
@@ -183,7 +184,7 @@ def _stack_slice(module: Module, inst: Instruction, stacks: set[tuple[int, ...]]
         if src is None or src.dims not in stacks or ds.dims[0] != 1:
             continue
         if size == math.prod(ds.dims):
-            return "layer" if ds.dims[1:] == src.dims[1:] else "block"
+            return src.dims, ds.dims
     return None
 
 
@@ -195,23 +196,34 @@ def classify(
 ) -> dict[str, Part]:
     """{instruction name: Part} for every top-level instruction (module docstring). cache_stacks
     / weight_stacks: the dims of the stacked cache leaves and layer weights ([layers, ...]);
-    slot_axes: the cache's slot count S and the key block of a blocked read (choose sizes no
-    other axis of the program has)."""
+    slot_axes: the cache's slot count S (choose one no other axis of the program has). The
+    slot counts of the kv_block cuts (a blocked read's block, a window) are slot axes too,
+    unless a weight has an axis of that size."""
+    top = module.top_level()
+    cuts = {i.name: c for i in top if (c := _stack_cut(module, i, cache_stacks)) is not None}
+    taken = {d for dims in weight_stacks for d in dims}
+    axes = set(slot_axes) | {
+        c
+        for src, cut in cuts.values()
+        for c, d in zip(cut[1:], src[1:], strict=True)
+        if c != d and c not in taken
+    }
     out: dict[str, Part] = {}
-    for inst in module.top_level():
-        cut = _stack_slice(module, inst, cache_stacks)
-        if cut is not None:
-            out[inst.name] = Part.KV_COPY if cut == "layer" else Part.KV_BLOCK
+    for inst in top:
+        if inst.name in cuts:
+            src, cut = cuts[inst.name]
+            out[inst.name] = Part.KV_COPY if cut[1:] == src[1:] else Part.KV_BLOCK
             continue
-        if _stack_slice(module, inst, weight_stacks) == "layer":
+        weight = _stack_cut(module, inst, weight_stacks)
+        if weight is not None and weight[1][1:] == weight[0][1:]:
             out[inst.name] = Part.WEIGHT_COPY
             continue
         dims = [inst.dims or ()] + [module.instructions[o].dims or () for o in inst.operands]
-        over_slots = any(a in d for d in dims for a in slot_axes)
+        over_slots = any(a in d for d in dims for a in axes)
         reads_kv = any(out.get(o) in (Part.KV_COPY, Part.KV_BLOCK) for o in inst.operands)
         if (over_slots or reads_kv) and module.holds(inst, "dot"):
             out[inst.name] = Part.ATTENTION_DOT
-        elif any(a in (inst.dims or ()) for a in slot_axes):
+        elif any(a in (inst.dims or ()) for a in axes):
             out[inst.name] = Part.SLOTS_OTHER
         else:
             out[inst.name] = Part.REST

@@ -57,7 +57,7 @@ class ReadShape:
     slots: int
     head_dim: int
     heads: int
-    block: int  # the blocked read's key block
+    block: int  # the blocked read's block bound (few_query_stacked tiles S with at most this)
 
     @classmethod
     def of(cls, cfg: ModelConfig, batch: int, slots: int) -> ReadShape:
@@ -116,7 +116,7 @@ def copies(compiled: Any, shape: ReadShape) -> tuple[int, int]:
     """(whole layers, parts of a layer) that a compiled read's top-level instructions copy out
     of the stack (hlo_profile's kv_copy and kv_block)."""
     module = hlo_profile.Module.of(compiled)
-    parts = hlo_profile.classify(module, {shape.stack}, set(), {shape.slots, shape.block})
+    parts = hlo_profile.classify(module, {shape.stack}, set(), {shape.slots})
     count = collections.Counter(parts.values())
     return count[Part.KV_COPY], count[Part.KV_BLOCK]
 

@@ -23,7 +23,7 @@ def _compiled_reads(read: Any, slots: int) -> tuple:
     args = layer_slices.read_args(shape, 1, read.stacked)
     fn = layer_slices.read_layers(read, reads=2, layers=shape.layers, block=shape.block)
     module = hlo_profile.Module.of(fn.lower(*args).compile())
-    return module, hlo_profile.classify(module, {shape.stack}, set(), {slots, shape.block})
+    return module, hlo_profile.classify(module, {shape.stack}, set(), {slots})
 
 
 def test_layer_slice_copy_found_in_stacked_reads_only():

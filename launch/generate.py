@@ -2,12 +2,16 @@ r"""Generate text from a model directory, streaming tokens to stdout.
 
     python launch/generate.py --model=runs/tiny --prompt="def main(" --max_new_tokens=200
     python launch/generate.py --model=DIR --prompt=... --temperature=0   # greedy
+    python launch/generate.py --model=DIR --prompt=... --speculative_k=4  # self-speculative
 
 --model is anything `orthros_jax.checkpoint.load_model` reads (an exported model directory or
 a training workdir). The tokenizer is the model's tokenizer.json, raw bytes when it has none,
 or --tokenizer. The prompt is prefilled in one jitted call; then one `decode_step` per token,
 each printed as soon as it is sampled. At the end it prints the time to first token (TTFT:
 tokenize + prefill + first sample, compilation excluded when --warmup) and the decode rate.
+With --speculative_k > 0 the continuation is one on-device `generate(speculative=...)` loop
+(docs/speculative.md), printed when it ends, with its acceptance: greedy text is the plain
+greedy text; sampled text has the model's distribution, not plain decoding's draws.
 Writes nothing but stdout (and errors to stderr).
 """
 
@@ -24,7 +28,7 @@ from absl import logging as absl_logging
 from orthros_jax.checkpoint import load_model
 from orthros_jax.config import cli
 from orthros_jax.data.tokenizers import load_tokenizer
-from orthros_jax.inference import decode_step, init_cache, prefill
+from orthros_jax.inference import Speculative, decode_step, generate, init_cache, prefill
 from orthros_jax.inference.sampling import Sampler, sample
 
 FLAGS = flags.FLAGS
@@ -39,6 +43,12 @@ flags.DEFINE_string("tokenizer", None, "tokenizer.json overriding the model's (d
 flags.DEFINE_integer("max_len", None, "KV cache slots (default: prompt + max_new_tokens).")
 flags.DEFINE_bool("warmup", True, "Compile on a scratch cache first so TTFT excludes compiling.")
 flags.DEFINE_bool("stop_at_eos", True, "Stop at the tokenizer's end-of-text token, if it has one.")
+flags.DEFINE_integer(
+    "speculative_k", 0, "> 0: self-speculative decoding with this many drafts per round."
+)
+flags.DEFINE_integer(
+    "draft_window", None, "Cache slots a draft reads (with --speculative_k; default: the window)."
+)
 flags.mark_flags_as_required(["model", "prompt"])
 
 
@@ -71,12 +81,20 @@ def main(argv: list[str]) -> None:
         sampler = Sampler(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)
         if FLAGS.max_new_tokens < 1:
             raise ValueError(f"--max_new_tokens must be >= 1, got {FLAGS.max_new_tokens}")
+        if FLAGS.speculative_k < 0:
+            raise ValueError(f"--speculative_k must be >= 0, got {FLAGS.speculative_k}")
+        if FLAGS.draft_window is not None and FLAGS.draft_window < 1:
+            raise ValueError(f"--draft_window must be >= 1, got {FLAGS.draft_window}")
         loaded = load_model(FLAGS.model)
         tokenizer = load_tokenizer(FLAGS.tokenizer or loaded.tokenizer_file)
     except ValueError as e:
         sys.exit(f"generate.py: {e}")
     cfg = loaded.cfg
     params = jax.device_put(loaded.params)
+    if FLAGS.speculative_k:
+        spec = Speculative(FLAGS.speculative_k, FLAGS.draft_window or cfg.window)
+        _speculative(params, cfg, tokenizer, sampler, spec)
+        return
     # sample is jitted; token `step` draws what generate(..., rng=rng) draws for it.
     sample_fn = lambda logits, rng, step: sample(logits, rng, sampler, step)
     rng = jax.random.PRNGKey(FLAGS.seed)
@@ -131,6 +149,56 @@ def main(argv: list[str]) -> None:
     print(
         f"\n\n[{cfg.architecture}] prompt {len(ids)} tokens, generated {n_new} (stopped: {why})\n"
         f"TTFT {ttft * 1e3:.1f} ms | decode {rate:.1f} tokens/s | "
+        f"compile+warmup {compile_s:.1f} s"
+    )
+
+
+def _speculative(params, cfg, tokenizer, sampler: Sampler, spec: Speculative) -> None:
+    """--speculative_k: the whole continuation in one generate(speculative=spec) call (the
+    same call first with --warmup, so the timing excludes compiling), then its text, why it
+    stopped and the rounds' acceptance."""
+    ids = tokenizer.encode(FLAGS.prompt)
+    eos = tokenizer.eos_id if FLAGS.stop_at_eos else None
+    run = lambda: generate(
+        params,
+        [ids],
+        cfg,
+        max_new_tokens=FLAGS.max_new_tokens,
+        sampler=sampler,
+        rng=jax.random.PRNGKey(FLAGS.seed),
+        stop_tokens=() if eos is None else (eos,),
+        cache_size=FLAGS.max_len or len(ids) + FLAGS.max_new_tokens,
+        speculative=spec,
+    )
+    try:
+        if not ids:
+            raise ValueError("--prompt encodes to no tokens; give a non-empty prompt")
+        compile_s = 0.0
+        if FLAGS.warmup:
+            t = time.perf_counter()
+            run()
+            compile_s = time.perf_counter() - t
+        t0 = time.perf_counter()
+        out = run()
+    except ValueError as e:
+        sys.exit(f"generate.py: {e}")
+    total_s = time.perf_counter() - t0
+    n_new = int(out.lengths[0])
+    new = out.tokens[0, :n_new].tolist()
+    why = "max_new_tokens"
+    if eos is not None and new and new[-1] == eos:
+        new, why = new[:-1], "end of text"
+    elif bool(out.hit_capacity[0]):
+        why = f"cache full (--max_len={FLAGS.max_len or len(ids) + FLAGS.max_new_tokens})"
+    sys.stdout.write(FLAGS.prompt + tokenizer.decode(new))
+    stats = out.speculation
+    rounds, drafted, accepted = (int(a[0]) for a in (stats.rounds, stats.drafted, stats.accepted))
+    per_verify = (accepted + rounds) / max(rounds, 1)
+    print(
+        f"\n\n[{cfg.architecture}] prompt {len(ids)} tokens, generated {n_new} (stopped: {why})\n"
+        f"speculative k={spec.k}, draft window {spec.draft_window}: {rounds} rounds, "
+        f"{per_verify:.2f} tokens per verify, {accepted}/{drafted} drafts accepted\n"
+        f"prefill + decode {total_s * 1e3:.1f} ms ({n_new / total_s:.1f} tokens/s) | "
         f"compile+warmup {compile_s:.1f} s"
     )
 

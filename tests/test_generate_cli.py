@@ -56,6 +56,29 @@ def test_generate_cli_streams_greedy_tokens_and_reports_timing(model_dir):
     assert "TTFT " in result.stdout and "tokens/s" in result.stdout
 
 
+@pytest.mark.slow
+def test_generate_cli_speculative_greedy_is_plain_greedy(model_dir):
+    """--speculative_k: one generate(speculative=...) call; its greedy text is plain greedy's,
+    and the rounds' acceptance is reported (draft window defaulting to the model's window)."""
+    directory, cfg, params = model_dir
+    n = 9
+    result = _run(
+        f"--model={directory}",
+        f"--prompt={PROMPT}",
+        f"--max_new_tokens={n}",
+        "--temperature=0",
+        "--speculative_k=2",
+        "--nowarmup",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ids = ByteTokenizer().encode(PROMPT)
+    want = inference.generate(params, [ids], cfg, max_new_tokens=n)
+    text = ByteTokenizer().decode(want.tokens[0].tolist())
+    assert result.stdout.startswith(PROMPT + text), (result.stdout, text)
+    assert f"prompt {len(ids)} tokens, generated {n} (stopped: max_new_tokens)" in result.stdout
+    assert f"speculative k=2, draft window {cfg.window}: " in result.stdout, result.stdout
+
+
 def test_generate_cli_rejects_an_empty_prompt(model_dir):
     result = _run(f"--model={model_dir[0]}", "--prompt=")
     assert result.returncode != 0

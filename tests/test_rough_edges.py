@@ -98,6 +98,10 @@ def _errors(tmp_path) -> list[tuple[list[str], str]]:
         (["launch/benchmark.py"], "--out is required"),
         (["launch/convert.py", "--out=x"], "import takes --hf_dir"),
         (["launch/train.py", "--workdri=x"], "Did you mean: workdir"),
+        (
+            ["launch/generate.py", "--model=x", "--prompt=a", "--speculative_k=-1"],
+            "--speculative_k must be >= 0, got -1",
+        ),
     ]
 
 

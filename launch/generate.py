@@ -92,7 +92,8 @@ def main(argv: list[str]) -> None:
     cfg = loaded.cfg
     params = jax.device_put(loaded.params)
     if FLAGS.speculative_k:
-        spec = Speculative(FLAGS.speculative_k, FLAGS.draft_window or cfg.window)
+        window = cfg.window if FLAGS.draft_window is None else FLAGS.draft_window
+        spec = Speculative(FLAGS.speculative_k, window)
         _speculative(params, cfg, tokenizer, sampler, spec)
         return
     # sample is jitted; token `step` draws what generate(..., rng=rng) draws for it.

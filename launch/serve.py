@@ -87,7 +87,9 @@ flags.DEFINE_integer(
     "--decode_steps step is one round of up to k + 1 tokens; prefix caching is off with it.",
 )
 flags.DEFINE_integer(
-    "draft_window", 256, "Cache slots a draft's global attention reads (with --speculative_k)."
+    "draft_window",
+    None,
+    "Cache slots a draft's global attention reads (with --speculative_k; default: the window).",
 )
 flags.DEFINE_bool("warmup", True, "Compile every shape before serving.")
 flags.DEFINE_bool(
@@ -116,7 +118,8 @@ def main(argv: list[str]) -> None:
             mesh = sequence_mesh(FLAGS.sequence, devices=jax.devices()[: max(FLAGS.sequence, 0)])
         spec = None  # k < 0: Speculative's ValueError
         if FLAGS.speculative_k != 0:
-            spec = Speculative(FLAGS.speculative_k, FLAGS.draft_window)
+            window = loaded.cfg.window if FLAGS.draft_window is None else FLAGS.draft_window
+            spec = Speculative(FLAGS.speculative_k, window)
         engine = Engine(
             loaded.params,
             loaded.cfg,

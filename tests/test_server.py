@@ -243,6 +243,8 @@ def test_full_queue_is_429(orthros_server):
 
 @pytest.mark.slow
 def test_serve_cli_drains_on_sigterm(orthros_server, tmp_path):
+    """The CLI serving with speculation (--speculative_k, the draft window defaulting to the
+    model's window, within --max_len): a stream cut by SIGTERM still finishes, then it exits 0."""
     _, cfg, params = orthros_server
     checkpoint.save_model(str(tmp_path / "m"), cfg, params)
     port = free_port()
@@ -256,6 +258,7 @@ def test_serve_cli_drains_on_sigterm(orthros_server, tmp_path):
             "--max_batch=2",
             "--max_len=64",
             "--prefill_lengths=8",
+            "--speculative_k=2",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -96,6 +96,14 @@ class LoopTiming:
         return (self.speculative["median_s"] / rounds) / (self.plain["median_s"] / steps)
 
     @property
+    def slowest_row_rounds(self) -> float:
+        """The most rounds any row ran over the rows' mean: the loop runs until its slowest row
+        is done, so at batch > 1 its speed is a / round_over_step divided by this (1: every row
+        took as many rounds)."""
+        rounds = self.stats.rounds
+        return float(rounds.max() / max(rounds.mean(), 1e-9))
+
+    @property
     def identical(self) -> bool | None:
         """Greedy: whether speculative decode emitted plain decode's tokens; sampled: None
         (the two loops make different draws)."""

@@ -240,6 +240,7 @@ def speed(results: dict) -> None:
                     mean_accepted=spec_timing.tokens_per_verify(t.stats),
                     acceptance_rate=spec_timing.acceptance_rate(t.stats),
                     round_over_step=t.round_over_step,
+                    slowest_row_rounds=t.slowest_row_rounds,
                 )
                 row["measured_ratio"] = t.measured_ratio
                 row["identical"] = t.identical  # None when sampled: other draws

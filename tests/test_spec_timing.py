@@ -67,6 +67,7 @@ def test_every_call_on_the_handed_cache_emits_generates_tokens(model):
     np.testing.assert_allclose(t.spec_tok_s, 2 * 11 / t.speculative["median_s"], rtol=1e-12, atol=0)
     step, rounds = t.plain["median_s"] / 11, t.speculative["median_s"] / s.rounds.max()
     np.testing.assert_allclose(t.round_over_step, rounds / step, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(t.slowest_row_rounds, s.rounds.max() / s.rounds.mean(), rtol=1e-12)
 
 
 def test_statistics_and_the_identical_check_hand_values():
@@ -94,3 +95,29 @@ def test_a_cache_without_room_or_a_speculation_it_cannot_run_is_refused(model):
     with pytest.raises(ValueError, match="draft_window=200 exceeds the cache"):
         spec = Speculative(3, 200)
         spec_timing.time_loops(params, cache, logits, cfg, spec, new_tokens=NEW, repeats=1)
+
+
+@pytest.mark.slow
+def test_engine_runs_refill_slots_and_count_only_full_decode_steps(model):
+    """benchmarks/spec_engine.py: plain and speculative engines emit the same greedy tokens
+    (each request's own, as generate emits them); only steps that prefill nothing while every
+    slot decodes are counted, and the figures follow from what was counted."""
+    from benchmarks import spec_engine
+
+    cfg, params = model
+    prompts = np.stack([np.random.RandomState(i).randint(0, 64, size=11) for i in range(3)])
+    kw = dict(batch=2, max_len=128, chunk=16)
+    plain_engine = spec_engine.engine_for(params, cfg, steps=3, spec=None, **kw)
+    spec_engine_ = spec_engine.engine_for(params, cfg, steps=1, spec=SPEC, **kw)
+    plain = spec_engine.run_engine(plain_engine, prompts, new=NEW, temperature=0.0)
+    spec = spec_engine.run_engine(spec_engine_, prompts, new=NEW, temperature=0.0)
+    want = generate(params, list(prompts), cfg, max_new_tokens=NEW).tokens
+    assert plain.tokens == spec.tokens == want.tolist()
+    assert plain.rounds == 0 and 0 < spec.accepted < spec.drafted
+    assert spec.emitted == 3 * (NEW - 1)  # every decoded token came from a round
+    for run in (plain, spec):
+        # 3 requests on 2 slots: the third is admitted, and prefilled, once a slot frees.
+        assert 0 < run.counted_steps < run.steps
+        assert 0 < run.counted_tokens < 3 * (NEW - 1)
+        assert run.decode_tok_s == run.counted_tokens / run.counted_s
+    assert spec.tokens_per_verify == spec.emitted / spec.rounds

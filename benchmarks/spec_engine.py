@@ -45,6 +45,7 @@ from orthros_jax.serving.requests import SamplingParams
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks import spec_timing  # noqa: E402
+from benchmarks import speculative as speculative_bench  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -194,9 +195,7 @@ def define_flags() -> None:
 
 def measure(arm: str, cfg: ModelConfig, params: Params, context: int) -> dict:
     """One (arm, context) row: plain and speculative engines, interleaved."""
-    from benchmarks.speculative import _held_out_prompts
-
-    prompts = _held_out_prompts(context, FLAGS.requests)
+    prompts = speculative_bench.held_out_prompts(context, FLAGS.requests)
     spec = Speculative(FLAGS.speed_k, cfg.window)
     max_len = spec_timing.cache_slots(context, FLAGS.new, spec)
     kw = dict(batch=FLAGS.batch, max_len=max_len, chunk=cfg.prefill_chunk)
@@ -236,31 +235,22 @@ def measure(arm: str, cfg: ModelConfig, params: Params, context: int) -> dict:
 
 def main(argv: list[str]) -> None:
     del argv
-    from orthros_jax.checkpoint import load_model
-
     if not FLAGS.speed_models:
         raise ValueError("--speed_models: give arm=directory of at least one trained model")
     if FLAGS.requests <= FLAGS.batch:
         raise ValueError(f"--requests must exceed --batch ({FLAGS.batch}) so that slots refill")
     os.makedirs(FLAGS.out, exist_ok=True)
     rows = []
-    for item in FLAGS.speed_models:
-        arm, _, directory = item.partition("=")
-        if not directory:
-            raise ValueError(f"--speed_models: {item!r} is not arm=directory")
-        loaded = load_model(directory)
+    for arm, cfg, params in speculative_bench.trained_models(FLAGS.speed_models):
         for context in map(int, FLAGS.contexts):
-            rows.append(measure(arm, loaded.cfg, loaded.params, context))
+            rows.append(measure(arm, cfg, params, context))
             print(rows[-1], flush=True)
     with open(os.path.join(FLAGS.out, "spec_engine.json"), "w") as f:
         json.dump({"rows": rows, "argv": sys.argv}, f, indent=1)
-    keys = [k for k in rows[0] if k != "ratios"]
-    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in rows]
+    md = speculative_bench.table(rows, skip=("ratios",))
     with open(os.path.join(FLAGS.out, "spec_engine.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        f.write(md + "\n")
+    print(md)
 
 
 if __name__ == "__main__":

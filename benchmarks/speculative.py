@@ -160,7 +160,7 @@ def acceptance(results: dict) -> None:
             print(row, flush=True)
 
 
-def _held_out_prompts(context: int, batch: int) -> np.ndarray:
+def held_out_prompts(context: int, batch: int) -> np.ndarray:
     """[batch, context] byte ids: slices at random offsets of distinct held-out documents of the
     embedded corpus (the training split's complement at the default validation fraction)."""
     from orthros_jax.data import DataConfig
@@ -185,15 +185,20 @@ def _speed_arms() -> list[tuple[str, ModelConfig, Any, bool]]:
     if not FLAGS.speed_models:
         arms = _arms("configs/bench.py").items()
         return [(a, cfg, _random_model(cfg), False) for a, cfg in arms if a in FLAGS.arms]
+    return [(arm, cfg, params, True) for arm, cfg, params in trained_models(FLAGS.speed_models)]
+
+
+def trained_models(items: list[str]) -> list[tuple[str, ModelConfig, Any]]:
+    """(arm, cfg, device params) of each --speed_models item, arm=directory (load_model)."""
     from orthros_jax.checkpoint import load_model
 
     out = []
-    for item in FLAGS.speed_models:
+    for item in items:
         arm, _, directory = item.partition("=")
         if not directory:
             raise ValueError(f"--speed_models: {item!r} is not arm=directory")
         loaded = load_model(directory)
-        out.append((arm, loaded.cfg, jax.device_put(loaded.params), True))
+        out.append((arm, loaded.cfg, jax.device_put(loaded.params)))
     return out
 
 
@@ -204,7 +209,7 @@ def speed(results: dict) -> None:
     for arm, cfg, params, trained in _speed_arms():
         spec = Speculative(k, cfg.window)
         for context in map(int, FLAGS.contexts):
-            prompts = _held_out_prompts(context, batches[-1]) if trained else None
+            prompts = held_out_prompts(context, batches[-1]) if trained else None
             slots = spec_timing.cache_slots(context, new, spec)
             for batch in batches:
                 if prompts is None:
@@ -248,10 +253,11 @@ def speed(results: dict) -> None:
                 print(row, flush=True)
 
 
-def _table(rows: list[dict]) -> str:
+def table(rows: list[dict], skip: tuple[str, ...] = ()) -> str:
+    """Markdown table of rows (dicts with the first row's keys, less `skip`)."""
     if not rows:
         return ""
-    keys = list(rows[0])
+    keys = [k for k in rows[0] if k not in skip]
     fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in rows]
@@ -280,7 +286,7 @@ def main(argv: list[str]) -> None:
     project(results)
     with open(os.path.join(FLAGS.out, "speculative.json"), "w") as f:
         json.dump(results, f, indent=1)
-    md = [f"## {name}\n\n{_table(results[name])}\n" for name in suites if results[name]]
+    md = [f"## {name}\n\n{table(results[name])}\n" for name in suites if results[name]]
     with open(os.path.join(FLAGS.out, "speculative.md"), "w") as f:
         f.write("\n".join(md))
     print("\n".join(md))

@@ -107,14 +107,15 @@ def engine_for(
 ) -> _CountingEngine:
     """A compiled engine of `batch` slots of max_len (warmup run: nothing compiles while timed);
     steps: decode steps (plain) or rounds (speculative) per decode call; chunk: prompt tokens
-    per prefill step, its one prefill shape [batch, chunk] (equal prompts always fill it; the
-    prefill steps are not the ones counted, and one shape compiles once)."""
+    per row and prefill step, whose one shape is [batch, chunk] with a budget of batch * chunk
+    tokens: rows admitted together prefill together, so they decode together (equal prompts
+    always fill it; one shape compiles once)."""
     engine = _CountingEngine(
         params,
         cfg,
         max_batch=batch,
         max_len=max_len,
-        chunk_budget=chunk,
+        chunk_budget=batch * chunk,
         max_queue=1 << 16,
         prefill_lengths=(chunk,),
         prefill_batches=(batch,),

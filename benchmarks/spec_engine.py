@@ -45,7 +45,6 @@ from orthros_jax.serving.requests import SamplingParams
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks import spec_timing  # noqa: E402
-from benchmarks import speculative as speculative_bench  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -196,7 +195,7 @@ def define_flags() -> None:
 
 def measure(arm: str, cfg: ModelConfig, params: Params, context: int) -> dict:
     """One (arm, context) row: plain and speculative engines, interleaved."""
-    prompts = speculative_bench.held_out_prompts(context, FLAGS.requests)
+    prompts = spec_timing.held_out_prompts(context, FLAGS.requests)
     spec = Speculative(FLAGS.speed_k, cfg.window)
     max_len = spec_timing.cache_slots(context, FLAGS.new, spec)
     kw = dict(batch=FLAGS.batch, max_len=max_len, chunk=cfg.prefill_chunk)
@@ -226,8 +225,8 @@ def measure(arm: str, cfg: ModelConfig, params: Params, context: int) -> dict:
         ratios=ratios,
         tokens_per_verify=last.tokens_per_verify,
         acceptance_rate=last.acceptance_rate,
-        counted_steps=f"{plain[-1].counted_steps}/{plain[-1].steps} | "
-        f"{last.counted_steps}/{last.steps}",
+        counted_steps=f"plain {plain[-1].counted_steps}/{plain[-1].steps}, "
+        f"speculative {last.counted_steps}/{last.steps}",
     )
     if FLAGS.temperature == 0:  # greedy: the same tokens, request by request
         row["identical"] = plain[-1].tokens == last.tokens
@@ -242,13 +241,13 @@ def main(argv: list[str]) -> None:
         raise ValueError(f"--requests must exceed --batch ({FLAGS.batch}) so that slots refill")
     os.makedirs(FLAGS.out, exist_ok=True)
     rows = []
-    for arm, cfg, params in speculative_bench.trained_models(FLAGS.speed_models):
+    for arm, cfg, params in spec_timing.trained_models(FLAGS.speed_models):
         for context in map(int, FLAGS.contexts):
             rows.append(measure(arm, cfg, params, context))
             print(rows[-1], flush=True)
     with open(os.path.join(FLAGS.out, "spec_engine.json"), "w") as f:
         json.dump({"rows": rows, "argv": sys.argv}, f, indent=1)
-    md = speculative_bench.table(rows, skip=("ratios",))
+    md = spec_timing.table(rows, skip=("ratios",))
     with open(os.path.join(FLAGS.out, "spec_engine.md"), "w") as f:
         f.write(md + "\n")
     print(md)

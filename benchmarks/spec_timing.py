@@ -8,6 +8,9 @@ cache and the same first-token logits, interleaved by `common.time_interleaved` 
 call each, then rounds that call plain and speculative in turn) and compared by `common.ratio`
 (the median of the per-round ratios: a shared machine's drift hits both loops alike).
 
+It also holds what the speed benchmarks (speculative.py's "speed", spec_engine.py) share:
+held-out prompts, trained models to load, a markdown table of rows.
+
 Shapes: B rows, V vocab, M = new_tokens tokens per row, S cache slots per row.
 """
 
@@ -184,3 +187,47 @@ def time_loops(
         spec_tokens=np.asarray(last["speculative"][0]),
         greedy=sampler.is_greedy,
     )
+
+
+def held_out_prompts(context: int, batch: int) -> np.ndarray:
+    """[batch, context] byte ids: slices at random offsets of distinct held-out documents of the
+    embedded corpus (the training split's complement at the default validation fraction)."""
+    from orthros_jax.data import DataConfig
+    from orthros_jax.data.corpus import embedded_documents, is_validation
+
+    frac = DataConfig().validation_fraction
+    docs = [d.text.encode() for d in embedded_documents() if is_validation(d.id, frac)]
+    long = [d for d in docs if len(d) >= context]
+    if not long:
+        raise ValueError(f"--contexts: no held-out document has {context} bytes")
+    rs = np.random.RandomState(context)
+    rows = []
+    for i in rs.choice(len(long), batch, replace=len(long) < batch):
+        start = rs.randint(0, len(long[i]) - context + 1)
+        rows.append(np.frombuffer(long[i][start : start + context], np.uint8))
+    return np.stack(rows).astype(np.int32)
+
+
+def trained_models(items: list[str]) -> list[tuple[str, ModelConfig, Any]]:
+    """(arm, cfg, device params) of each --speed_models item, arm=directory (load_model)."""
+    from orthros_jax.checkpoint import load_model
+
+    out = []
+    for item in items:
+        arm, _, directory = item.partition("=")
+        if not directory:
+            raise ValueError(f"--speed_models: {item!r} is not arm=directory")
+        loaded = load_model(directory)
+        out.append((arm, loaded.cfg, jax.device_put(loaded.params)))
+    return out
+
+
+def table(rows: list[dict], skip: tuple[str, ...] = ()) -> str:
+    """Markdown table of rows (dicts with the first row's keys, less `skip`)."""
+    if not rows:
+        return ""
+    keys = [k for k in rows[0] if k not in skip]
+    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in rows]
+    return "\n".join(lines)

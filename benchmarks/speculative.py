@@ -23,6 +23,8 @@ Suites:
               Without: both arms at the bench shape (configs/bench.py) with random weights
               over a cache of random K/V (no prefill; they accept almost nothing), and the
               ratio projected at the 'acceptance' suite's a, labelled.
+Through the serving engine (continuous batching, no batch waiting for its slowest row):
+benchmarks/spec_engine.py.
 Writes --out/speculative.json (every number) and speculative.md (the tables).
 """
 
@@ -160,46 +162,16 @@ def acceptance(results: dict) -> None:
             print(row, flush=True)
 
 
-def held_out_prompts(context: int, batch: int) -> np.ndarray:
-    """[batch, context] byte ids: slices at random offsets of distinct held-out documents of the
-    embedded corpus (the training split's complement at the default validation fraction)."""
-    from orthros_jax.data import DataConfig
-    from orthros_jax.data.corpus import embedded_documents, is_validation
-
-    frac = DataConfig().validation_fraction
-    docs = [d.text.encode() for d in embedded_documents() if is_validation(d.id, frac)]
-    long = [d for d in docs if len(d) >= context]
-    if not long:
-        raise ValueError(f"--contexts: no held-out document has {context} bytes")
-    rs = np.random.RandomState(context)
-    rows = []
-    for i in rs.choice(len(long), batch, replace=len(long) < batch):
-        start = rs.randint(0, len(long[i]) - context + 1)
-        rows.append(np.frombuffer(long[i][start : start + context], np.uint8))
-    return np.stack(rows).astype(np.int32)
-
-
 def _speed_arms() -> list[tuple[str, ModelConfig, Any, bool]]:
     """(arm, cfg, params, trained) of each arm to time: --speed_models, else the bench shape's
     random weights."""
     if not FLAGS.speed_models:
         arms = _arms("configs/bench.py").items()
         return [(a, cfg, _random_model(cfg), False) for a, cfg in arms if a in FLAGS.arms]
-    return [(arm, cfg, params, True) for arm, cfg, params in trained_models(FLAGS.speed_models)]
-
-
-def trained_models(items: list[str]) -> list[tuple[str, ModelConfig, Any]]:
-    """(arm, cfg, device params) of each --speed_models item, arm=directory (load_model)."""
-    from orthros_jax.checkpoint import load_model
-
-    out = []
-    for item in items:
-        arm, _, directory = item.partition("=")
-        if not directory:
-            raise ValueError(f"--speed_models: {item!r} is not arm=directory")
-        loaded = load_model(directory)
-        out.append((arm, loaded.cfg, jax.device_put(loaded.params)))
-    return out
+    return [
+        (arm, cfg, params, True)
+        for arm, cfg, params in spec_timing.trained_models(FLAGS.speed_models)
+    ]
 
 
 def speed(results: dict) -> None:
@@ -209,7 +181,7 @@ def speed(results: dict) -> None:
     for arm, cfg, params, trained in _speed_arms():
         spec = Speculative(k, cfg.window)
         for context in map(int, FLAGS.contexts):
-            prompts = held_out_prompts(context, batches[-1]) if trained else None
+            prompts = spec_timing.held_out_prompts(context, batches[-1]) if trained else None
             slots = spec_timing.cache_slots(context, new, spec)
             for batch in batches:
                 if prompts is None:
@@ -253,17 +225,6 @@ def speed(results: dict) -> None:
                 print(row, flush=True)
 
 
-def table(rows: list[dict], skip: tuple[str, ...] = ()) -> str:
-    """Markdown table of rows (dicts with the first row's keys, less `skip`)."""
-    if not rows:
-        return ""
-    keys = [k for k in rows[0] if k not in skip]
-    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def project(results: dict) -> None:
     """Adds the projected ratio at the trained model's acceptance (k = speed_k, window w)."""
     acc = [
@@ -286,7 +247,7 @@ def main(argv: list[str]) -> None:
     project(results)
     with open(os.path.join(FLAGS.out, "speculative.json"), "w") as f:
         json.dump(results, f, indent=1)
-    md = [f"## {name}\n\n{table(results[name])}\n" for name in suites if results[name]]
+    md = [f"## {name}\n\n{spec_timing.table(results[name])}\n" for name in suites if results[name]]
     with open(os.path.join(FLAGS.out, "speculative.md"), "w") as f:
         f.write("\n".join(md))
     print("\n".join(md))

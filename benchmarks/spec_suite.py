@@ -49,7 +49,7 @@ def speculative_suite(c: Any, cfgs: dict[str, ModelConfig], params: dict, result
                 "draft_window": spec.draft_window,
                 "plain_tok_s": t.plain_tok_s,
                 "spec_tok_s": t.spec_tok_s,
-                "tokens_per_verify": spec_timing.tokens_per_verify(t.stats),
+                "tokens_per_verify": t.stats.tokens_per_verify(),
                 "round_over_step": t.round_over_step,
                 "measured_ratio": t.measured_ratio,
                 "acceptance": c.spec_acceptance,

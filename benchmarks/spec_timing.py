@@ -35,18 +35,6 @@ from orthros_jax.model import Params
 SLOT_UNIT = 128  # cache sizes round up to this, as generate's default cache_size does
 
 
-def tokens_per_verify(stats: SpecStats) -> float:
-    """Mean accepted length: tokens emitted per verify pass, (accepted + rounds) / rounds over
-    every row (1: no draft ever accepted; k + 1: all of them; 0: no round ran)."""
-    rounds = int(stats.rounds.sum())
-    return (int(stats.accepted.sum()) + rounds) / max(1, rounds)
-
-
-def acceptance_rate(stats: SpecStats) -> float:
-    """Drafts accepted / drafts proposed, over every row."""
-    return int(stats.accepted.sum()) / max(1, int(stats.drafted.sum()))
-
-
 def cache_room(new_tokens: int, spec: Speculative) -> int:
     """Free slots a row needs past its length in `time_loops`: new_tokens tokens plus a last
     round's k drafts and bonus token, so no round drafts fewer for want of a slot."""

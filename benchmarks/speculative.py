@@ -113,10 +113,8 @@ def _acceptance_row(stats: Any, k: int, emitted: np.ndarray) -> dict:
     the former (every draft accepted: the budget's last round is short)."""
     rounds = -(-(emitted - 1) // (k + 1))
     ceiling = float((emitted - 1).sum() / max(1, rounds.sum()))
-    rate = spec_timing.acceptance_rate(stats)
-    return dict(
-        mean_accepted=spec_timing.tokens_per_verify(stats), acceptance_rate=rate, ceiling=ceiling
-    )
+    rate = stats.acceptance_rate()
+    return dict(mean_accepted=stats.tokens_per_verify(), acceptance_rate=rate, ceiling=ceiling)
 
 
 def lossless(results: dict) -> None:
@@ -130,7 +128,7 @@ def lossless(results: dict) -> None:
             out = generate(params, prompts, cfg, speculative=Speculative(k, cfg.window), **kw)
             same = bool((out.tokens == plain.tokens).all() and (out.lengths == plain.lengths).all())
             row = dict(arm=arm, k=k, prompts=len(prompts), identical=same)
-            row["mean_accepted"] = spec_timing.tokens_per_verify(out.speculation)
+            row["mean_accepted"] = out.speculation.tokens_per_verify()
             results["lossless"].append(row)
             print(row, flush=True)
             assert same, f"{arm} k={k}: speculative greedy differs from plain greedy"
@@ -214,8 +212,8 @@ def speed(results: dict) -> None:
                     temperature=FLAGS.temperature,
                     plain_tok_s=t.plain_tok_s,
                     spec_tok_s=t.spec_tok_s,
-                    mean_accepted=spec_timing.tokens_per_verify(t.stats),
-                    acceptance_rate=spec_timing.acceptance_rate(t.stats),
+                    mean_accepted=t.stats.tokens_per_verify(),
+                    acceptance_rate=t.stats.acceptance_rate(),
                     round_over_step=t.round_over_step,
                     slowest_row_rounds=t.slowest_row_rounds,
                 )

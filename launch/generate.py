@@ -91,22 +91,21 @@ def main(argv: list[str]) -> None:
         sys.exit(f"generate.py: {e}")
     cfg = loaded.cfg
     params = jax.device_put(loaded.params)
+    ids = tokenizer.encode(FLAGS.prompt)
+    if not ids:
+        sys.exit("generate.py: --prompt encodes to no tokens; give a non-empty prompt")
+    max_len = FLAGS.max_len or len(ids) + FLAGS.max_new_tokens
+    if note := loaded.beyond_context(len(ids) + FLAGS.max_new_tokens):
+        print(f"generate.py: warning: prompt + --max_new_tokens: {note}", file=sys.stderr)
     if FLAGS.speculative_k:
         window = cfg.window if FLAGS.draft_window is None else FLAGS.draft_window
         spec = Speculative(FLAGS.speculative_k, window)
-        _speculative(params, cfg, tokenizer, sampler, spec)
+        _speculative(params, cfg, tokenizer, sampler, spec, ids, max_len)
         return
     # sample is jitted; token `step` draws what generate(..., rng=rng) draws for it.
     sample_fn = lambda logits, rng, step: sample(logits, rng, sampler, step)
     rng = jax.random.PRNGKey(FLAGS.seed)
-
-    ids = tokenizer.encode(FLAGS.prompt)
-    max_len = FLAGS.max_len or len(ids) + FLAGS.max_new_tokens
-    if note := loaded.beyond_context(len(ids) + FLAGS.max_new_tokens):
-        print(f"generate.py: warning: prompt + --max_new_tokens: {note}", file=sys.stderr)
     try:
-        if not ids:
-            raise ValueError("--prompt encodes to no tokens; give a non-empty prompt")
         compile_s = 0.0
         if FLAGS.warmup:  # the same shapes as the real call, so it reuses these compilations
             t = time.perf_counter()
@@ -154,11 +153,13 @@ def main(argv: list[str]) -> None:
     )
 
 
-def _speculative(params, cfg, tokenizer, sampler: Sampler, spec: Speculative) -> None:
-    """--speculative_k: the whole continuation in one generate(speculative=spec) call (the
-    same call first with --warmup, so the timing excludes compiling), then its text, why it
-    stopped and the rounds' acceptance."""
-    ids = tokenizer.encode(FLAGS.prompt)
+def _speculative(
+    params, cfg, tokenizer, sampler: Sampler, spec: Speculative, ids: list[int], max_len: int
+) -> None:
+    """--speculative_k: the whole continuation of the prompt `ids` in one
+    generate(speculative=spec) call on a cache of max_len slots (the same call first with
+    --warmup, so the timing excludes compiling), then its text, why it stopped and the rounds'
+    acceptance."""
     eos = tokenizer.eos_id if FLAGS.stop_at_eos else None
     run = lambda: generate(
         params,
@@ -168,12 +169,10 @@ def _speculative(params, cfg, tokenizer, sampler: Sampler, spec: Speculative) ->
         sampler=sampler,
         rng=jax.random.PRNGKey(FLAGS.seed),
         stop_tokens=() if eos is None else (eos,),
-        cache_size=FLAGS.max_len or len(ids) + FLAGS.max_new_tokens,
+        cache_size=max_len,
         speculative=spec,
     )
     try:
-        if not ids:
-            raise ValueError("--prompt encodes to no tokens; give a non-empty prompt")
         compile_s = 0.0
         if FLAGS.warmup:
             t = time.perf_counter()
@@ -190,15 +189,14 @@ def _speculative(params, cfg, tokenizer, sampler: Sampler, spec: Speculative) ->
     if eos is not None and new and new[-1] == eos:
         new, why = new[:-1], "end of text"
     elif bool(out.hit_capacity[0]):
-        why = f"cache full (--max_len={FLAGS.max_len or len(ids) + FLAGS.max_new_tokens})"
+        why = f"cache full (--max_len={max_len})"
     sys.stdout.write(FLAGS.prompt + tokenizer.decode(new))
     stats = out.speculation
     rounds, drafted, accepted = (int(a[0]) for a in (stats.rounds, stats.drafted, stats.accepted))
-    per_verify = (accepted + rounds) / max(rounds, 1)
     print(
         f"\n\n[{cfg.architecture}] prompt {len(ids)} tokens, generated {n_new} (stopped: {why})\n"
         f"speculative k={spec.k}, draft window {spec.draft_window}: {rounds} rounds, "
-        f"{per_verify:.2f} tokens per verify, {accepted}/{drafted} drafts accepted\n"
+        f"{stats.tokens_per_verify():.2f} tokens per verify, {accepted}/{drafted} drafts accepted\n"
         f"prefill + decode {total_s * 1e3:.1f} ms ({n_new / total_s:.1f} tokens/s) | "
         f"compile+warmup {compile_s:.1f} s"
     )

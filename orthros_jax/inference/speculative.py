@@ -95,6 +95,16 @@ class SpecStats(flax.struct.PyTreeNode):
     drafted: jax.Array
     accepted: jax.Array
 
+    def tokens_per_verify(self) -> float:
+        """Mean accepted length over every row: (accepted + rounds) / rounds (1: no draft ever
+        accepted; k + 1: all of them; 0: no round ran)."""
+        rounds = int(self.rounds.sum())
+        return (int(self.accepted.sum()) + rounds) / max(1, rounds)
+
+    def acceptance_rate(self) -> float:
+        """Drafts accepted / drafts proposed, over every row."""
+        return int(self.accepted.sum()) / max(1, int(self.drafted.sum()))
+
 
 class _State(flax.struct.PyTreeNode):
     cache: KVCache
